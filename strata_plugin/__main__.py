@@ -1,0 +1,39 @@
+"""``python -m strata_plugin report|compare|agent``: the offline tools and the agent."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m strata_plugin COMMAND [ARGS]
+
+commands:
+  report RUN_DIR        regenerate every derived file of a run from its raw files
+  compare RUN_A RUN_B   per-case deltas with confidence intervals
+  agent [ARGS]          the per-node sampling agent (see docs/agent.md)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "report":
+        from strata_plugin.report.cli import report_main
+
+        return report_main(rest)
+    if command == "compare":
+        from strata_plugin.report.cli import compare_main
+
+        return compare_main(rest)
+    if command == "agent":
+        from strata_plugin.agent import main as agent_main
+
+        return agent_main(rest)
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Glue between the run and the sampling agents: which agents, with what arguments.
+
+The agent itself (``strata_plugin.agent``) knows nothing of profiles or pytest;
+this module turns a profile and a live server into agent command lines, starts
+one agent per node for a server's lifetime, and records clock offsets.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from strata_plugin.service import Server
+    from strata_plugin.session import StrataSession
+
+
+def _local_argv(sess: StrataSession, node: str, server_pid: int | None,
+                log_file: str | None, prom_url: str | None) -> list[str]:
+    from strata_plugin.agent.handle import agent_argv
+
+    t = sess.cfg.profile.telemetry
+    return agent_argv(
+        node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
+        pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
+        log_patterns=list(t.log_patterns), collectors=list(t.collectors),
+        python=sys.executable)
+
+
+def agent_commands(sess: StrataSession, server_pid: int | None,
+                   server: Server | None = None) -> dict[str, list[str]]:
+    """The agent command for every node of the profile (ssh-prefixed for remote ones)."""
+    out = {}
+    log_file = str(server.log_path) if server is not None and server.log_path else None
+    prom_url = f"{server.base_url}/metrics" if server is not None else None
+    for node in sess.cfg.profile.nodes:
+        argv = _local_argv(sess, node.name, server_pid if node.role == "head" else None,
+                           log_file if node.role == "head" else None,
+                           prom_url if node.role == "head" else None)
+        if node.ssh_host:
+            argv = ["ssh", "-o", "BatchMode=yes", node.ssh_host, "--", *argv]
+        out[node.name] = argv
+    return out
+
+
+def start_agents(sess: StrataSession, server: Server) -> list:
+    from strata_plugin.agent.handle import AgentHandle
+
+    handles = []
+    offsets = {}
+    for name, argv in agent_commands(sess, server.pid, server).items():
+        h = AgentHandle.start(name, sess.run_dir / "nodes" / name, argv)
+        handles.append(h)
+        off = h.measure_clock_offset()
+        offsets[name] = {"offset_start_ns": off.offset_ns, "rtt_start_ns": off.rtt_ns,
+                         "clock_uncertainty_ns": off.uncertainty_ns,
+                         "clock_offset_ns": off.offset_ns}
+    nodes = dict(sess.recorder.manifest.get("nodes", {}))
+    nodes.update(offsets)
+    sess.recorder.update_manifest(nodes=nodes)
+    return handles
+
+
+def stop_agents(sess: StrataSession, handles: list) -> None:
+    nodes = dict(sess.recorder.manifest.get("nodes", {}))
+    for h in handles:
+        try:
+            if h.alive:
+                off = h.measure_clock_offset()
+                nodes.setdefault(h.node, {}).update(offset_end_ns=off.offset_ns,
+                                                    rtt_end_ns=off.rtt_ns)
+        finally:
+            h.stop(5.0)
+        if h.exit_info:
+            nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info)
+    sess.recorder.update_manifest(nodes=nodes)
+
+
+def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | None:
+    """Per-request counters of the server's process tree (launched servers only)."""
+    if server.pid is None:
+        return None
+    from strata_plugin.agent.procfs import process_tree, read_process_counters
+
+    root = server.pid
+
+    def read() -> tuple[float, int, int]:
+        c = read_process_counters(process_tree(root))
+        return (c.cpu_s, c.major_faults, c.read_bytes)
+
+    return read

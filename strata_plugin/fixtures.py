@@ -1,0 +1,102 @@
+"""Strata's pytest fixtures: the run, the server per configuration, and the case runner.
+
+Lifetimes: ``strata_session`` spans the pytest session (run folder, report at
+the end); ``strata_server`` is session-scoped and parametrized by server
+configuration, so pytest groups the tests of one configuration and boots it
+once; ``strata`` is per test and attaches the case's headline metrics to the
+test's ``user_properties`` (and so to JUnit XML).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from strata_plugin.config import StrataConfig
+
+
+def _cfg(request: pytest.FixtureRequest) -> StrataConfig:
+    from strata_plugin.plugin import config_key
+
+    return request.config.stash[config_key]
+
+
+@pytest.fixture(scope="session")
+def strata_config(request: pytest.FixtureRequest) -> StrataConfig:
+    """The frozen run configuration (options + pytest.ini + profile)."""
+    return _cfg(request)
+
+
+@pytest.fixture(scope="session")
+def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The live run: creates ``reports/<RUN_ID>/`` and writes the report at the end."""
+    from strata_plugin.plugin import INTERRUPTED, session_key
+    from strata_plugin.session import StrataSession
+
+    sess = StrataSession(_cfg(request), list(sys.argv))
+    request.config.stash[session_key] = sess
+    if sess.cfg.dry_run:
+        from strata_plugin.dryrun import write_dry_run
+
+        write_dry_run(sess)
+    try:
+        yield sess
+    finally:
+        sess.finish(interrupted=INTERRUPTED.is_set())
+
+
+@pytest.fixture(scope="session")
+def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Iterator[object]:
+    """A server for one configuration (``request.param``), up for its block of tests."""
+    from strata_plugin.session import StrataSession
+
+    sess: StrataSession = strata_session  # type: ignore[assignment]
+    config_id = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
+    if sess.cfg.dry_run:
+        pytest.skip("dry run: commands written, nothing started")
+    server = sess.start_server(config_id)
+    block = sess.begin_block(server)
+    try:
+        yield server
+    finally:
+        sess.end_block(block)
+
+
+@pytest.fixture
+def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[object]:
+    """A case runner bound to this test's server; its results land on user_properties."""
+    from strata_plugin.session import StrataSession
+
+    sess: StrataSession = request.getfixturevalue("strata_session")  # type: ignore[assignment]
+    server = sess.ensure_alive(strata_server)
+    runner = sess.case_runner(server, request.node.nodeid, _progress_writer(request))
+    yield runner
+    for result in runner.results:
+        prefix = "" if len(runner.results) == 1 else f"{result.case_id}."
+        for key, value in result.headline.items():
+            request.node.user_properties.append((prefix + key, value))
+    request.node.user_properties.append(("strata_run_dir", str(sess.run_dir)))
+    request.node.user_properties.append(("strata_config", server.config_id))
+    if not server.alive():
+        from strata_plugin.service import log_tail
+
+        pytest.fail(f"server {server.config_id} died during the case (exit "
+                    f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}",
+                    pytrace=False)
+
+
+def _progress_writer(request: pytest.FixtureRequest):
+    """Live progress lines through the terminal reporter; silent under -q."""
+    if request.config.get_verbosity() < 0 or os.environ.get("CI_NO_PROGRESS"):
+        return None
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None:
+        return None
+
+    def emit(line: str) -> None:
+        tr.write_line(f"  [strata {request.node.name}] {line}")
+
+    return emit

@@ -1,0 +1,144 @@
+"""The load generator: closed and open loops, with a self-check of the client.
+
+A benchmark client can itself be the bottleneck. Each run measures the client's
+own CPU use, how late each request was dispatched against its schedule, and how
+long after arrival each stream event was handled; a run where these exceed the
+thresholds below is flagged ``client_bound`` rather than blamed on the server.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import requests
+
+from strata_plugin.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.records import ProcDelta, RequestRecord
+from strata_plugin.stats import percentile
+
+#: Client self-check thresholds (the client is suspect above these).
+#: 5 ms of dispatch lateness is a fraction of any TTFT worth measuring on a GPU
+#: server; 0.85 of a core means the Python client has no headroom left.
+CLIENT_LATENESS_P99_MS = 5.0
+CLIENT_HANDLING_LAG_P99_MS = 5.0
+CLIENT_CPU_CORES = 0.85
+
+Counters = Callable[[], tuple[float, int, int]]  # (cpu_s, major_faults, read_bytes)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    client_cpu_cores: float  # client CPU seconds / wall seconds
+    dispatch_lateness_p99_ms: float
+    handling_lag_p99_ms: float
+    client_bound: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    records: tuple[RequestRecord, ...]
+    start_ns: int
+    end_ns: int
+    self_check: SelfCheck
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: RequestSpec
+    offset_s: float | None = None  # open loop: send this long after the start
+
+
+class Progress:
+    """Thread-safe counters that a reporter can poll while the load runs."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.errors, self.tokens = total, 0, 0, 0
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    def add(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self.done += 1
+            self.errors += 0 if rec.ok else 1
+            self.tokens += sum(e.n_tokens for e in rec.events)
+
+    def line(self) -> str:
+        with self._lock:
+            dt = max(1e-9, time.monotonic() - self.t0)
+            return (f"{self.done}/{self.total} requests, {self.errors} errors, "
+                    f"{self.tokens / dt:.1f} output tok/s")
+
+
+def run_load(
+    jobs: Sequence[Job],
+    *,
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str] | None = None,
+    counters: Counters | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    progress: Progress | None = None,
+) -> LoadResult:
+    """Send every job, at most ``concurrency`` in flight, and return their records."""
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    start_ns = time.monotonic_ns()
+    local = threading.local()
+    shared = concurrency > 1
+
+    def session() -> requests.Session:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
+        return local.s
+
+    def one(job: Job) -> RequestRecord:
+        if job.offset_s is None:
+            scheduled = time.monotonic_ns()
+        else:
+            scheduled = start_ns + int(job.offset_s * 1e9)
+            delay = (scheduled - time.monotonic_ns()) / 1e9
+            if delay > 0:
+                time.sleep(delay)
+        before = counters() if counters else None
+        rec = send_streaming(session(), base_url, api, job.spec, scheduled_ns=scheduled,
+                             timeouts=timeouts, headers=headers)
+        if before is not None and counters is not None:
+            after = counters()
+            rec = replace(rec, proc=ProcDelta(cpu_s=after[0] - before[0],
+                                              major_faults=after[1] - before[1],
+                                              read_bytes=after[2] - before[2], shared=shared))
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.add(rec)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="strata-load") as pool:
+        records = tuple(pool.map(one, jobs))
+    end_ns = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return LoadResult(records, start_ns, end_ns,
+                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)))
+
+
+def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> SelfCheck:
+    lateness = [max(0, r.dispatched_ns - r.scheduled_ns) / 1e6 for r in records]
+    lags = [max(0, e.handled_ns - e.t_ns) / 1e6 for r in records for e in r.events if e.handled_ns]
+    late_p99 = percentile(lateness, 99) if lateness else 0.0
+    lag_p99 = percentile(lags, 99) if lags else 0.0
+    reasons = []
+    if late_p99 > CLIENT_LATENESS_P99_MS:
+        reasons.append(f"dispatch lateness p99 {late_p99:.2f} ms > {CLIENT_LATENESS_P99_MS} ms")
+    if lag_p99 > CLIENT_HANDLING_LAG_P99_MS:
+        reasons.append(f"event handling lag p99 {lag_p99:.2f} ms > {CLIENT_HANDLING_LAG_P99_MS} ms")
+    if client_cpu_cores > CLIENT_CPU_CORES:
+        reasons.append(f"client CPU {client_cpu_cores:.2f} cores > {CLIENT_CPU_CORES}")
+    return SelfCheck(client_cpu_cores, late_p99, lag_p99, bool(reasons), tuple(reasons))

@@ -1,0 +1,144 @@
+"""The request record: what one request did, event by event.
+
+Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC, shared by all
+processes of one host). A :class:`ClockAnchor` taken once per run turns a
+monotonic time into wall-clock ns so request windows join telemetry samples.
+Records are plain frozen dataclasses that round-trip through JSON, so the
+offline report can rebuild everything from ``requests.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Error classes a failed request can carry. One vocabulary for every client.
+ERROR_CLASSES = (
+    "http_status",  # the server answered with a non-2xx status
+    "connect",  # could not connect (refused, DNS)
+    "timeout",  # a connect or read timed out (a stalled stream)
+    "reset",  # the connection was reset or closed mid-stream
+    "malformed_event",  # an SSE event whose data is not the JSON expected
+    "truncated_stream",  # the stream ended without its terminal event
+    "event_too_large",  # one event exceeded the size bound
+    "client",  # a bug or unexpected exception in the client itself
+)
+
+
+@dataclass(frozen=True)
+class ClockAnchor:
+    """A simultaneous reading of the monotonic and the wall clock."""
+
+    mono_ns: int
+    wall_ns: int
+
+    @classmethod
+    def now(cls) -> ClockAnchor:
+        # Read wall between two monotonic reads and take the midpoint, so the
+        # pairing error is at most half the (sub-microsecond) bracket.
+        m0 = time.monotonic_ns()
+        w = time.time_ns()
+        m1 = time.monotonic_ns()
+        return cls(mono_ns=(m0 + m1) // 2, wall_ns=w)
+
+    def to_wall_ns(self, mono_ns: int) -> int:
+        return self.wall_ns + (mono_ns - self.mono_ns)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One token-bearing SSE event: when its last byte arrived, how many tokens."""
+
+    t_ns: int  # arrival (monotonic): when the bytes completing the event were read
+    n_tokens: int
+    kind: str = "content"  # "content" | "reasoning"
+    handled_ns: int = 0  # when the client finished parsing it (self-check)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    source: str = "none"  # "usage" | "timings" | "tokenizer" | "none"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama.cpp's per-request ``timings`` object (server-side)."""
+
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    cache_n: int | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestError:
+    cls: str  # one of ERROR_CLASSES
+    message: str
+    http_status: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cls not in ERROR_CLASSES:
+            raise ValueError(f"unknown error class {self.cls!r}")
+
+
+@dataclass(frozen=True)
+class ProcDelta:
+    """Server-process counters read just before and just after one request."""
+
+    cpu_s: float
+    major_faults: int
+    read_bytes: int
+    shared: bool  # True when other requests were in flight (concurrency > 1)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    request_id: str
+    case_id: str
+    phase: str  # "warmup" | "measured"
+    api: str
+    scheduled_ns: int  # when the load generator meant to send it
+    dispatched_ns: int  # when the HTTP request was handed to the socket
+    first_byte_ns: int | None = None
+    events: tuple[TokenEvent, ...] = ()
+    done_ns: int | None = None  # stream end (terminal event or EOF)
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings | None = None
+    finish_reason: str | None = None
+    output_text: str = ""
+    output_sha256: str = ""
+    error: RequestError | None = None
+    isl: int | None = None  # requested input length
+    osl: int | None = None  # requested output length
+    proc: ProcDelta | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        d = dict(d)
+        d["events"] = tuple(TokenEvent(**e) for e in d.get("events", ()))
+        d["usage"] = Usage(**d["usage"]) if d.get("usage") else Usage()
+        d["timings"] = Timings(**d["timings"]) if d.get("timings") else None
+        d["error"] = RequestError(**d["error"]) if d.get("error") else None
+        d["proc"] = ProcDelta(**d["proc"]) if d.get("proc") else None
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, line: str) -> RequestRecord:
+        return cls.from_dict(json.loads(line))

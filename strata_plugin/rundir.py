@@ -1,0 +1,161 @@
+"""The run folder: one per run, never reused, written so a crash loses nothing.
+
+Raw files are appended line by line and flushed as events happen
+(``requests.jsonl``, ``cases.jsonl``), so the data of an interrupted run is
+on disk. ``manifest.json`` is rewritten atomically and says whether the run
+completed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from strata_plugin.markers import Marker, write_markers
+from strata_plugin.records import ClockAnchor, RequestRecord
+
+#: Packages whose versions go into the manifest.
+_VERSIONED = ("pytest", "pytest-benchmark", "requests", "sseclient-py", "pandas",
+              "nvidia-ml-py", "matplotlib", "numpy")
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def create_run_dir(reports_dir: Path, run_id: str) -> Path:
+    """Make the run folder; refuse to reuse one (two runs never share a folder)."""
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    path = reports_dir / run_id
+    path.mkdir(exist_ok=False)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file and rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def _git_sha(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def host_facts() -> dict[str, Any]:
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"hostname": platform.node(), "kernel": platform.release(),
+            "machine": platform.machine(), "cpu_model": cpu_model, "cpus": os.cpu_count(),
+            "python": sys.version.split()[0]}
+
+
+class JsonlWriter:
+    """Append-only JSON lines, flushed per line; safe from several threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fh = path.open("a", buffering=1)
+        self._lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+class RunRecorder:
+    """Everything the live run writes into its folder."""
+
+    def __init__(self, run_dir: Path, anchor: ClockAnchor, manifest: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.anchor = anchor
+        self.manifest = dict(manifest, clock_anchor={"mono_ns": anchor.mono_ns,
+                                                     "wall_ns": anchor.wall_ns})
+        self.markers: list[Marker] = []
+        self._lock = threading.Lock()
+        self.requests = JsonlWriter(run_dir / "requests.jsonl")
+        self.cases = JsonlWriter(run_dir / "cases.jsonl")
+        self.write_manifest(complete=False)
+
+    def wall(self, mono_ns: int) -> int:
+        return self.anchor.to_wall_ns(mono_ns)
+
+    def record(self, rec: RequestRecord) -> None:
+        self.requests.write(rec.to_json())
+        if rec.done_ns is not None:
+            self.mark("request", rec.request_id, rec.case_id, rec.dispatched_ns, rec.done_ns)
+
+    def mark(self, kind: str, name: str, case_id: str, start_mono_ns: int,
+             end_mono_ns: int) -> Marker:
+        m = Marker(kind, name, case_id, self.wall(start_mono_ns), self.wall(end_mono_ns))
+        with self._lock:
+            self.markers.append(m)
+            write_markers(self.run_dir / "markers.csv", self.markers)
+        return m
+
+    def add_case(self, case: dict[str, Any]) -> None:
+        self.cases.write(json.dumps(case, sort_keys=True, default=str))
+
+    def update_manifest(self, **fields: Any) -> None:
+        with self._lock:
+            self.manifest.update(fields)
+        self.write_manifest(complete=self.manifest.get("complete", False))
+
+    def write_manifest(self, *, complete: bool) -> None:
+        with self._lock:
+            self.manifest["complete"] = complete
+            text = json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n"
+        atomic_write_text(self.run_dir / "manifest.json", text)
+
+    def close(self) -> None:
+        self.requests.close()
+        self.cases.close()
+
+
+def base_manifest(*, run_id: str, profile: dict[str, Any], argv: list[str],
+                  root: Path) -> dict[str, Any]:
+    from strata_plugin import __version__
+
+    return {"run_id": run_id, "strata_version": __version__, "argv": argv,
+            "git_sha": _git_sha(root), "host": host_facts(), "versions": package_versions(),
+            "profile": profile,
+            "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -1,0 +1,181 @@
+"""Server lifetimes: launch in its own process group, wait for health, tear down.
+
+A launched server gets its own session (process group), a log file in the run
+folder, and a health poll that also watches the process, so a server that dies
+during start-up fails fast with its log tail instead of waiting out the timeout.
+Teardown sends SIGTERM to the whole group, then SIGKILL after a grace period.
+An attached server (``--strata-server-url``) offers the same interface and is
+never stopped by us.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path | None, n_lines: int = 40) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 64 * 1024))
+        lines = fh.read().decode("utf-8", "replace").splitlines()
+    return "\n".join(lines[-n_lines:])
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """A fully expanded server command: argv list, env overrides, where to log."""
+
+    config_id: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    base_url: str
+    health_path: str
+    health_timeout_s: float
+    stop_timeout_s: float
+    log_path: Path
+
+    def to_json(self) -> dict:
+        # Env values may be secrets: record names only.
+        return {"config_id": self.config_id, "argv": list(self.argv),
+                "env_names": sorted(k for k, _ in self.env), "base_url": self.base_url,
+                "log": str(self.log_path)}
+
+
+class Server:
+    """A running server, launched by us or attached to."""
+
+    def __init__(self, spec: LaunchSpec | None, base_url: str) -> None:
+        self.spec = spec
+        self.base_url = base_url.rstrip("/")
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+        self.restarts = 0
+        self._log_fh = None
+
+    @property
+    def config_id(self) -> str:
+        return self.spec.config_id if self.spec else "attached"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.spec.log_path if self.spec else None
+
+    def alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    # --- lifetime ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        assert self.spec is not None
+        spec = self.spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = spec.log_path.open("ab")
+        env = dict(os.environ)
+        env.update(dict(spec.env))
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(spec.argv), stdout=self._log_fh, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+        try:
+            self.wait_healthy(spec.health_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Poll the health URL, failing fast when the process exits."""
+        path = self.spec.health_path if self.spec else "/health"
+        url = self.base_url + path
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while True:
+            if not self.alive():
+                raise ServerStartError(
+                    f"server exited with code {self.exit_code()} before becoming healthy\n"
+                    f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}")
+            try:
+                r = requests.get(url, timeout=2)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except requests.RequestException as exc:
+                last = type(exc).__name__
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"server not healthy at {url} after {timeout_s:.0f} s (last: {last})\n"
+                    f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}")
+            time.sleep(0.2)
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL it after the grace period. Idempotent."""
+        if self.proc is None:
+            return None
+        grace = self.spec.stop_timeout_s if self.spec else 10.0
+        code = terminate_group(self.proc, grace)
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return code
+
+
+def terminate_group(proc: subprocess.Popen, grace_s: float) -> int | None:
+    """Stop a process started with start_new_session=True, and its whole group."""
+    pgid = proc.pid  # a session leader's pgid is its pid
+    if proc.poll() is None:
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # Children may outlive the leader: the group gets SIGKILL either way.
+    _signal_group(pgid, signal.SIGKILL)
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def write_command(commands_dir: Path, name: str, payload: dict) -> Path:
+    """Record a command as run (argv list, env names only) for the run folder."""
+    commands_dir.mkdir(parents=True, exist_ok=True)
+    path = commands_dir / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return path

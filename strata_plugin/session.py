@@ -1,0 +1,209 @@
+"""The live run: its folder, its servers, and cleanup on every path.
+
+One ``StrataSession`` per pytest session, created the first time a test asks
+for a Strata fixture (so ``pytest tests/`` of the harness itself creates no run
+folder). Every process it starts is registered for teardown, which runs on a
+normal end, on errors, on Ctrl-C and on SIGTERM (turned into KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from dataclasses import dataclass, field
+
+from strata_plugin.agents import process_counters, start_agents, stop_agents
+from strata_plugin.case import CaseRunner, CaseSetup
+from strata_plugin.config import StrataConfig, expand_placeholders
+from strata_plugin.records import ClockAnchor
+from strata_plugin.rundir import RunRecorder, base_manifest, create_run_dir
+from strata_plugin.service import LaunchSpec, Server, free_port, write_command
+from strata_plugin.workload import TokenSpace
+
+_live_servers: set[Server] = set()
+
+
+def _kill_leftovers() -> None:
+    """Last line of defence: no server outlives the harness."""
+    for server in list(_live_servers):
+        server.stop()
+
+
+atexit.register(_kill_leftovers)
+
+
+def install_sigterm_handler() -> None:
+    """SIGTERM becomes KeyboardInterrupt, so pytest's teardown runs as for Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _interrupted() -> bool:
+    from strata_plugin.plugin import INTERRUPTED
+
+    return INTERRUPTED.is_set()
+
+
+def case_id_from(nodeid: str) -> str:
+    """A file-name-safe case id from a pytest node id (``cases/x.py::test_a[p]``)."""
+    name = nodeid.split("::", 1)[-1]
+    return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in name)
+
+
+@dataclass
+class Block:
+    server: Server
+    agents: list = field(default_factory=list)
+
+
+def public_profile(cfg: StrataConfig) -> dict:
+    """The profile as recorded in the manifest: names of secret env vars, never values."""
+    return dict(cfg.profile.raw, _path=str(cfg.profile.path))
+
+
+class StrataSession:
+    def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
+        self.cfg = cfg
+        self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id)
+        self.anchor = ClockAnchor.now()
+        self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
+            run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
+        self.started_ns = time.monotonic_ns()
+        self.servers: dict[str, Server] = {}
+        self.incomplete_reason = ""
+
+    # --- servers -------------------------------------------------------------------------
+
+    def placeholder_values(self, port: int) -> dict[str, str]:
+        p = self.cfg.profile
+        values = {k: os.path.expanduser(v) for k, v in p.vars}
+        values.update(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
+                      python=sys.executable, root=str(self.cfg.rootdir))
+        return values
+
+    def launch_spec(self, config_id: str) -> LaunchSpec:
+        p = self.cfg.profile
+        conf = next(c for c in p.server.configs if c.config_id == config_id)
+        port = p.server.port or free_port(p.server.host)
+        values = self.placeholder_values(port)
+        argv = expand_placeholders(conf.argv, values)
+        env = tuple((k, v.format_map(values)) for k, v in conf.env)
+        return LaunchSpec(
+            config_id=config_id, argv=tuple(argv), env=env,
+            base_url=f"http://{p.server.host}:{port}", health_path=p.server.health_path,
+            health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
+            log_path=self.run_dir / "service" / config_id / "server.log")
+
+    def start_server(self, config_id: str) -> Server:
+        if self.cfg.server_url:
+            server = Server(None, self.cfg.server_url)
+            server.wait_healthy(self.cfg.profile.server.health_timeout_s)
+            self.servers[config_id] = server
+            return server
+        spec = self.launch_spec(config_id)
+        write_command(self.run_dir / "commands", f"server-{config_id}", spec.to_json())
+        server = Server(spec, spec.base_url)
+        _live_servers.add(server)
+        server.start()
+        self.servers[config_id] = server
+        self.recorder.update_manifest(servers={
+            cid: {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
+                  "startup_s": s.startup_s} for cid, s in self.servers.items()})
+        return server
+
+    def stop_server(self, server: Server) -> None:
+        server.stop()
+        _live_servers.discard(server)
+
+    # --- blocks: one server configuration's lifetime ------------------------------------
+
+    def begin_block(self, server: Server) -> Block:
+        """Start the telemetry agents on this server, then hold the idle baseline."""
+        block = Block(server=server, agents=start_agents(self, server))
+        t0 = time.monotonic_ns()
+        time.sleep(self.cfg.profile.telemetry.baseline_s)
+        self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
+                           time.monotonic_ns())
+        return block
+
+    def end_block(self, block: Block) -> None:
+        """Hold the cooldown window, stop the agents, stop the server. Always runs."""
+        try:
+            if block.server.alive() and not _interrupted():
+                t0 = time.monotonic_ns()
+                time.sleep(self.cfg.profile.telemetry.cooldown_s)
+                self.recorder.mark("cooldown", f"cooldown:{block.server.config_id}", "", t0,
+                                   time.monotonic_ns())
+        finally:
+            stop_agents(self, block.agents)
+            self.stop_server(block.server)
+
+    def ensure_alive(self, server: Server) -> Server:
+        """A server that died in an earlier case is restarted once, else the test skips."""
+        if server.alive():
+            return server
+        import pytest
+
+        if self.cfg.server_url or server.restarts >= 1:
+            pytest.skip(f"server {server.config_id} is down (exit {server.exit_code()}) "
+                        "and was not restarted")
+        self.recorder.update_manifest(**{f"restart_{server.config_id}": server.exit_code()})
+        server.restarts += 1
+        server.start()
+        return server
+
+    def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
+        from strata_plugin.client import Timeouts
+
+        p = self.cfg.profile
+        headers = {}
+        if p.server.api_key_env:
+            key = os.environ.get(p.server.api_key_env)
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+        lo, hi = p.server.token_id_range
+        setup = CaseSetup(
+            base_url=server.base_url, api=p.server.api, config_id=server.config_id,
+            token_space=TokenSpace(lo, hi),
+            timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
+            salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
+        return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
+                          add_case=self.recorder.add_case, counters=process_counters(server),
+                          progress_line=progress, default_case_id=case_id_from(nodeid))
+
+    # --- end -----------------------------------------------------------------------------
+
+    def finish(self, *, interrupted: bool) -> Path | None:
+        for server in list(self.servers.values()):
+            self.stop_server(server)
+        self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
+        report = None
+        try:
+            from strata_plugin.report import write_report
+
+            report = write_report(self.run_dir)
+        except Exception as exc:  # the raw data is safe on disk; say why the report is not
+            self.incomplete_reason = f"report failed: {type(exc).__name__}: {exc}"
+        complete = not interrupted and not self.incomplete_reason
+        if interrupted:
+            self.incomplete_reason = self.incomplete_reason or "interrupted"
+        self.recorder.update_manifest(incomplete_reason=self.incomplete_reason,
+                                      finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                 time.gmtime()))
+        self.recorder.write_manifest(complete=complete)
+        self.recorder.close()
+        return report
