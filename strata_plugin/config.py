@@ -113,7 +113,8 @@ class _Reader:
         self.seen.add(name)
         if name not in self.table:
             if default is ...:
-                raise ProfileError(self.path, self._key(name), expected or _tname(typ) + " (missing)")
+                what = expected or _tname(typ)
+                raise ProfileError(self.path, self._key(name), f"{what} (missing)")
             return default
         value = self.table[name]
         ok = isinstance(value, typ) and not (isinstance(value, bool) and bool not in _tup(typ))

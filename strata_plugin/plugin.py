@@ -114,7 +114,8 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     cfg = config.stash.get(config_key, None)
     if cfg is None:
         return None
-    target = cfg.server_url or f"launch ({', '.join(c.config_id for c in cfg.profile.server.configs)})"
+    configs = ", ".join(c.config_id for c in cfg.profile.server.configs)
+    target = cfg.server_url or f"launch ({configs})"
     return f"strata: profile {cfg.profile.name} ({cfg.profile.path.name}), server {target}"
 
 
@@ -136,4 +137,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"run incomplete: {sess.incomplete_reason}")
 
 
-from strata_plugin.fixtures import *  # noqa: E402,F401,F403  (register the fixtures)
+from strata_plugin.fixtures import *  # noqa: E402, F403  (register the fixtures)

@@ -29,7 +29,7 @@ _VERSIONED = ("pytest", "pytest-benchmark", "requests", "sseclient-py", "pandas"
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
@@ -158,4 +158,4 @@ def base_manifest(*, run_id: str, profile: dict[str, Any], argv: list[str],
     return {"run_id": run_id, "strata_version": __version__, "argv": argv,
             "git_sha": _git_sha(root), "host": host_facts(), "versions": package_versions(),
             "profile": profile,
-            "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+            "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}

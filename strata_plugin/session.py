@@ -14,9 +14,8 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
-
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from strata_plugin.agents import process_counters, start_agents, stop_agents
 from strata_plugin.case import CaseRunner, CaseSetup

@@ -1,0 +1,82 @@
+"""Profiles: the shipped ones load; bad ones fail naming the file and the key."""
+
+from pathlib import Path
+
+import pytest
+
+from strata_plugin.config import ProfileError, expand_placeholders, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = sorted((ROOT / "fixtures" / "profiles").glob("*.toml"))
+
+GOOD = """
+name = "t"
+[server]
+engine = "llamacpp"
+api = "llamacpp"
+argv = ["{llama_server}", "--port", "{port}"]
+[server.configs.a]
+args = ["-b", "512"]
+[server.configs.b]
+args = ["-b", "2048"]
+env = { OMP_NUM_THREADS = "2" }
+[telemetry]
+interval_s = 0.1
+"""
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_shipped_profiles_load(path):
+    profile = load_profile(path)
+    assert profile.name
+    assert profile.server.configs
+
+
+def test_configs_extend_base_argv(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text(GOOD)
+    prof = load_profile(p)
+    a, b = prof.server.configs
+    assert (a.config_id, b.config_id) == ("a", "b")
+    assert a.argv[-2:] == ("-b", "512") and b.argv[-2:] == ("-b", "2048")
+    assert dict(b.env) == {"OMP_NUM_THREADS": "2"}
+    assert prof.telemetry.interval_s == 0.1
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "expected"),
+    [
+        (("interval_s = 0.1", "interval_s = 0.01"), "telemetry.interval_s", "[0.1, 60"),
+        (("interval_s = 0.1", 'interval_s = "fast"'), "telemetry.interval_s", "a number"),
+        (('api = "llamacpp"', 'api = "grpc"'), "server.api", "one of"),
+        (('engine = "llamacpp"', "engine = 3"), "server.engine", "one of"),
+        (('name = "t"', 'name = "t"\nbogus = 1'), "bogus", "a known key"),
+        (('args = ["-b", "512"]', 'args = ["-b", 512]'), "server.configs.a.args",
+         "a list of strings"),
+        (('name = "t"', ""), "name", "missing"),
+    ],
+)
+def test_bad_profiles_name_file_and_key(tmp_path, edit, key, expected):
+    p = tmp_path / "bad.toml"
+    p.write_text(GOOD.replace(*edit, 1))
+    with pytest.raises(ProfileError) as info:
+        load_profile(p)
+    msg = str(info.value)
+    assert str(p) in msg and f"'{key}'" in msg and expected in msg
+
+
+def test_syntax_error_and_missing_file(tmp_path):
+    p = tmp_path / "syntax.toml"
+    p.write_text("name = \n")
+    with pytest.raises(ProfileError, match="valid TOML"):
+        load_profile(p)
+    with pytest.raises(ProfileError, match="an existing TOML file"):
+        load_profile(tmp_path / "nope.toml")
+
+
+def test_placeholders_keep_arguments_whole():
+    argv = expand_placeholders(("{bin}", "--model", "{model}"),
+                               {"bin": "/x/server", "model": "a model; rm -rf /"})
+    assert argv == ["/x/server", "--model", "a model; rm -rf /"]
+    with pytest.raises(ProfileError, match="'undefined'"):
+        expand_placeholders(("{undefined}",), {})
