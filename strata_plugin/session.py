@@ -187,22 +187,24 @@ class StrataSession:
     # --- end -----------------------------------------------------------------------------
 
     def finish(self, *, interrupted: bool) -> Path | None:
+        """Stop what runs, then write the report; an interrupted run says so in both."""
         for server in list(self.servers.values()):
             self.stop_server(server)
         self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
+        if interrupted:
+            self.incomplete_reason = "interrupted"
+        self.recorder.update_manifest(
+            incomplete_reason=self.incomplete_reason,
+            finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.recorder.write_manifest(complete=not interrupted)
         report = None
         try:
             from strata_plugin.report import write_report
 
             report = write_report(self.run_dir)
-        except Exception as exc:  # the raw data is safe on disk; say why the report is not
+        except Exception as exc:  # the raw data is safe on disk; say why there is no report
             self.incomplete_reason = f"report failed: {type(exc).__name__}: {exc}"
-        complete = not interrupted and not self.incomplete_reason
-        if interrupted:
-            self.incomplete_reason = self.incomplete_reason or "interrupted"
-        self.recorder.update_manifest(incomplete_reason=self.incomplete_reason,
-                                      finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                 time.gmtime()))
-        self.recorder.write_manifest(complete=complete)
+            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            self.recorder.write_manifest(complete=False)
         self.recorder.close()
         return report
