@@ -24,7 +24,7 @@ def _local_argv(sess: StrataSession, node: str, server_pid: int | None,
     return agent_argv(
         node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
         pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
-        log_patterns=list(t.log_patterns), collectors=list(t.collectors),
+        log_patterns=dict(t.log_patterns), collectors=list(t.collectors),
         python=sys.executable)
 
 
@@ -84,9 +84,14 @@ def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | N
     from strata_plugin.agent.procfs import process_tree, read_process_counters
 
     root = server.pid
+    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
+    tree = [process_tree(root)]
 
     def read() -> tuple[float, int, int]:
-        c = read_process_counters(process_tree(root))
+        c = read_process_counters(tree[0])
+        if c.n_missing:
+            tree[0] = process_tree(root)
+            c = read_process_counters(tree[0])
         return (c.cpu_s, c.major_faults, c.read_bytes)
 
     return read

@@ -197,7 +197,7 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         server_prompt_n=s_prompt_n,
         server_decode_n=s_decode_n,
         server_prefill_tok_s=_rate(s_prompt_n, s_prompt_ms),
-        server_decode_tok_s=_rate(s_decode_n, s_decode_ms),
+        server_decode_tok_s=_rate(s_decode_n, s_decode_ms) if (s_decode_n or 0) >= 2 else None,
         ttft_minus_server_prompt_ms=(
             ttft - s_prompt_ms if ttft is not None and s_prompt_ms is not None else None
         ),
@@ -356,7 +356,7 @@ def case_metrics(
         good_frac = n_good / len(measured) if measured else None
 
     with_prompt = [m for m in ok if m.server_prompt_n is not None and m.server_prompt_ms]
-    with_decode = [m for m in ok if m.server_decode_n is not None and m.server_decode_ms]
+    with_decode = [m for m in ok if (m.server_decode_n or 0) >= 2 and m.server_decode_ms]
     prefill = _rate(
         sum(m.server_prompt_n or 0 for m in with_prompt),
         sum(m.server_prompt_ms or 0.0 for m in with_prompt),

@@ -1,0 +1,142 @@
+"""The plugin as users drive it, through pytester: markers, -k, JUnit, attach, dry run."""
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.sse_script_server import Reply, ScriptServer, Seen, sse
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROFILE = """
+name = "attach-test"
+[server]
+engine = "llamacpp"
+api = "llamacpp"
+health_timeout_s = 5
+token_id_range = [300, 1000]
+[telemetry]
+interval_s = 0.1
+baseline_s = 0
+cooldown_s = 0
+collectors = ["proc", "cpu", "mem"]
+"""
+
+CASES = """
+import pytest
+from strata_plugin.workload import Workload
+
+@pytest.mark.prefill
+def test_prefill(strata):
+    r = strata.run(Workload("p", isl=64, osl=1, requests=2), scale=False)
+    assert not r.problems, r.problems
+
+@pytest.mark.decode
+def test_decode(strata):
+    r = strata.run(Workload("d", isl=8, osl=6, concurrency=2, requests=4), scale=False)
+    assert not r.problems, r.problems
+
+@pytest.mark.decode
+def test_decode_wrong_length(strata):
+    # The fake server answers 6 tokens; asking for 9 must fail with the numbers.
+    r = strata.run(Workload("d", isl=8, osl=9, requests=1), scale=False)
+    assert not r.problems, r.problems
+"""
+
+
+def llama_reply(seen: Seen) -> Reply:
+    """A llama.cpp /completion stream: n_predict tokens (6 at most) 5 ms apart, then timings."""
+    if seen.method == "GET":
+        return Reply([(0.0, b"ok")], framing="length", content_type="text/plain")
+    body = seen.json
+    n_prompt, n_out = len(body["prompt"]), min(6, body["n_predict"])
+    items = [(0.01 if i == 0 else 0.005, sse({"content": "ab", "tokens": [400 + i], "stop": False}))
+             for i in range(n_out)]
+    items.append((0.005, sse({
+        "content": "", "stop": True, "stop_type": "limit", "tokens_evaluated": n_prompt,
+        "tokens_predicted": n_out, "tokens_cached": 0,
+        "timings": {"prompt_n": n_prompt, "prompt_ms": 10.0, "predicted_n": n_out,
+                    "predicted_ms": 25.0, "cache_n": 0}})))
+    return Reply(items)
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest('pytest_plugins = ["strata_plugin.plugin"]\n')
+    pytester.makeini(f"""
+[pytest]
+markers =
+    prefill: p
+    decode: d
+strata_profile = {pytester.path / "profile.toml"}
+strata_reports_dir = {pytester.path / "reports"}
+""")
+    (pytester.path / "profile.toml").write_text(PROFILE)
+    pytester.makepyfile(test_cases=CASES)
+    return pytester
+
+
+def test_attach_select_and_junit(project):
+    with ScriptServer(llama_reply) as srv:
+        xml = project.path / "junit.xml"
+        result = project.runpytest_subprocess(
+            "-k", "prefill or decode", "-p", "no:cacheprovider",
+            f"--strata-server-url={srv.url}", f"--junitxml={xml}", "--strata-run-id=r1")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*completion tokens 6 != OSL 9*"])
+    root = ET.parse(xml).getroot()
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    props = {p.get("name"): p.get("value")
+             for p in cases["test_decode[default]"].iter("property")}
+    assert props["n_ok"] == "4" and props["n_errors"] == "0"
+    assert float(props["tpot_p50_ms"]) == pytest.approx(5.0, abs=2.5)
+    assert props["strata_run_dir"].endswith("r1")
+    run = project.path / "reports" / "r1"
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 2 + 4 + 1
+    assert {r["usage"]["prompt_tokens"] for r in records} == {64, 8}
+    assert json.loads((run / "manifest.json").read_text())["complete"] is True
+
+
+def test_marker_selection(project):
+    with ScriptServer(llama_reply) as srv:
+        result = project.runpytest_subprocess(
+            "-m", "prefill", "-p", "no:cacheprovider", f"--strata-server-url={srv.url}")
+    result.assert_outcomes(passed=1, deselected=2)
+
+
+def test_unknown_marker_is_an_error(project):
+    project.makepyfile(test_bad="import pytest\n@pytest.mark.prefil\ndef test_x(): pass\n")
+    result = project.runpytest_subprocess("--strict-markers", "test_bad.py")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*'prefil' not found in `markers`*"])
+
+
+def test_bad_profile_stops_the_run_naming_key(project):
+    (project.path / "profile.toml").write_text(PROFILE.replace("interval_s = 0.1",
+                                                               "interval_s = -1"))
+    result = project.runpytest_subprocess()
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*profile.toml: key 'telemetry.interval_s'*"])
+
+
+def test_dry_run_writes_commands_and_starts_nothing(project):
+    profile = ROOT / "fixtures" / "profiles" / "sglang-dsv4pro-2node.toml"
+    result = project.runpytest_subprocess(f"--strata-profile={profile}", "--strata-dry-run",
+                                          "--strata-run-id=dry", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=3)
+    commands = json.loads((project.path / "reports" / "dry" / "dry_run.json").read_text())
+    head = commands["commands"]["server-baseline"]["argv"]
+    assert head[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert "--tp" in head and head[head.index("--tp") + 1] == "16"
+    assert head[head.index("--node-rank") + 1] == "0"
+    worker = commands["commands"]["worker-baseline-worker"]
+    assert worker["argv"][worker["argv"].index("--node-rank") + 1] == "1"
+    assert worker["ssh_host"] == "worker-node"
+    assert commands["commands"]["agent-worker"]["argv"][0] == "ssh"
+    assert not (project.path / "reports" / "dry" / "service").exists()
