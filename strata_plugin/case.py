@@ -33,6 +33,20 @@ class CaseSetup:
     salt: str = ""  # the run id: keeps a rerun of the same seed cold
     model: str | None = None
     scale: tuple[tuple[str, float], ...] = ()  # profile scaling of the nominal matrix
+    block_id: str = ""  # the server process this case ran in (A/B blocks)
+    startup_s: float | None = None  # that server's start-up time, apart from measurements
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One extra request sent at a fixed offset into the measured window (mixed A/B).
+
+    The offset is the same in every repetition, so control and treatment differ
+    only by the injected request, as in the seed's prefill-into-decode blocks.
+    """
+
+    workload: Workload
+    offset_s: float
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,8 @@ class CaseResult:
     problems: tuple[str, ...]  # failed checks, each with its numbers
     window_ns: tuple[int, int]
     warmup_s: float
+    injected: tuple[RequestRecord, ...] = ()
+    validation: tuple[tuple[str, int, int], ...] = ()  # (validator, passed, total)
 
     @property
     def headline(self) -> dict[str, float | int | str]:
@@ -57,7 +73,8 @@ class CaseResult:
 
 
 def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
-                count: int, first_index: int) -> list[RequestSpec]:
+                count: int, first_index: int,
+                extra_body: tuple[tuple[str, object], ...] = ()) -> list[RequestSpec]:
     specs = []
     for i in range(count):
         index = first_index + i
@@ -66,7 +83,7 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
             request_id=f"{case_id}/{phase}/{index}", case_id=case_id, phase=phase,
             max_tokens=w.osl, prompt_token_ids=tokens, ignore_eos=not w.expect_stop,
             temperature=0.0, seed=w.seed, cache_prompt=(w.prefix == "shared"), isl=w.isl,
-            model=setup.model))
+            model=setup.model, extra_body=extra_body))
     return specs
 
 
@@ -92,6 +109,19 @@ def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
     return problems
 
 
+def validate(validators, records: tuple[RequestRecord, ...]) -> tuple[tuple[str, int, int], ...]:
+    """Pass counts per validator, summed over the successful requests of a case."""
+    out = []
+    for v in validators:
+        passed = total = 0
+        for r in records:
+            if r.ok:
+                verdict = v(r.output_text)
+                passed, total = passed + verdict.passed, total + verdict.total
+        out.append((getattr(v, "__name__", "validator"), passed, total))
+    return tuple(out)
+
+
 class CaseRunner:
     """Runs workloads against one server; bound to one test by the ``strata`` fixture."""
 
@@ -100,13 +130,15 @@ class CaseRunner:
                  add_case: Callable[[dict], None],
                  counters: Callable[[], tuple[float, int, int]] | None = None,
                  progress_line: Callable[[str], None] | None = None,
-                 default_case_id: str = "case") -> None:
+                 default_case_id: str = "case", history: dict | None = None) -> None:
         self.setup = setup
         self._record, self._mark, self._add_case = record, mark, add_case
         self._counters = counters
         self._progress_line = progress_line
         self.default_case_id = default_case_id
         self.results: list[CaseResult] = []
+        #: Results of earlier tests by A/B group, shared across the session (blocks).
+        self.history: dict[str, list[CaseResult]] = history if history is not None else {}
 
     def _load(self, jobs: list[Job], w: Workload, phase_progress: Progress | None) -> LoadResult:
         in_flight = w.concurrency if w.arrival == "closed" else max(w.concurrency, len(jobs))
@@ -124,27 +156,33 @@ class CaseRunner:
                         concurrency=s.get("concurrency", 1.0))
 
     def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
-            extra: dict | None = None) -> CaseResult:
+            inject: Injection | None = None, extra: dict | None = None,
+            extra_body: dict | None = None, validators: tuple = ()) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile)."""
         case_id = case_id or self.default_case_id
         nominal = w
         w = self.scaled(w) if scale else w
         t_case = time.monotonic_ns()
-        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000)
+        body = tuple(sorted((extra_body or {}).items()))
+        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body)
         warm_res = self._load([Job(s) for s in warm], w, None) if warm else None
         t_warm_end = time.monotonic_ns()
         if warm_res:
             self._mark("warmup", case_id, case_id, t_case, t_warm_end)
 
-        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0)
+        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body)
         offsets = arrival_offsets_s(w, len(specs))
         jobs = [Job(s, None if offsets is None else offsets[i]) for i, s in enumerate(specs)]
         progress = Progress(len(jobs))
         stop = threading.Event()
         ticker = self._start_ticker(progress, stop)
+        injected: list[RequestRecord] = []
+        injector = self._start_injection(inject, case_id, injected, scale) if inject else None
         try:
             res = self._load(jobs, w, progress)
         finally:
+            if injector:
+                injector.join()
             stop.set()
             if ticker:
                 ticker.join()
@@ -153,19 +191,52 @@ class CaseRunner:
 
         metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
         problems = tuple(check_case(w, res.records))
+        validation = validate(validators, res.records)
+        problems += tuple(f"{name}: {passed}/{total} passed" for name, passed, total in validation
+                          if passed != total)
+        if inject:
+            problems += tuple(check_case(self.scaled(inject.workload) if scale
+                                         else inject.workload, tuple(injected)))
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
                             warm_res.records if warm_res else (), metrics, res.self_check,
-                            problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9)
+                            problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
+                            tuple(injected), validation)
         self._add_case({
             "case_id": case_id, "name": w.name, "params": w.params(),
             "scaled_from": nominal.params() if nominal != w else None,
-            "config_id": self.setup.config_id, "api": self.setup.api,
+            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
+            "server_startup_s": self.setup.startup_s, "api": self.setup.api,
             "window_mono_ns": [res.start_ns, res.end_ns], "warmup_s": result.warmup_s,
             "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
-            "problems": list(problems), "headline": result.headline, **(extra or {}),
+            "problems": list(problems), "headline": result.headline,
+            "validation": [{"validator": n, "passed": p, "total": t} for n, p, t in validation],
+            "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s}
+                          if inject else None),
+            **(extra or {}),
         })
         self.results.append(result)
+        if extra and "ab_group" in extra:
+            self.history.setdefault(extra["ab_group"], []).append(result)
         return result
+
+    def _start_injection(self, inject: Injection, case_id: str, out: list[RequestRecord],
+                         scale: bool) -> threading.Thread:
+        """Send the injected request ``offset_s`` after the measured load starts."""
+        w = self.scaled(inject.workload) if scale else inject.workload
+        spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000)[0]
+        t0 = time.monotonic_ns()
+
+        def send() -> None:
+            res = run_load([Job(spec, inject.offset_s)], base_url=self.setup.base_url,
+                           api=self.setup.api, concurrency=1, timeouts=self.setup.timeouts,
+                           headers=self.setup.headers, counters=None, on_record=self._record)
+            out.extend(res.records)
+            self._mark("event", f"inject:{spec.request_id}", case_id,
+                       t0 + int(inject.offset_s * 1e9), t0 + int(inject.offset_s * 1e9))
+
+        t = threading.Thread(target=send, name="strata-inject", daemon=True)
+        t.start()
+        return t
 
     def _start_ticker(self, progress: Progress, stop: threading.Event) -> threading.Thread | None:
         """Print live progress every few seconds for cases that run that long."""

@@ -51,13 +51,15 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Iterator[object]:
     """A server for one configuration (``request.param``), up for its block of tests."""
+    from strata_plugin.blocks import split_param
     from strata_plugin.session import StrataSession
 
     sess: StrataSession = strata_session  # type: ignore[assignment]
-    config_id = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
+    param = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
+    config_id, block_id = split_param(param)
     if sess.cfg.dry_run:
         pytest.skip("dry run: commands written, nothing started")
-    server = sess.start_server(config_id)
+    server = sess.start_server(config_id, block_id)
     block = sess.begin_block(server)
     try:
         yield server

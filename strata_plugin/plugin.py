@@ -23,7 +23,9 @@ MARKERS = {
     "smoke": "the quick subset that runs the whole local matrix in minutes",
     "fault": "fault-injection scenarios",
     "soak": "long load-holding cases",
+    "quality": "output-quality cases with validators",
     "strata_configs(*ids)": "run this test only against these server configurations",
+    "strata_blocks(*ids, repeats=2)": "counterbalanced A/B blocks: A B B A ..., one boot each",
 }
 
 _OPTIONS = (
@@ -97,17 +99,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the session server by configuration, so each boots once per block."""
     if "strata_server" not in metafunc.fixturenames:
         return
+    from strata_plugin.blocks import server_params
+
     cfg = metafunc.config.stash[config_key]
-    ids = [c.config_id for c in cfg.profile.server.configs]
-    marker = metafunc.definition.get_closest_marker("strata_configs")
-    if marker:
-        unknown = [a for a in marker.args if a not in ids]
-        if unknown:
-            raise pytest.UsageError(f"strata_configs{unknown}: not in profile configs {ids}")
-        ids = list(marker.args)
-    if cfg.server_url:
-        ids = ids[:1]
+    try:
+        ids = server_params(
+            [c.config_id for c in cfg.profile.server.configs],
+            metafunc.definition.get_closest_marker("strata_configs"),
+            metafunc.definition.get_closest_marker("strata_blocks"),
+            attached=bool(cfg.server_url))
+    except ValueError as exc:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: {exc}") from None
     metafunc.parametrize("strata_server", ids, indirect=True, scope="session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from strata_plugin.blocks import group_by_server
+
+    group_by_server(items)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

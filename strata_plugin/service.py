@@ -72,6 +72,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
         self.restarts = 0
+        self.block_id = ""
         self._log_fh = None
 
     @property

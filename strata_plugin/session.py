@@ -83,6 +83,7 @@ class StrataSession:
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
         self.started_ns = time.monotonic_ns()
         self.servers: dict[str, Server] = {}
+        self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""
 
     # --- servers -------------------------------------------------------------------------
@@ -94,7 +95,7 @@ class StrataSession:
                       python=sys.executable, root=str(self.cfg.rootdir))
         return values
 
-    def launch_spec(self, config_id: str) -> LaunchSpec:
+    def launch_spec(self, config_id: str, block_id: str = "") -> LaunchSpec:
         p = self.cfg.profile
         conf = next(c for c in p.server.configs if c.config_id == config_id)
         port = p.server.port or free_port(p.server.host)
@@ -105,23 +106,26 @@ class StrataSession:
             config_id=config_id, argv=tuple(argv), env=env,
             base_url=f"http://{p.server.host}:{port}", health_path=p.server.health_path,
             health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
-            log_path=self.run_dir / "service" / config_id / "server.log")
+            log_path=self.run_dir / "service" / (block_id or config_id) / "server.log")
 
-    def start_server(self, config_id: str) -> Server:
+    def start_server(self, config_id: str, block_id: str = "") -> Server:
+        """Launch (or attach to) the server of one configuration for one block."""
+        block_id = block_id or config_id
         if self.cfg.server_url:
             server = Server(None, self.cfg.server_url)
             server.wait_healthy(self.cfg.profile.server.health_timeout_s)
-            self.servers[config_id] = server
-            return server
-        spec = self.launch_spec(config_id)
-        write_command(self.run_dir / "commands", f"server-{config_id}", spec.to_json())
-        server = Server(spec, spec.base_url)
-        _live_servers.add(server)
-        server.start()
-        self.servers[config_id] = server
+        else:
+            spec = self.launch_spec(config_id, block_id)
+            write_command(self.run_dir / "commands", f"server-{block_id}", spec.to_json())
+            server = Server(spec, spec.base_url)
+            _live_servers.add(server)
+            server.start()
+        server.block_id = block_id
+        self.servers[block_id] = server
         self.recorder.update_manifest(servers={
-            cid: {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
-                  "startup_s": s.startup_s} for cid, s in self.servers.items()})
+            bid: {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
+                  "startup_s": s.startup_s, "restarts": s.restarts}
+            for bid, s in self.servers.items()})
         return server
 
     def stop_server(self, server: Server) -> None:
@@ -177,12 +181,14 @@ class StrataSession:
         lo, hi = p.server.token_id_range
         setup = CaseSetup(
             base_url=server.base_url, api=p.server.api, config_id=server.config_id,
+            block_id=server.block_id, startup_s=server.startup_s,
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
         return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
                           add_case=self.recorder.add_case, counters=process_counters(server),
-                          progress_line=progress, default_case_id=case_id_from(nodeid))
+                          progress_line=progress, default_case_id=case_id_from(nodeid),
+                          history=self.history)
 
     # --- end -----------------------------------------------------------------------------
 
