@@ -7,6 +7,7 @@ one agent per node for a server's lifetime, and records clock offsets.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -39,7 +40,8 @@ def agent_commands(sess: StrataSession, server_pid: int | None,
                            log_file if node.role == "head" else None,
                            prom_url if node.role == "head" else None)
         if node.ssh_host:
-            argv = ["ssh", "-o", "BatchMode=yes", node.ssh_host, "--", *argv]
+            # ssh joins its arguments into one remote shell line: quote each one.
+            argv = ["ssh", "-o", "BatchMode=yes", node.ssh_host, "--", shlex.join(argv)]
         out[node.name] = argv
     return out
 

@@ -1,0 +1,283 @@
+"""The sampling agent's own cost: CPU time per second of sampling, per process, per core.
+
+Not a pass/fail test by default: it prints figures (set STRATA_BENCH_ASSERT=1 to
+fail when a target is missed). Run it with::
+
+    pytest benchmarks/test_agent_cost.py --benchmark-only -s
+
+* ``agent`` rows: a real agent process with every CPU-side collector on (proc,
+  cpu, mem, disk, net, rdma on the saved fixture tree, log, numa) tracking a
+  fake server of 4 processes x 5 threads, for DURATION_S of wall time. Its
+  utime+stime (CLK_TCK resolution) and its threads' schedstat run time (ns)
+  over that time, as a fraction of one core. Targets: < 1 % at 0.5 s, < 5 % at
+  0.1 s. ``reader`` is the harness-side reader thread's share of a core, the
+  part of the cost paid inside the load generator's process.
+* ``per process``: CPU time of one agent tick (collector, row formatting and
+  the write, to /dev/null) per tracked process of 5 threads, from 1 and 16
+  tracked processes, measured in this process.
+* ``per core``: the same for the cpu collector reading a 192-core
+  ``/proc/stat`` (this host's rows repeated): per-core rows on minus off,
+  divided by 192.
+
+Figures are medians over REPEATS runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from strata_plugin.agent.cli import CPU_SIDE_COLLECTORS, Agent, LineWriter
+from strata_plugin.agent.collectors.cpu import CpuCollector
+from strata_plugin.agent.collectors.proc import ProcCollector
+from strata_plugin.agent.handle import AgentHandle, agent_argv
+from strata_plugin.agent.procfs import CLK_TCK, process_tree
+from strata_plugin.agent.targets import ProcessTargets
+
+DURATION_S = float(os.environ.get("STRATA_BENCH_DURATION_S", "10"))
+REPEATS = int(os.environ.get("STRATA_BENCH_REPEATS", "3"))
+ASSERT = os.environ.get("STRATA_BENCH_ASSERT") == "1"
+INTERVALS = (0.5, 0.1)
+TARGETS = {0.5: 0.01, 0.1: 0.05}
+IB = Path(__file__).resolve().parents[1] / "tests" / "data" / "sysfs_infiniband"
+LOG = Path(__file__).resolve().parents[1] / "tests" / "data" / "logs" / "llamacpp_server.log"
+
+#: A process with 4 idle threads; with children=N it first starts N more like itself.
+SERVER = (
+    "import subprocess, sys, threading, time\n"
+    "n = int(sys.argv[1])\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', sys.argv[2], '0', sys.argv[2]])"
+    " for _ in range(n)]\n"
+    "for _ in range(4):\n"
+    "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "print('up', flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+@dataclass(frozen=True)
+class Figures:
+    cpu_frac: float  # utime+stime / wall, fraction of one core
+    cpu_frac_ns: float  # schedstat run time / wall (ns resolution)
+    ticks_per_s: float
+    samples_per_s: float
+    reader_frac: float  # the harness reader thread, fraction of one core
+
+
+_RESULTS: dict[str, list[Figures]] = {}
+_PER_TICK: dict[int, float] = {}  # tracked processes -> CPU s per tick
+_EXTRA: list[str] = []
+
+
+def _start_server(children: int) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(children), SERVER], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    deadline = time.monotonic() + 10
+    while len(process_tree(p.pid)) < children + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return p
+
+
+def _kill_tree(p: subprocess.Popen[str]) -> None:
+    for pid in reversed(process_tree(p.pid)):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    p = _start_server(3)  # 4 processes, 5 threads each
+    yield p.pid
+    _kill_tree(p)
+    _print_table()
+
+
+def _cpu(pid: int) -> tuple[float, int]:
+    """(utime+stime seconds, sum of thread run time ns) of a process."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        f = fh.read().rsplit(b")", 1)[1].split()
+    ticks = (int(f[11]) + int(f[12])) / CLK_TCK
+    run_ns = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
+                run_ns += int(fh.read().split()[0])
+        except OSError:
+            pass
+    return ticks, run_ns
+
+
+def _thread_ns(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/schedstat", "rb") as fh:
+        return int(fh.read().split()[0])
+
+
+def _measure(interval: float, server_pid: int, out: Path) -> Figures:
+    argv = agent_argv(
+        "bench",
+        interval,
+        pids=[server_pid],
+        collectors=CPU_SIDE_COLLECTORS,
+        ib_root=IB,
+        log_file=LOG,
+    )
+    h = AgentHandle.start("bench", out, argv)
+    try:
+        time.sleep(1.0)  # imports, probes and the first tree scan are start-up, not steady state
+        reader = next(t for t in threading.enumerate() if t.name == "agent-bench")
+        c0, n0 = _cpu(h.proc.pid)
+        r0 = _thread_ns(reader.native_id)
+        s0 = sum(h.samples_written.values())
+        t0 = time.monotonic()
+        time.sleep(DURATION_S)
+        c1, n1 = _cpu(h.proc.pid)
+        r1 = _thread_ns(reader.native_id)
+        s1 = sum(h.samples_written.values())
+        wall = time.monotonic() - t0
+    finally:
+        info = h.stop()
+    assert info.expected, info
+    return Figures(
+        cpu_frac=(c1 - c0) / wall,
+        cpu_frac_ns=(n1 - n0) / 1e9 / wall,
+        ticks_per_s=1 / interval,
+        samples_per_s=(s1 - s0) / wall,
+        reader_frac=(r1 - r0) / 1e9 / wall,
+    )
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+def test_agent_cpu_cost(benchmark, server: int, interval: float, tmp_path: Path) -> None:
+    runs: list[Figures] = []
+    counter = iter(range(1000))
+    benchmark.pedantic(
+        lambda: runs.append(_measure(interval, server, tmp_path / f"r{next(counter)}")),
+        rounds=REPEATS,
+        iterations=1,
+    )
+    med = _median(runs)
+    _RESULTS[f"agent @ {interval:g} s"] = runs
+    benchmark.extra_info.update(med.__dict__)
+    benchmark.extra_info["target_frac"] = TARGETS[interval]
+    print(f"\nagent @ {interval:g} s  {_row(med)}  target < {TARGETS[interval]:.0%}")
+    if ASSERT:
+        assert med.cpu_frac_ns < TARGETS[interval], med
+
+
+def _ticker(collector) -> Agent:
+    """An agent loop around one collector, writing its lines to /dev/null: the whole tick cost."""
+    targets = ProcessTargets()
+    agent = Agent("bench", 0.1, [collector], targets, LineWriter(os.open(os.devnull, os.O_WRONLY)))
+    agent.probe_all()
+    assert agent.active == [collector], agent.status
+    return agent
+
+
+def _cpu_per_call(fn, calls: int) -> float:
+    fn()
+    t0 = time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - t0) / calls
+
+
+@pytest.mark.parametrize("nprocs", (1, 16))
+def test_cost_per_tracked_process(benchmark, nprocs: int) -> None:
+    roots = [_start_server(0) for _ in range(nprocs)]
+    try:
+        c = ProcCollector(ProcessTargets(pids=[p.pid for p in roots], rescan_s=3600))
+        agent = _ticker(c)
+        per_tick = _cpu_per_call(agent.tick, 300)
+        benchmark.pedantic(agent.tick, rounds=50, iterations=1)
+        c.close()
+    finally:
+        for p in roots:
+            _kill_tree(p)
+    _PER_TICK[nprocs] = per_tick
+    per_proc_us = per_tick / nprocs * 1e6
+    benchmark.extra_info.update(per_tick_us=per_tick * 1e6, per_process_us=per_proc_us)
+    line = (
+        f"per process (n={nprocs:>2}, 5 threads each): {per_tick * 1e6:7.1f} us/tick, "
+        f"{per_proc_us:6.1f} us/tick/process = {per_proc_us * 10 / 1e4:.3f} % core "
+        f"per process at 0.1 s"
+    )
+    _EXTRA.append(line)
+    print("\n" + line)
+
+
+def _big_proc(root: Path, ncpu: int) -> Path:
+    """A /proc with a ``stat`` of ``ncpu`` cores (this host's numbers repeated) and its loadavg."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = Path("/proc/stat").read_text().splitlines()
+    core = next(line for line in lines if line.startswith("cpu0 "))
+    rest = [line for line in lines if not line.startswith("cpu")]
+    cores = [f"cpu{i} " + core.split(" ", 1)[1] for i in range(ncpu)]
+    head = next(line for line in lines if line.startswith("cpu "))
+    (root / "stat").write_text("\n".join([head, *cores, *rest]) + "\n")
+    (root / "loadavg").write_text(Path("/proc/loadavg").read_text())
+    return root
+
+
+def test_cost_per_core(benchmark, tmp_path: Path) -> None:
+    ncpu = 192  # an 8-GPU node's worth; this VM has too few cores to see the slope
+    big = _big_proc(tmp_path / "proc", ncpu)
+    on = _ticker(CpuCollector(per_core=True, proc_root=str(big), cgroup="none"))
+    off = _ticker(CpuCollector(per_core=False, proc_root=str(big), cgroup="none"))
+    t_on = _cpu_per_call(on.tick, 500)
+    t_off = _cpu_per_call(off.tick, 500)
+    benchmark.pedantic(on.tick, rounds=100, iterations=1)
+    per_core_us = max(0.0, t_on - t_off) / ncpu * 1e6
+    benchmark.extra_info.update(tick_us=t_on * 1e6, per_core_us=per_core_us, cores=ncpu)
+    line = (
+        f"per core (a {ncpu}-core /proc/stat): cpu collector {t_on * 1e6:7.1f} us/tick, "
+        f"{per_core_us:5.2f} us/tick/core = {per_core_us * 10 / 1e4:.4f} % core per core "
+        f"at 0.1 s"
+    )
+    _EXTRA.append(line)
+    print("\n" + line)
+
+
+def _median(runs: list[Figures]) -> Figures:
+    return Figures(
+        **{k: statistics.median(getattr(r, k) for r in runs) for k in Figures.__dataclass_fields__}
+    )
+
+
+def _row(f: Figures) -> str:
+    return (
+        f"cpu {f.cpu_frac:7.3%} (utime+stime)  {f.cpu_frac_ns:7.3%} (schedstat)  "
+        f"{f.samples_per_s:7.0f} samples/s  reader {f.reader_frac:6.3%}"
+    )
+
+
+def _print_table() -> None:
+    if not _RESULTS:
+        return
+    print(
+        f"\nagent cost, medians of {REPEATS} runs of {DURATION_S:g} s "
+        f"({os.cpu_count()} cores, collectors {','.join(CPU_SIDE_COLLECTORS)})"
+    )
+    for name, runs in _RESULTS.items():
+        print(f"{name:>14} | {_row(_median(runs))}")
+    for line in _EXTRA:
+        print(line)
+    if 1 in _PER_TICK and 16 in _PER_TICK:
+        slope_us = (_PER_TICK[16] - _PER_TICK[1]) / 15 * 1e6
+        print(
+            f"marginal cost per tracked process (5 threads): {slope_us:.1f} us/tick = "
+            f"{slope_us * 10 / 1e4:.3f} % core at 0.1 s, {slope_us * 2 / 1e4:.3f} % at 0.5 s"
+        )

@@ -1,0 +1,72 @@
+"""What every collector offers the agent loop.
+
+A collector probes once at start (raising :class:`Unavailable` with a reason
+when it cannot run), then returns plain tuples from ``sample()`` each tick.
+Tuples rather than dataclasses because a tick can emit hundreds of values and
+the agent's own CPU cost is budgeted (benchmarks/test_agent_cost.py).
+Per-metric problems (an NVML field NOT_SUPPORTED, an unreadable counter) are
+queued with :meth:`Collector.mark_unavailable` and reported once each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: (wall_ns, device, metric, value, kind) — kind is "gauge" or "counter".
+Emit = tuple[int, str, str, float | int, str]
+
+
+class Unavailable(Exception):
+    """The collector (or one of its metrics) cannot run here; the message is the reason."""
+
+
+class Collector:
+    """Base class: override ``probe`` and ``sample``; the rest is bookkeeping."""
+
+    source = "base"
+
+    def __init__(self) -> None:
+        self._unavailable: dict[str, str] = {}
+        self._reported: set[str] = set()
+        self._info: list[dict[str, Any]] = []
+        self._commands: list[tuple[str, list[str]]] = []
+        self._events: list[dict[str, Any]] = []
+        self.failed: str | None = None  # set when the collector gave up mid-run
+
+    # -- to override ---------------------------------------------------------
+    def probe(self) -> None:
+        """Check that the collector can run; raise Unavailable(reason) if not."""
+
+    def sample(self, wall_ns: int) -> list[Emit]:
+        """Read the current values; ``wall_ns`` is the node's wall clock at the read."""
+        return []
+
+    def close(self) -> None:
+        """Release files and stop any tool the collector started."""
+
+    def set_pids(self, pids: list[int]) -> None:
+        """New server PIDs from the control channel (collectors that track processes)."""
+
+    # -- bookkeeping ---------------------------------------------------------
+    def mark_unavailable(self, key: str, reason: str) -> None:
+        """Record that ``key`` (``metric``, ``device/metric``; ``""``: all of it) cannot be read."""
+        if key not in self._reported:
+            self._unavailable[key] = reason
+
+    def info(self, **payload: Any) -> None:
+        self._info.append(payload)
+
+    def event(self, **payload: Any) -> None:
+        self._events.append(payload)
+
+    def record_command(self, name: str, argv: list[str]) -> None:
+        self._commands.append((name, list(argv)))
+
+    def drain(self) -> tuple[dict[str, str], list[dict[str, Any]], list, list[dict[str, Any]]]:
+        """(new unavailable reasons, info payloads, commands, events) since the last drain."""
+        unavailable, self._unavailable = self._unavailable, {}
+        self._reported.update(unavailable)
+        info, self._info = self._info, []
+        commands, self._commands = self._commands, []
+        events, self._events = self._events, []
+        return unavailable, info, commands, events

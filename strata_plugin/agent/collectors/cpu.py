@@ -1,0 +1,187 @@
+"""Host CPU: per-core time, load, pressure stall (PSI) and cgroup CPU throttling.
+
+Everything time-like is emitted as a *counter of seconds* (not a utilisation
+fraction): the report divides the delta over any window by the window length,
+which is exact for any window and needs no state in the agent.
+
+* per core (device ``cpu<N>``) and host-wide (device ``""``): ``busy_s``
+  (user+nice+system+irq+softirq), ``iowait_s``, ``steal_s``, ``idle_s``; the
+  host line adds ``user_s``, ``system_s``, ``irq_s``, ``softirq_s``;
+* host counters ``ctxt``, ``intr``; gauges ``procs_running``, ``procs_blocked``,
+  ``load1``, ``load5``, ``load15``, ``runnable`` (from /proc/loadavg);
+* PSI (/proc/pressure/*, when present): ``psi_<cpu|io|memory>_<some|full>_s``;
+* cgroup (v2 cpu.stat, or the v1 cpu controller's): ``cgroup_usage_s``,
+  ``cgroup_user_s``, ``cgroup_system_s``, ``cgroup_nr_periods``,
+  ``cgroup_nr_throttled``, ``cgroup_throttled_s``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import procfs
+from ..procfs import PreadFile, parse_kv
+from .base import Collector, Emit, Unavailable
+
+_TICK = float(procfs.CLK_TCK)
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_cpu_stat_files(pid: int | str = "self", root: str = CGROUP_ROOT) -> list[str]:
+    """cpu.stat files that describe ``pid``'s cgroup: the v2 one and/or the v1 cpu controller's."""
+    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/cgroup")
+    if not data:
+        return []
+    out = []
+    for line in data.decode().splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        if controllers == "":
+            candidates = [
+                os.path.join(root, path, "cpu.stat"),
+                os.path.join(root, "unified", path, "cpu.stat"),
+            ]
+        elif "cpu" in controllers.split(","):
+            candidates = [
+                os.path.join(root, d, path, "cpu.stat")
+                for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+            ]
+        else:
+            continue
+        for c in candidates:
+            if os.path.exists(c) and c not in out:
+                out.append(c)
+                break
+    return out
+
+
+def _psi(data: bytes) -> dict[str, float]:
+    """{"some": seconds, "full": seconds} from a pressure file (total= is in µs)."""
+    out = {}
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        kind, _, rest = line.partition(b" ")
+        i = rest.find(b"total=")
+        if i >= 0:
+            out[kind.decode()] = int(rest[i + 6 :].split()[0]) / 1e6
+    return out
+
+
+class CpuCollector(Collector):
+    source = "cpu"
+
+    def __init__(
+        self, cgroup: str = "self", per_core: bool = True, proc_root: str | None = None
+    ) -> None:
+        super().__init__()
+        self.cgroup = cgroup
+        self.per_core = per_core
+        # proc_root lets tests and the cost benchmark read a saved /proc (e.g. a 192-core stat)
+        self.proc_root = proc_root or procfs.PROC
+        self._stat = PreadFile(f"{self.proc_root}/stat", 1 << 16)
+        self._loadavg = PreadFile(f"{self.proc_root}/loadavg", 256)
+        self._psi: dict[str, PreadFile] = {}
+        self._cg: list[PreadFile] = []
+
+    def probe(self) -> None:
+        if not self._stat.ok:
+            raise Unavailable(f"/proc/stat unreadable: {self._stat.error}")
+        for res in ("cpu", "io", "memory"):
+            f = PreadFile(f"{self.proc_root}/pressure/{res}", 512)
+            if f.ok and f.read() is not None:
+                self._psi[res] = f
+            else:
+                self.mark_unavailable(f"psi_{res}", f"{f.path}: {f.error or 'empty'}")
+        if self.cgroup.startswith("pid:"):
+            files = cgroup_cpu_stat_files(int(self.cgroup[4:]))
+        elif self.cgroup == "self":
+            files = cgroup_cpu_stat_files("self")
+        elif self.cgroup in ("", "none"):
+            files = []
+        else:
+            files = [os.path.join(self.cgroup, "cpu.stat")]
+        for path in files:
+            f = PreadFile(path, 4096)
+            if f.ok:
+                self._cg.append(f)
+        seen: dict[str, int] = {}
+        for f in self._cg:
+            seen.update(parse_kv(f.read() or b""))
+        if not self._cg:
+            self.mark_unavailable("cgroup", f"no readable cgroup cpu.stat for {self.cgroup!r}")
+        elif "nr_throttled" not in seen:
+            self.mark_unavailable(
+                "cgroup_nr_throttled",
+                "cgroup cpu.stat has no nr_throttled (cpu controller not enabled)",
+            )
+        self.info(kind="cgroup", source=self.source, files=[f.path for f in self._cg])
+
+    def close(self) -> None:
+        for f in [self._stat, self._loadavg, *self._psi.values(), *self._cg]:
+            f.close()
+
+    def sample(self, wall_ns: int) -> list[Emit]:
+        out: list[Emit] = []
+        data = self._stat.read()
+        if data is None:
+            raise OSError(f"/proc/stat: {self._stat.error}")
+        for line in data.split(b"\n"):
+            if line.startswith(b"cpu"):
+                f = line.split()
+                name = f[0].decode()
+                user, nice, system, idle, iowait, irq, softirq = map(int, f[1:8])
+                steal = int(f[8]) if len(f) > 8 else 0
+                busy = (user + nice + system + irq + softirq) / _TICK
+                if name == "cpu":
+                    dev = ""
+                    out.append((wall_ns, dev, "user_s", (user + nice) / _TICK, "counter"))
+                    out.append((wall_ns, dev, "system_s", system / _TICK, "counter"))
+                    out.append((wall_ns, dev, "irq_s", irq / _TICK, "counter"))
+                    out.append((wall_ns, dev, "softirq_s", softirq / _TICK, "counter"))
+                elif not self.per_core:
+                    continue
+                else:
+                    dev = name
+                out.append((wall_ns, dev, "busy_s", busy, "counter"))
+                out.append((wall_ns, dev, "iowait_s", iowait / _TICK, "counter"))
+                out.append((wall_ns, dev, "steal_s", steal / _TICK, "counter"))
+                out.append((wall_ns, dev, "idle_s", idle / _TICK, "counter"))
+            elif line.startswith(b"ctxt ") or line.startswith(b"intr "):
+                key, val = line.split(None, 2)[:2]
+                out.append((wall_ns, "", key.decode(), int(val), "counter"))
+            elif line.startswith(b"procs_"):
+                key, val = line.split()
+                out.append((wall_ns, "", key.decode(), int(val), "gauge"))
+        la = self._loadavg.read()
+        if la:
+            f = la.split()
+            out.append((wall_ns, "", "load1", float(f[0]), "gauge"))
+            out.append((wall_ns, "", "load5", float(f[1]), "gauge"))
+            out.append((wall_ns, "", "load15", float(f[2]), "gauge"))
+            out.append((wall_ns, "", "runnable", int(f[3].split(b"/")[0]), "gauge"))
+        for res, pf in self._psi.items():
+            d = pf.read()
+            if d:
+                for kind, secs in _psi(d).items():
+                    out.append((wall_ns, "", f"psi_{res}_{kind}_s", secs, "counter"))
+        if self._cg:
+            kv: dict[str, int] = {}
+            for pf in self._cg:
+                kv.update(parse_kv(pf.read() or b""))
+            for key, name, scale in (
+                ("usage_usec", "cgroup_usage_s", 1e-6),
+                ("user_usec", "cgroup_user_s", 1e-6),
+                ("system_usec", "cgroup_system_s", 1e-6),
+                ("nr_periods", "cgroup_nr_periods", 1),
+                ("nr_throttled", "cgroup_nr_throttled", 1),
+                ("throttled_usec", "cgroup_throttled_s", 1e-6),
+                ("throttled_time", "cgroup_throttled_s", 1e-9),  # cgroup v1, ns
+            ):
+                if key in kv:
+                    val = kv[key] * scale if scale != 1 else kv[key]
+                    out.append((wall_ns, "", name, val, "counter"))
+        return out

@@ -1,0 +1,54 @@
+"""Network interfaces from /proc/net/dev (counters per interface).
+
+RDMA (RoCE/InfiniBand) traffic bypasses the kernel and never shows here; see
+the ``rdma`` collector. Bytes growing here during a multi-node run mean NCCL
+fell back to sockets. ``lo`` is kept: it carries the local client's HTTP.
+"""
+
+from __future__ import annotations
+
+from .. import procfs
+from ..procfs import PreadFile
+from .base import Collector, Emit, Unavailable
+
+# /proc/net/dev columns after "iface:": 8 receive then 8 transmit fields.
+_FIELDS = (
+    (0, "rx_bytes"),
+    (1, "rx_packets"),
+    (2, "rx_errs"),
+    (3, "rx_drop"),
+    (8, "tx_bytes"),
+    (9, "tx_packets"),
+    (10, "tx_errs"),
+    (11, "tx_drop"),
+)
+
+
+class NetCollector(Collector):
+    source = "net"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._file = PreadFile(f"{procfs.PROC}/net/dev", 1 << 16)
+
+    def probe(self) -> None:
+        if not self._file.ok:
+            raise Unavailable(f"/proc/net/dev unreadable: {self._file.error}")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def sample(self, wall_ns: int) -> list[Emit]:
+        out: list[Emit] = []
+        data = self._file.read()
+        if data is None:
+            raise OSError(f"/proc/net/dev: {self._file.error}")
+        for line in data.split(b"\n")[2:]:
+            name, sep, rest = line.partition(b":")
+            if not sep:
+                continue
+            dev = name.strip().decode()
+            f = rest.split()
+            for i, metric in _FIELDS:
+                out.append((wall_ns, dev, metric, int(f[i]), "counter"))
+        return out
