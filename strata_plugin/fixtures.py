@@ -34,7 +34,7 @@ def strata_config(request: pytest.FixtureRequest) -> StrataConfig:
 def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
     """The live run: creates ``reports/<RUN_ID>/`` and writes the report at the end."""
     from strata_plugin.plugin import INTERRUPTED, session_key
-    from strata_plugin.session import StrataSession
+    from strata_plugin.session import PreflightFailed, StrataSession
 
     sess = StrataSession(_cfg(request), list(sys.argv))
     request.config.stash[session_key] = sess
@@ -42,6 +42,13 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
         from strata_plugin.dryrun import write_dry_run
 
         write_dry_run(sess)
+    else:
+        try:
+            sess.preflight()
+        except PreflightFailed as exc:
+            sess.incomplete_reason = f"preflight failed: {exc}"
+            sess.finish(interrupted=True)
+            pytest.exit(f"strata preflight failed, nothing was started:\n{exc}", returncode=3)
     try:
         yield sess
     finally:

@@ -63,10 +63,28 @@ def case_id_from(nodeid: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in name)
 
 
+class PreflightFailed(RuntimeError):
+    """The run cannot start: a port, tool, node or GPU is not ready."""
+
+
 @dataclass
 class Block:
     server: Server
     agents: list = field(default_factory=list)
+
+
+def _ssh_probe(host: str):
+    def probe() -> bool | str:
+        import subprocess
+
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "true"]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return True if out.returncode == 0 else (out.stderr.strip() or f"exit {out.returncode}")
+
+    return probe
 
 
 def public_profile(cfg: StrataConfig) -> dict:
@@ -129,8 +147,50 @@ class StrataSession:
         return server
 
     def stop_server(self, server: Server) -> None:
+        """Stop the server, then confirm through NVML that its GPU memory was released."""
+        pid = server.pid
         server.stop()
         _live_servers.discard(server)
+        if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
+            return
+        from strata_plugin.gpu_release import require_gpu_release, wait_gpu_release
+
+        result = wait_gpu_release([pid], timeout_s=30.0)
+        releases = dict(self.recorder.manifest.get("gpu_release", {}))
+        releases[server.block_id or server.config_id] = {
+            "ok": result.ok, "skipped": result.skipped, "detail": result.detail,
+            "waited_s": round(result.waited_s, 3)}
+        self.recorder.update_manifest(gpu_release=releases)
+        require_gpu_release(result)
+
+    # --- before anything starts ---------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Ports, tools, nodes and idle GPUs, checked before any server is launched."""
+        from strata_plugin.preflight import PreflightError, preflight, require_preflight
+
+        p = self.cfg.profile
+        tools: list[str] = []
+        if not self.cfg.server_url:
+            values = self.placeholder_values(p.server.port or 0)
+            for conf in p.server.configs:
+                argv = expand_placeholders(conf.argv, values)
+                if argv:
+                    tools.append(argv[0])
+        remote = [n for n in p.nodes if n.ssh_host]
+        if remote:
+            tools.append("ssh")
+        nodes = {n.name: _ssh_probe(n.ssh_host) for n in remote}
+        checks = preflight(ports=[p.server.port] if p.server.port and not self.cfg.server_url
+                           else [], tools=tools, nodes=nodes,
+                           gpus="nvml" in p.telemetry.collectors, host=p.server.host)
+        self.recorder.update_manifest(preflight=[c.__dict__ for c in checks])
+        try:
+            require_preflight(checks)
+        except PreflightError as exc:
+            hint = (f"\n(the profile's setup command builds what it needs: "
+                    f"{' '.join(p.setup_argv)})" if p.setup_argv else "")
+            raise PreflightFailed(f"{exc}{hint}") from None
 
     # --- blocks: one server configuration's lifetime ------------------------------------
 
@@ -198,7 +258,7 @@ class StrataSession:
             self.stop_server(server)
         self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
         if interrupted:
-            self.incomplete_reason = "interrupted"
+            self.incomplete_reason = self.incomplete_reason or "interrupted"
         self.recorder.update_manifest(
             incomplete_reason=self.incomplete_reason,
             finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -140,3 +140,16 @@ def test_dry_run_writes_commands_and_starts_nothing(project):
     assert worker["ssh_host"] == "worker-node"
     assert commands["commands"]["agent-worker"]["argv"][0] == "ssh"
     assert not (project.path / "reports" / "dry" / "service").exists()
+
+
+def test_preflight_failure_stops_before_launch(project):
+    argv = 'argv = ["/nonexistent/llama-server", "--port", "{port}"]'
+    (project.path / "profile.toml").write_text(
+        PROFILE.replace('api = "llamacpp"', f'api = "llamacpp"\n{argv}'))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--strata-run-id=pf")
+    assert result.ret == 3
+    result.stdout.fnmatch_lines(["*preflight failed*/nonexistent/llama-server*"])
+    manifest = json.loads((project.path / "reports" / "pf" / "manifest.json").read_text())
+    assert manifest["complete"] is False
+    assert "preflight failed" in manifest["incomplete_reason"]
+    assert not (project.path / "reports" / "pf" / "service").exists()
