@@ -1,0 +1,118 @@
+"""``python -m strata_plugin report DIR`` and ``... compare RUN_A RUN_B``.
+
+Both work offline on run folders alone: no server, no GPU, no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from strata_plugin.report.fmt import md_num
+
+
+def report_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m strata_plugin report",
+        description="Regenerate every derived file of a run folder from its raw files.",
+    )
+    p.add_argument("run_dir", type=Path, help="reports/<RUN_ID>")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    args = p.parse_args(argv)
+    if not (args.run_dir / "manifest.json").exists():
+        print(f"error: {args.run_dir} is not a run folder (no manifest.json)", file=sys.stderr)
+        return 2
+    from strata_plugin.report.writer import write_report
+
+    path = write_report(args.run_dir)
+    if not args.quiet:
+        print(path)
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def compare_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m strata_plugin compare",
+        description="Per-case deltas of request metrics between two runs (A = baseline), "
+        "with bootstrap intervals and a one-sided Mann-Whitney test.",
+    )
+    p.add_argument("run_a", type=Path)
+    p.add_argument("run_b", type=Path)
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="request metric (repeatable); default ttft_ms, tpot_ms, e2e_ms",
+    )
+    p.add_argument(
+        "--threshold-pct",
+        type=float,
+        default=5.0,
+        help="a change smaller than this is 'same' (default 5)",
+    )
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    args = p.parse_args(argv)
+    for d in (args.run_a, args.run_b):
+        if not (d / "requests.jsonl").exists():
+            print(f"error: {d} has no requests.jsonl", file=sys.stderr)
+            return 2
+    from strata_plugin.report.compare import DEFAULT_METRICS, compare_runs
+
+    try:
+        rows = compare_runs(
+            args.run_a,
+            args.run_b,
+            tuple(args.metric or DEFAULT_METRICS),
+            args.threshold_pct,
+            args.alpha,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        from dataclasses import asdict
+
+        from strata_plugin.report.fmt import json_clean
+
+        for r in rows:
+            print(json.dumps(json_clean(asdict(r)), sort_keys=True))
+        return 0
+    level = round((1 - 2 * args.alpha) * 100)
+    header = (
+        "case",
+        "metric",
+        "n A/B",
+        "median A",
+        "median B",
+        "change",
+        f"{level}% interval",
+        "p",
+        "call",
+    )
+    table = [header]
+    for r in rows:
+        table.append(
+            (
+                r.case_id,
+                f"{r.metric}",
+                f"{r.n_a}/{r.n_b}",
+                md_num(r.median_a),
+                md_num(r.median_b),
+                _pct(r.delta_rel),
+                "-" if r.lo is None else f"{_pct(r.lo)}..{_pct(r.hi)}",
+                md_num(r.p_value),
+                r.call,
+            )
+        )
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    print(f"A = {args.run_a}\nB = {args.run_b}")
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0

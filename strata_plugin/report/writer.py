@@ -1,0 +1,274 @@
+"""write_report: every derived file of a run, rebuilt from its raw files alone.
+
+Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
+It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
+case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, report.md and
+plots/*.png. Nothing written depends on the time of writing, dict order or the
+machine's matplotlib settings, so the same raw files give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from strata_plugin.attribution import THRESHOLDS
+from strata_plugin.report import plots
+from strata_plugin.report.abtest import ab_groups, arm_deltas, same_output_pairs
+from strata_plugin.report.analysis import (
+    CaseAnalysis,
+    RunContext,
+    analyze_run,
+    request_intervals,
+)
+from strata_plugin.report.benchjson import benchmark_json
+from strata_plugin.report.bundle import RunBundle
+from strata_plugin.report.fmt import json_text
+from strata_plugin.report.markdown import AbGroup, ReportData, render
+from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
+from strata_plugin.timeline import HW_COLUMNS, SampleStore, Window
+
+#: Collectors every node is expected to run; absent without a reason is a limit too.
+EXPECTED_SOURCES = ("proc", "cpu", "mem", "disk", "net")
+
+
+def run_limits(
+    bundle: RunBundle, store: SampleStore, ctx: RunContext, analyses: list[CaseAnalysis]
+) -> list[str]:
+    """What this run could not see, said plainly."""
+    out = []
+    m = bundle.manifest
+    if m.get("incomplete_reason"):
+        out.append(f"run incomplete: {m['incomplete_reason']}")
+    if not ctx.gpu_present:
+        why = "; ".join(
+            f"{n}: {r}"
+            for n, cols in sorted(store.unavailable.items())
+            for c, r in sorted(cols.items())
+            if c in ("nvml", "dcgm")
+        )
+        lead = "GPU expected but no GPU telemetry" if ctx.gpu_expected else "no GPU telemetry"
+        out.append(f"{lead}: GPU classes not assessed" + (f" ({why})" if why else ""))
+    elif not any(k.metric == "gpm_sm_activity_pct" for k in store.keys):
+        out.append(
+            "no SM/DRAM/tensor activity (GPM or DCGM): GPU busy is split only by NVML "
+            "utilization, which counts any kernel as busy"
+        )
+    for node in store.nodes():
+        for col, why in sorted(store.unavailable.get(node, {}).items()):
+            out.append(f"{node}: {col} unavailable: {why}")
+        have = {s for n, s in store.sources() if n == node}
+        for src in EXPECTED_SOURCES:
+            if src not in have and src not in store.unavailable.get(node, {}):
+                out.append(f"{node}: no {src} samples, and no reason recorded")
+    nodes_m = m.get("nodes") or {}
+    if ctx.multi_node:
+        for node in store.nodes():
+            n = nodes_m.get(node) or {}
+            if n.get("offset_start_ns", n.get("clock_offset_ns")) is None:
+                out.append(f"{node}: clock offset not measured; its samples are taken as aligned")
+            elif n.get("offset_end_ns") is None:
+                out.append(f"{node}: clock offset measured only at start; drift not corrected")
+    if bundle.anchor is None:
+        out.append("no clock_anchor in manifest.json: request windows come from markers.csv")
+    if bundle.bad_lines:
+        out.append(f"requests.jsonl: {bundle.bad_lines} unreadable line(s) skipped")
+    for a in analyses:
+        if a.window is None:
+            out.append(f"case {a.case_id}: no measured window marked; no hardware summary")
+        if not a.info:
+            out.append(f"case {a.case_id}: no cases.jsonl line (workload parameters unknown)")
+    if any(r.proc is not None and r.proc.shared for recs in bundle.records.values() for r in recs):
+        out.append(
+            "per-request process deltas (CPU s, faults, reads) of requests that overlapped "
+            "others include the others' work"
+        )
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "case"
+
+
+def _case_plot(
+    store: SampleStore, bundle: RunBundle, a: CaseAnalysis, out_dir: Path, name: str
+) -> tuple[str, list[str]]:
+    w = a.window
+    assert w is not None
+    margin = max(int((w.end_ns - w.start_ns) * 0.1), 1_000_000_000)
+    start, end = w.start_ns - margin, w.end_ns + margin
+    panels, omitted = plots.build_panels(store, start, end, w.start_ns)
+    if not panels:
+        return "", omitted
+    spans = plots.request_spans(request_intervals(bundle, a.case_id), w.start_ns, start, end)
+    plots.render(
+        out_dir / name,
+        panels,
+        f"{a.name} ({a.case_id})",
+        ((start - w.start_ns) / 1e9, (end - w.start_ns) / 1e9),
+        shaded=[plots.Span(0.0, w.duration_s)],
+        requests=spans,
+    )
+    return name, omitted
+
+
+def _run_plot(
+    store: SampleStore, bundle: RunBundle, analyses: list[CaseAnalysis], out_dir: Path
+) -> tuple[str, list[str]] | None:
+    runs = [w for w in bundle.windows() if w.kind == "run"]
+    if not runs:
+        return None
+    run = runs[0]
+    panels, omitted = plots.build_panels(store, run.start_ns, run.end_ns, run.start_ns)
+    if not panels:
+        return "", omitted
+    shaded = [
+        plots.Span(
+            (a.window.start_ns - run.start_ns) / 1e9, (a.window.end_ns - run.start_ns) / 1e9, a.name
+        )
+        for a in analyses
+        if a.window is not None
+    ]
+    intervals = [iv for a in analyses for iv in request_intervals(bundle, a.case_id)]
+    spans = plots.request_spans(intervals, run.start_ns, run.start_ns, run.end_ns)
+    plots.render(
+        out_dir / "run.png",
+        panels,
+        f"run {bundle.run_id}",
+        (0.0, run.duration_s),
+        shaded=shaded,
+        requests=spans,
+    )
+    return "run.png", omitted
+
+
+def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
+    m = data.bundle.manifest
+    cases = []
+    for a in data.analyses:
+        v = a.verdict
+        cases.append(
+            {
+                "case_id": a.case_id,
+                "name": a.name,
+                "config_id": a.config_id,
+                "params": a.params,
+                "outcome": a.info.get("outcome", ""),
+                "ab_group": a.info.get("ab_group", ""),
+                "ab_arm": a.info.get("ab_arm", ""),
+                "window": None
+                if a.window is None
+                else {
+                    "start_wall_ns": a.window.start_ns,
+                    "end_wall_ns": a.window.end_ns,
+                    "duration_s": a.window.duration_s,
+                },
+                "metrics": a.headline,
+                "energy": None if a.energy is None else dataclasses.asdict(a.energy),
+                "verdict": {
+                    **dataclasses.asdict(v),
+                    "summary": v.summary(),
+                    "confidence_label": v.confidence_label,
+                },
+                "signals": dataclasses.asdict(a.signals),
+            }
+        )
+    return {
+        "run": {
+            "run_id": data.bundle.run_id,
+            "profile": m.get("profile"),
+            "started_utc": m.get("started_utc"),
+            "git_sha": m.get("git_sha"),
+            "gpu_present": data.ctx.gpu_present,
+            "gpu_expected": data.ctx.gpu_expected,
+            "nodes": {
+                n: {
+                    "sources": sorted(s for nn, s in data.store.sources() if nn == n),
+                    "unavailable": data.store.unavailable.get(n, {}),
+                }
+                for n in data.store.nodes()
+            },
+        },
+        "limits": data.limits,
+        "windows": [dataclasses.asdict(w) for w in windows],
+        "cases": cases,
+        "ab": [
+            {
+                "group": g.group,
+                "arms": [{"arm": arm, "cases": list(cases)} for arm, cases in g.arms],
+                "deltas": [dataclasses.asdict(x) for x in g.deltas],
+                "same_output": [dataclasses.asdict(x) for x in g.pairs],
+            }
+            for g in data.ab
+        ],
+        "thresholds": [dataclasses.asdict(t) for t in THRESHOLDS],
+    }
+
+
+def write_report(run_dir: Path | str) -> Path:
+    """(Re)generate every derived file of ``run_dir``; returns the path of report.md."""
+    run_dir = Path(run_dir)
+    ra = analyze_run(run_dir)
+    bundle, store, windows, hw_by_window = ra.bundle, ra.store, ra.windows, ra.hw_by_window
+    ctx, analyses = ra.ctx, ra.analyses
+    data = ReportData(
+        bundle=bundle,
+        store=store,
+        ctx=ctx,
+        analyses=analyses,
+        limits=run_limits(bundle, store, ctx, analyses),
+    )
+
+    plot_dir = run_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    for old in plot_dir.glob("*.png"):
+        old.unlink()
+    used: set[str] = set()
+    for a in analyses:
+        if a.window is None:
+            continue
+        name = f"case-{_safe(a.case_id)}.png"
+        k = 2
+        while name in used:
+            name = f"case-{_safe(a.case_id)}-{k}.png"
+            k += 1
+        used.add(name)
+        data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
+    data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
+
+    for group, arms in ab_groups(bundle).items():
+        data.ab.append(
+            AbGroup(
+                group, arms, arm_deltas(bundle, group, arms), same_output_pairs(bundle, group, arms)
+            )
+        )
+
+    header, rows = case_summary_rows(analyses)
+    write_csv(run_dir / "case_summary.csv", header, rows)
+    window_order = {w.name: i for i, w in enumerate(windows)}
+    all_hw = [
+        s
+        for name in sorted(hw_by_window, key=lambda n: (window_order.get(n, 1 << 30), n))
+        for s in hw_by_window[name]
+    ]
+    write_csv(run_dir / "case_hw_summary.csv", HW_COLUMNS, hw_rows(all_hw))
+    (run_dir / "summary.json").write_text(json_text(_summary_json(data, windows)))
+    extra = {
+        a.case_id: {
+            "verdict": a.verdict.summary(),
+            "confidence": a.verdict.confidence,
+            **(
+                {"output_tok_s": a.metrics.output_tok_s}
+                if a.metrics.output_tok_s is not None
+                else {}
+            ),
+        }
+        for a in analyses
+    }
+    (run_dir / "benchmark.json").write_text(
+        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
+    )
+    report = run_dir / "report.md"
+    report.write_text(render(data))
+    return report

@@ -1,0 +1,422 @@
+"""The classifier on constructed windows: each class alone, pairs, conflicts, gaps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata_plugin.attribution import (
+    CLASSES,
+    THRESHOLDS,
+    TRACE_BLOCK,
+    TRACE_CUDA,
+    TRACE_GPM,
+    TRACE_SCHED,
+    Verdict,
+    WindowSignals,
+    classify,
+    threshold,
+)
+
+#: A CPU-only window where every signal is measured and nothing binds.
+CPU_CLEAN = WindowSignals(
+    window="w",
+    duration_s=60.0,
+    n_cores=8,
+    host_busy_cores=1.2,
+    iowait_frac=0.0,
+    steal_frac=0.0,
+    psi_cpu_some=0.01,
+    psi_io_some=0.0,
+    psi_mem_some=0.0,
+    cgroup_throttled_frac=0.0,
+    server_cpu_cores=1.0,
+    server_threads=8,
+    server_max_thread_cores=0.3,
+    runq_delay_per_cpu_s=0.01,
+    ctx_involuntary_per_cpu_s=3.0,
+    major_faults_per_s=0.0,
+    read_bytes_s=0.0,
+    disk_busy_frac=0.01,
+    mem_available_frac=0.6,
+    net_util=0.01,
+    waiting_mean=0.0,
+    kv_usage_max=0.2,
+    preemptions=0.0,
+    server_queue_frac=0.05,
+    chunk_gap_p99_p50=1.3,
+    concurrency=4,
+    inflight_frac=0.98,
+    client_bound=False,
+    client_lateness_p99_ms=0.5,
+    client_cpu_fraction=0.05,
+)
+#: The same host with 8 GPUs measured by NVML + GPM, lightly loaded.
+GPU_CLEAN = dataclasses.replace(
+    CPU_CLEAN,
+    gpu_present=True,
+    n_gpus=8,
+    gpu_util=0.45,
+    sm_active=0.3,
+    tensor_active=0.1,
+    dram_active=0.2,
+    sm_occupancy=0.3,
+    sm_active_cv=0.05,
+    gpu_util_max_min=1.05,
+    pcie_bytes_s=2e8,
+    nvlink_bytes_s=1e9,
+    throttle_frac=0.0,
+    sm_clock_low_frac=0.0,
+)
+GPU_2NODE = dataclasses.replace(GPU_CLEAN, multi_node=True, rdma_util=0.05, rdma_rail_max_min=1.1)
+
+
+def v(base: WindowSignals, **kw) -> Verdict:
+    return classify(dataclasses.replace(base, **kw))
+
+
+def assert_only(verdict: Verdict, *classes: str) -> None:
+    assert not verdict.inconclusive, verdict
+    assert verdict.classes == classes, verdict
+    for cls in classes:
+        assert any(e.cls == cls and e.met for e in verdict.evidence), cls
+
+
+# --- the threshold table -----------------------------------------------------------------
+
+
+def test_thresholds_are_one_table_with_sources():
+    names = [t.name for t in THRESHOLDS]
+    assert len(names) == len(set(names))
+    for t in THRESHOLDS:
+        assert t.source.strip() and t.unit.strip(), t
+        assert math.isfinite(t.value)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            t.value = 0  # type: ignore[misc]
+
+
+def test_every_evidence_names_a_threshold_of_the_table():
+    names = {t.name for t in THRESHOLDS}
+    for base in (CPU_CLEAN, GPU_CLEAN, GPU_2NODE):
+        for e in classify(base).evidence:
+            assert e.threshold in names
+            assert e.source == threshold(e.threshold).source
+
+
+# --- clean windows -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", [CPU_CLEAN, GPU_CLEAN, GPU_2NODE], ids=["cpu", "gpu", "2node"])
+def test_clean_window_is_headroom(base):
+    verdict = classify(base)
+    assert_only_headroom = verdict.classes == ("headroom",) and not verdict.inconclusive
+    assert assert_only_headroom, verdict
+    # Every rule was assessed and left unmet (a gate like "requests in flight" may hold).
+    unmet = {e.cls for e in verdict.evidence if not e.met}
+    assert {"io_page_faults", "memory_pressure", "queueing"} <= unmet
+    assert verdict.missing_signals == ()
+    assert verdict.confidence >= 0.5
+
+
+def test_cpu_only_says_gpu_classes_were_not_assessed():
+    verdict = classify(CPU_CLEAN)
+    assert any("GPU classes not assessed" in n for n in verdict.notes)
+    assert not any(e.cls.startswith("gpu_") for e in verdict.evidence)
+
+
+# --- each class alone --------------------------------------------------------------------
+
+ALONE = [
+    ("cpu_compute", CPU_CLEAN, dict(server_cpu_cores=7.8, host_busy_cores=7.9)),
+    (
+        "cpu_contention",
+        CPU_CLEAN,
+        dict(host_busy_cores=6.0, runq_delay_per_cpu_s=0.6, ctx_involuntary_per_cpu_s=300.0),
+    ),
+    (
+        "io_page_faults",
+        CPU_CLEAN,
+        dict(major_faults_per_s=42.0, read_bytes_s=5.2e6, psi_io_some=0.3),
+    ),
+    ("memory_pressure", CPU_CLEAN, dict(psi_mem_some=0.25, mem_available_frac=0.04)),
+    ("network", CPU_CLEAN, dict(net_util=0.92)),
+    ("input_starved", CPU_CLEAN, dict(inflight_frac=0.4)),
+    ("queueing", CPU_CLEAN, dict(waiting_mean=6.0, server_queue_frac=0.8)),
+    ("kv_cache_capacity", CPU_CLEAN, dict(kv_usage_max=0.99, preemptions=12.0)),
+    ("prefill_decode_interference", CPU_CLEAN, dict(chunk_gap_p99_p50=8.0)),
+    ("client_bound", CPU_CLEAN, dict(client_bound=True)),
+    (
+        "gpu_compute",
+        GPU_CLEAN,
+        dict(gpu_util=0.99, sm_active=0.9, tensor_active=0.75, dram_active=0.3),
+    ),
+    (
+        "gpu_memory_bandwidth",
+        GPU_CLEAN,
+        dict(gpu_util=0.97, sm_active=0.7, tensor_active=0.2, dram_active=0.72),
+    ),
+    (
+        "gpu_communication",
+        GPU_2NODE,
+        dict(gpu_util=0.95, sm_active=0.3, tensor_active=0.05, rdma_util=0.7),
+    ),
+    ("gpu_pcie_copy", GPU_CLEAN, dict(pcie_bytes_s=40e9)),
+    (
+        "gpu_latency_low_occupancy",
+        GPU_CLEAN,
+        dict(gpu_util=0.95, sm_active=0.6, tensor_active=0.1, dram_active=0.2, sm_occupancy=0.1),
+    ),
+    ("host_cpu_launch", GPU_CLEAN, dict(server_max_thread_cores=0.99)),
+    ("waiting_on_peer", GPU_CLEAN, dict(sm_active_cv=0.4, gpu_util_max_min=1.8)),
+]
+
+
+@pytest.mark.parametrize("cls,base,kw", ALONE, ids=[a[0] for a in ALONE])
+def test_each_class_alone(cls, base, kw):
+    verdict = v(base, **kw)
+    assert_only(verdict, cls)
+    assert verdict.confidence >= 0.5
+    assert verdict.modifiers == ()
+
+
+def test_every_class_is_reachable():
+    tested = {a[0] for a in ALONE} | {"throttling", "headroom"}
+    assert tested == set(CLASSES)
+
+
+def test_throttling_is_a_modifier():
+    alone = v(GPU_CLEAN, throttle_frac=0.3)
+    assert alone.classes == ("throttling",) and not alone.inconclusive
+    busy = v(
+        GPU_CLEAN,
+        gpu_util=0.99,
+        sm_active=0.9,
+        tensor_active=0.75,
+        dram_active=0.3,
+        throttle_frac=0.3,
+    )
+    assert busy.classes == ("gpu_compute",)
+    assert busy.modifiers == ("throttling",)
+    assert busy.summary() == "gpu_compute (+throttling)"
+    clocks = v(
+        GPU_CLEAN,
+        gpu_util=0.99,
+        sm_active=0.9,
+        tensor_active=0.75,
+        dram_active=0.3,
+        sm_clock_low_frac=0.6,
+    )
+    assert clocks.modifiers == ("throttling",)
+
+
+# --- two together ------------------------------------------------------------------------
+
+
+def test_resource_and_serving_class_together():
+    verdict = v(CPU_CLEAN, server_cpu_cores=7.9, host_busy_cores=8.0, waiting_mean=5.0)
+    assert_only(verdict, "cpu_compute", "queueing")
+
+
+def test_two_resource_classes_together():
+    verdict = v(
+        CPU_CLEAN,
+        major_faults_per_s=300.0,
+        read_bytes_s=80e6,
+        psi_mem_some=0.4,
+        mem_available_frac=0.02,
+    )
+    assert set(verdict.classes) == {"io_page_faults", "memory_pressure"}
+    assert not verdict.inconclusive
+
+
+def test_gpu_memory_bound_with_full_kv_cache():
+    verdict = v(
+        GPU_CLEAN,
+        gpu_util=0.97,
+        sm_active=0.7,
+        tensor_active=0.2,
+        dram_active=0.75,
+        kv_usage_max=0.99,
+    )
+    assert_only(verdict, "gpu_memory_bandwidth", "kv_cache_capacity")
+
+
+def test_more_than_two_keeps_the_rest_as_also_flagged():
+    verdict = v(
+        CPU_CLEAN,
+        server_cpu_cores=7.9,
+        host_busy_cores=8.0,
+        waiting_mean=5.0,
+        kv_usage_max=0.99,
+        client_bound=True,
+    )
+    assert len(verdict.classes) == 2
+    assert set(verdict.also_flagged) >= {"kv_cache_capacity", "client_bound"} - set(verdict.classes)
+
+
+# --- conflicts ---------------------------------------------------------------------------
+
+
+def test_cpu_seconds_and_faults_that_cannot_be_separated_are_inconclusive():
+    """The seed 000 situation: CPU busy and faulting; which one is the wait?"""
+    verdict = v(
+        CPU_CLEAN,
+        server_cpu_cores=7.9,
+        host_busy_cores=8.0,
+        major_faults_per_s=40.0,
+        read_bytes_s=6e6,
+    )
+    assert verdict.inconclusive
+    assert set(verdict.classes) == {"cpu_compute", "io_page_faults"}
+    trace = " ".join(verdict.finer_trace)
+    assert TRACE_SCHED in trace and TRACE_BLOCK in trace
+    assert verdict.confidence <= 0.4
+
+
+def test_a_dominant_class_settles_an_ambiguous_pair():
+    verdict = v(
+        CPU_CLEAN,
+        server_cpu_cores=6.81,
+        host_busy_cores=7.0,
+        major_faults_per_s=400.0,
+        read_bytes_s=90e6,
+    )
+    assert not verdict.inconclusive
+    assert verdict.classes[0] == "io_page_faults"
+
+
+def test_launch_vs_small_kernels_asks_for_a_cuda_timeline():
+    pattern = dict(
+        gpu_util=0.95, sm_active=0.55, tensor_active=0.05, dram_active=0.1, sm_occupancy=0.1
+    )
+    assert_only(v(GPU_CLEAN, **pattern), "gpu_latency_low_occupancy")
+    both = v(GPU_CLEAN, **pattern, server_max_thread_cores=0.99)
+    assert both.inconclusive
+    assert set(both.classes) == {"host_cpu_launch", "gpu_latency_low_occupancy"}
+    assert both.finer_trace == (TRACE_CUDA,)
+
+
+def test_contradictory_signals_are_inconclusive():
+    busy_gpu_no_requests = v(
+        GPU_CLEAN,
+        gpu_util=0.99,
+        sm_active=0.9,
+        tensor_active=0.75,
+        dram_active=0.3,
+        inflight_frac=0.2,
+    )
+    assert busy_gpu_no_requests.inconclusive
+    assert set(busy_gpu_no_requests.classes) == {"gpu_compute", "input_starved"}
+    assert busy_gpu_no_requests.finer_trace == (TRACE_CUDA,)
+    queue_without_requests = v(CPU_CLEAN, waiting_mean=4.0, inflight_frac=0.1)
+    assert queue_without_requests.inconclusive
+    proc_above_node = v(CPU_CLEAN, server_cpu_cores=6.0, host_busy_cores=2.0)
+    assert proc_above_node.inconclusive
+    assert any("disagree" in n for n in proc_above_node.notes)
+
+
+# --- missing signals ---------------------------------------------------------------------
+
+
+def test_missing_proc_samples_are_inconclusive_and_named():
+    verdict = v(
+        CPU_CLEAN,
+        server_cpu_cores=None,
+        server_threads=None,
+        server_max_thread_cores=None,
+        runq_delay_per_cpu_s=None,
+        ctx_involuntary_per_cpu_s=None,
+        major_faults_per_s=None,
+        read_bytes_s=None,
+        disk_busy_frac=None,
+        unavailable=(("node0/proc", "permission denied"),),
+    )
+    assert verdict.inconclusive
+    assert verdict.classes == ()
+    assert verdict.confidence == 0.0
+    text = " ".join(verdict.missing_signals)
+    assert "server_cpu_cores" in text and "permission denied" in text
+    assert verdict.finer_trace
+
+
+def test_no_gpm_on_a_gpu_run_never_guesses_busy_kind():
+    verdict = v(
+        GPU_CLEAN,
+        gpu_util=0.97,
+        sm_active=None,
+        tensor_active=None,
+        dram_active=None,
+        sm_occupancy=None,
+        sm_active_cv=None,
+        unavailable=(("node0/gpm", "GPM not supported"),),
+    )
+    assert verdict.inconclusive
+    assert not any(c.startswith("gpu_") for c in verdict.classes)
+    assert TRACE_GPM in verdict.finer_trace
+    assert any("sm_active" in m and "GPM not supported" in m for m in verdict.missing_signals)
+
+
+def test_gpu_expected_but_not_measured_is_inconclusive():
+    verdict = v(CPU_CLEAN, gpu_expected=True, unavailable=(("node0/nvml", "no driver"),))
+    assert verdict.inconclusive
+    assert any("nvml" in m and "no driver" in m for m in verdict.missing_signals)
+
+
+def test_missing_collector_lowers_confidence_but_keeps_a_measured_verdict():
+    full = v(CPU_CLEAN, server_cpu_cores=7.9, host_busy_cores=8.0)
+    partial = v(
+        CPU_CLEAN,
+        server_cpu_cores=7.9,
+        host_busy_cores=8.0,
+        waiting_mean=None,
+        kv_usage_max=None,
+        preemptions=None,
+        server_queue_frac=None,
+    )
+    assert partial.classes == full.classes == ("cpu_compute",)
+    assert partial.confidence < full.confidence
+    assert any("waiting_mean" in m for m in partial.missing_signals)
+
+
+def test_a_missing_signal_never_fires_a_class():
+    """io_page_faults would fire on its fault rate; without proc it must not."""
+    verdict = v(
+        CPU_CLEAN, major_faults_per_s=None, read_bytes_s=None, disk_busy_frac=None, psi_io_some=0.5
+    )
+    assert "io_page_faults" not in verdict.classes
+
+
+# --- properties over random windows ------------------------------------------------------
+
+_FLOATS = {f.name for f in dataclasses.fields(WindowSignals) if f.type in ("float | None",)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_random_windows_keep_the_promises(data):
+    base = data.draw(st.sampled_from([CPU_CLEAN, GPU_CLEAN, GPU_2NODE]))
+    changes = {}
+    for name in sorted(_FLOATS):
+        choice = data.draw(st.sampled_from(["keep", "none", "value"]), label=name)
+        if choice == "none":
+            changes[name] = None
+        elif choice == "value":
+            changes[name] = data.draw(st.floats(0.0, 2.0, allow_nan=False), label=name + "=")
+    s = dataclasses.replace(base, **changes)
+    verdict = classify(s)
+    assert set(verdict.classes) <= set(CLASSES)
+    assert 0.0 <= verdict.confidence <= 1.0
+    assert len(verdict.classes) <= 2
+    for e in verdict.evidence:
+        assert math.isfinite(e.value)
+    if not verdict.inconclusive and verdict.classes and verdict.classes != ("headroom",):
+        for cls in verdict.classes:
+            assert any(e.cls == cls and e.met for e in verdict.evidence), (cls, verdict)
+    if verdict.classes == ("headroom",):
+        assert not verdict.inconclusive
+    if verdict.inconclusive:
+        assert verdict.finer_trace or verdict.notes

@@ -1,0 +1,267 @@
+"""The report of fabricated runs: sections, verdicts, A/B, CSV/JSON, PNGs, benchmark JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bundle_factory import CaseSpec, RunSpec, cpu_run, gpu_run, make_run
+
+from strata_plugin.report import summarize_case, write_report
+
+SECTIONS = (
+    "# Strata report:",
+    "## Servers",
+    "## Nodes",
+    "## Versions",
+    "## Unavailable collectors",
+    "## Limits of this run",
+    "## Cases at a glance",
+    "## Cases",
+    "#### Workload as run",
+    "#### Request metrics",
+    "#### Hardware",
+    "#### Energy",
+    "#### Verdict",
+    "#### Timeline",
+    "## A/B comparisons",
+    "## Run timeline",
+    "## Thresholds",
+)
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory) -> Path:
+    run = cpu_run(tmp_path_factory.mktemp("cpu"))
+    write_report(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory) -> Path:
+    run = gpu_run(tmp_path_factory.mktemp("gpu"))
+    write_report(run)
+    return run
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def verdicts(run: Path) -> dict[str, dict]:
+    return {c["case_id"]: c["verdict"] for c in summary(run)["cases"]}
+
+
+def test_report_has_every_section(cpu_report, gpu_report):
+    for run in (cpu_report, gpu_report):
+        text = (run / "report.md").read_text()
+        for section in SECTIONS:
+            assert section in text, (run.name, section)
+        assert "llama-server -m model.gguf --port 8080" in text
+        assert "test-profile" in text
+
+
+def test_cpu_run_states_its_limits(cpu_report):
+    text = (cpu_report / "report.md").read_text()
+    assert "no GPU telemetry: GPU classes not assessed" in text
+    assert "node0: nvml unavailable: NVML library not found" in text
+    assert "GPU utilization (NVML)" in text.split("Panels left out")[1]
+
+
+def test_cpu_run_verdicts(cpu_report):
+    got = verdicts(cpu_report)
+    assert got["light"]["classes"] == ["headroom"]
+    assert got["cpu_bound"]["classes"][0] == "cpu_compute"
+    assert "queueing" in got["cpu_bound"]["classes"]
+    assert got["ab_control"]["classes"] == ["io_page_faults"]
+    assert got["ab_treatment"]["classes"] == ["headroom"]
+    ev = [e for e in got["ab_control"]["evidence"] if e["met"]]
+    assert {"major_faults_per_s", "read_bytes_s"} <= {e["metric"] for e in ev}
+    assert all(e["source"] for e in got["ab_control"]["evidence"])
+
+
+def test_gpu_run_verdicts_energy_and_multi_node(gpu_report):
+    got = verdicts(gpu_report)
+    assert got["decode"]["classes"] == ["gpu_memory_bandwidth"]
+    assert got["prefill"]["classes"] == ["gpu_compute"]
+    cases = {c["case_id"]: c for c in summary(gpu_report)["cases"]}
+    e = cases["decode"]["energy"]
+    assert e["n_gpus"] == 4  # 2 nodes x 2 GPUs
+    # 450 W x 4 GPUs over the ~8 s window, per 16 x 64 output tokens
+    assert e["joules"] == pytest.approx(450 * 4 * cases["decode"]["window"]["duration_s"], rel=0.05)
+    assert e["j_per_output_token"] == pytest.approx(e["joules"] / (16 * 64))
+    text = (gpu_report / "report.md").read_text()
+    assert "J per output token" in text
+    assert "RDMA per rail" not in text.split("## Run timeline")[1]  # drawn, not omitted
+
+
+def test_ab_table_shows_request_level_deltas(cpu_report):
+    text = (cpu_report / "report.md").read_text()
+    ab = text.split("## A/B comparisons")[1].split("## Run timeline")[0]
+    assert "control (`ab_control`)" in ab and "treatment (`ab_treatment`)" in ab
+    same = ab.split("Same output, request by request")[1]
+    row = next(line for line in same.splitlines() if line.startswith("| treatment | `"))
+    assert "66.29 -> 2.75" in row
+    assert "344.8 -> 1.96" in row
+    assert "2800 -> 16" in row
+    ab_json = summary(cpu_report)["ab"][0]
+    deltas = {d["metric"]: d for d in ab_json["deltas"]}
+    cpu = deltas["proc_cpu_s"]
+    assert cpu["delta"] == pytest.approx(2.75 - 66.29, rel=0.03)
+    assert cpu["lo"] <= cpu["delta"] <= cpu["hi"] < 0
+    assert cpu["p_value"] < 0.05
+
+
+def test_csv_files(cpu_report):
+    with (cpu_report / "case_summary.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["case_id"] for r in rows] == ["light", "cpu_bound", "ab_control", "ab_treatment"]
+    assert rows[1]["verdict_classes"].startswith("cpu_compute")
+    assert float(rows[0]["ttft_p50_ms"]) > 0
+    assert rows[2]["ab_arm"] == "control" and rows[2]["concurrency"] == "1"
+    with (cpu_report / "case_hw_summary.csv").open() as fh:
+        hw = list(csv.DictReader(fh))
+    windows = {r["window"] for r in hw}
+    assert {"light", "cpu_bound", "baseline:default", "cooldown:default", "run"} <= windows
+    faults = [r for r in hw if r["window"] == "ab_control" and r["metric"] == "major_faults"]
+    assert float(faults[0]["rate"]) == pytest.approx(42.0, rel=0.05)
+
+
+def test_summary_json_is_sorted_and_plain(cpu_report):
+    text = (cpu_report / "summary.json").read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
+    assert data["run"]["gpu_present"] is False
+    assert any("GPU classes not assessed" in line for line in data["limits"])
+
+
+def test_pngs_open_and_omit_empty_panels(cpu_report, gpu_report):
+    import matplotlib.image as mpimg
+
+    for run, n in ((cpu_report, 5), (gpu_report, 3)):
+        pngs = sorted((run / "plots").glob("*.png"))
+        assert len(pngs) == n
+        for p in pngs:
+            img = mpimg.imread(p)
+            assert img.shape[0] > 300 and img.shape[1] > 500
+    cpu_h = mpimg.imread(cpu_report / "plots" / "run.png").shape[0]
+    gpu_h = mpimg.imread(gpu_report / "plots" / "run.png").shape[0]
+    assert gpu_h > cpu_h  # the GPU panels exist only where there is GPU data
+
+
+def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
+    other = cpu_run(tmp_path, run_id="20250102T000000Z-test01", seed=2)
+    write_report(other)
+    data = json.loads((cpu_report / "benchmark.json").read_text())
+    names = {b["fullname"] for b in data["benchmarks"]}
+    assert "strata::cpu_bound::ttft" in names
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    shutil.copy(cpu_report / "benchmark.json", a)
+    shutil.copy(other / "benchmark.json", b)
+    exe = Path(sys.executable).with_name("pytest-benchmark")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pytest_benchmark.cli"]
+    out = subprocess.run(
+        [*cmd, "compare", str(a), str(b), "--group-by", "name"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Failed to load" not in out.stdout + out.stderr
+    assert "cpu_bound::ttft" in out.stdout and "ab_control::e2e" in out.stdout
+    assert "(0001)" not in out.stdout  # our files, not a .benchmarks folder
+
+
+def test_summarize_case_on_a_live_folder(tmp_path):
+    """At teardown: the case's cases.jsonl line not written yet, a torn requests line."""
+    run = make_run(
+        tmp_path,
+        RunSpec(
+            cases=[
+                CaseSpec(
+                    "busy", behaviour=dict(server_cores=3.95, other_cores=0.02), proc=(3.0, 0, 0)
+                ),
+            ]
+        ),
+    )
+    (run / "cases.jsonl").write_text("")
+    with (run / "requests.jsonl").open("a") as fh:
+        fh.write('{"request_id": "busy/measured/99", "case_')
+    res = summarize_case(run, "busy")
+    assert res.verdict.classes[0] == "cpu_compute"
+    assert res.metrics.n_requests == 8
+    assert res.window is not None
+    assert res.info == {}
+    props = dict(res.user_properties())
+    assert props["bottleneck_1"] == "cpu_compute"
+    assert props["n_requests"] == 8
+    assert all(isinstance(v, (int, float, str)) for v in props.values())
+    # a client self-check was not available yet: named, not guessed
+    assert any("client_bound" in m for m in res.verdict.missing_signals)
+
+
+def test_summarize_case_without_a_window_is_inconclusive(tmp_path):
+    run = cpu_run(tmp_path)
+    (run / "markers.csv").write_text("kind,name,case_id,start_wall_ns,end_wall_ns\n")
+    res = summarize_case(run, "cpu_bound")
+    assert res.window is None and res.hw == ()
+    assert res.verdict.inconclusive or res.verdict.classes == ()
+    assert res.metrics.n_requests == 8
+
+
+def test_missing_collector_is_named_in_report(tmp_path):
+    run = make_run(
+        tmp_path,
+        RunSpec(
+            cases=[CaseSpec("c", behaviour=dict(server_cores=1.0))],
+            unavailable={"proc": "permission denied reading /proc/1234/io"},
+        ),
+    )
+    write_report(run)
+    text = (run / "report.md").read_text()
+    assert "node0: proc unavailable: permission denied" in text
+    v = verdicts(run)["c"]
+    assert v["inconclusive"] is True
+    assert any("permission denied" in m for m in v["missing_signals"])
+    assert v["finer_trace"]
+
+
+def test_report_without_samples_or_markers(tmp_path):
+    run = cpu_run(tmp_path)
+    shutil.rmtree(run / "nodes")
+    write_report(run)
+    text = (run / "report.md").read_text()
+    assert "no proc samples" not in text  # no node folders: nothing claimed per node
+    assert all(c["verdict"]["inconclusive"] for c in summary(run)["cases"])
+
+
+def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
+    cases = [
+        CaseSpec(
+            f"mixed/{arm}/{i}",
+            ab_group="mixed",
+            ab_arm=arm,
+            n_requests=6,
+            duration_s=3.0 if arm == "control" else 6.0,
+        )
+        for i, arm in enumerate(("control", "treatment", "treatment", "control"))
+    ]
+    run = make_run(tmp_path, RunSpec(cases=cases))
+    write_report(run)
+    ab = summary(run)["ab"]
+    assert [a["arms"] for a in ab] == [
+        [
+            {"arm": "control", "cases": ["mixed/control/0", "mixed/control/3"]},
+            {"arm": "treatment", "cases": ["mixed/treatment/1", "mixed/treatment/2"]},
+        ]
+    ]
+    ttft = next(d for d in ab[0]["deltas"] if d["metric"] == "ttft_ms")
+    assert (ttft["n_control"], ttft["n_treatment"]) == (12, 12)
+    assert ttft["rel"] == pytest.approx(1.0, rel=0.05)  # 6 s vs 3 s for the same requests
+    assert (run / "plots" / "case-mixed_control_0.png").exists()
