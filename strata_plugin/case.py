@@ -137,6 +137,7 @@ class CaseRunner:
         self._progress_line = progress_line
         self.default_case_id = default_case_id
         self.results: list[CaseResult] = []
+        self.case_lines: dict[str, dict] = {}  # as written to cases.jsonl, for the outcome
         #: Results of earlier tests by A/B group, shared across the session (blocks).
         self.history: dict[str, list[CaseResult]] = history if history is not None else {}
 
@@ -201,7 +202,7 @@ class CaseRunner:
                             warm_res.records if warm_res else (), metrics, res.self_check,
                             problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
                             tuple(injected), validation)
-        self._add_case({
+        self.case_lines[case_id] = line = {
             "case_id": case_id, "name": w.name, "params": w.params(),
             "scaled_from": nominal.params() if nominal != w else None,
             "config_id": self.setup.config_id, "block_id": self.setup.block_id,
@@ -213,7 +214,8 @@ class CaseRunner:
             "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s}
                           if inject else None),
             **(extra or {}),
-        })
+        }
+        self._add_case(line)
         self.results.append(result)
         if extra and "ab_group" in extra:
             self.history.setdefault(extra["ab_group"], []).append(result)

@@ -279,6 +279,7 @@ class StrataConfig:
     baseline_dir: Path | None
     max_regression_pct: float
     rootdir: Path
+    regression_metrics: tuple[str, ...] = ("ttft_ms", "tpot_ms")
 
     @property
     def run_dir(self) -> Path:

@@ -83,18 +83,9 @@ def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[ob
     server = sess.ensure_alive(strata_server)
     runner = sess.case_runner(server, request.node.nodeid, _progress_writer(request))
     yield runner
-    for result in runner.results:
-        prefix = "" if len(runner.results) == 1 else f"{result.case_id}."
-        for key, value in result.headline.items():
-            request.node.user_properties.append((prefix + key, value))
-    request.node.user_properties.append(("strata_run_dir", str(sess.run_dir)))
-    request.node.user_properties.append(("strata_config", server.config_id))
-    if not server.alive():
-        from strata_plugin.service import log_tail
+    from strata_plugin.casefinish import finish_case
 
-        pytest.fail(f"server {server.config_id} died during the case (exit "
-                    f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}",
-                    pytrace=False)
+    finish_case(request.node, sess, server, runner)
 
 
 def _progress_writer(request: pytest.FixtureRequest):

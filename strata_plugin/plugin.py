@@ -12,6 +12,7 @@ from strata_plugin.config import ProfileError, StrataConfig, load_profile
 config_key = pytest.StashKey[StrataConfig]()
 session_key = pytest.StashKey["object"]()  # the StrataSession, created on first use
 INTERRUPTED = threading.Event()
+phase_reports_key = pytest.StashKey[dict]()
 
 MARKERS = {
     "prefill": "prefill-heavy workloads (long input, short output)",
@@ -40,6 +41,8 @@ _OPTIONS = (
      "a previous run folder to gate regressions against", ""),
     ("--strata-max-regression", "strata_max_regression",
      "percent a metric may worsen vs the baseline before a test fails", "10"),
+    ("--strata-regression-metrics", "strata_regression_metrics",
+     "comma-separated request metrics the baseline gate checks", "ttft_ms,tpot_ms"),
 )
 
 
@@ -79,6 +82,9 @@ def build_config(config: pytest.Config) -> StrataConfig:
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,
         max_regression_pct=max_reg,
+        regression_metrics=tuple(m.strip() for m in
+                                 _value(config, "strata_regression_metrics").split(",")
+                                 if m.strip()),
         rootdir=root,
     )
 
@@ -111,6 +117,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: {exc}") from None
     metafunc.parametrize("strata_server", ids, indirect=True, scope="session")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Keep each phase's report so the ``strata`` fixture knows the test's outcome."""
+    report = yield
+    item.stash.setdefault(phase_reports_key, {})[report.when] = report
+    return report
 
 
 @pytest.hookimpl(trylast=True)

@@ -153,3 +153,35 @@ def test_preflight_failure_stops_before_launch(project):
     assert manifest["complete"] is False
     assert "preflight failed" in manifest["incomplete_reason"]
     assert not (project.path / "reports" / "pf" / "service").exists()
+
+
+def test_verdict_properties_and_regression_gate(project):
+    """A second run whose tokens come twice as slowly fails the gate against the first."""
+    gap = {"s": 0.005}
+
+    def reply(seen):
+        r = llama_reply(seen)
+        if seen.method == "GET":
+            return r
+        items = [(d if i == 0 else gap["s"], b) for i, (d, b) in enumerate(r.items)]
+        return Reply(items)
+
+    args = ["-k", "test_decode and not wrong", "-p", "no:cacheprovider"]
+    with ScriptServer(reply) as srv:
+        xml = project.path / "base.xml"
+        base = project.runpytest_subprocess(*args, f"--strata-server-url={srv.url}",
+                                            "--strata-run-id=base", f"--junitxml={xml}")
+        base.assert_outcomes(passed=1)
+        props = {p.get("name"): p.get("value") for p in ET.parse(xml).getroot().iter("property")}
+        assert props["verdict"] and "verdict_confidence" in props
+        same = project.runpytest_subprocess(
+            *args, f"--strata-server-url={srv.url}", "--strata-run-id=same",
+            f"--strata-baseline={project.path / 'reports' / 'base'}")
+        same.assert_outcomes(passed=1)
+        gap["s"] = 0.012
+        slow = project.runpytest_subprocess(
+            *args, f"--strata-server-url={srv.url}", "--strata-run-id=slow",
+            f"--strata-baseline={project.path / 'reports' / 'base'}",
+            "--strata-regression-metrics=tpot_ms", "--strata-max-regression=20")
+    slow.assert_outcomes(passed=1, errors=1)
+    slow.stdout.fnmatch_lines(["*regression against the baseline run*", "*tpot_ms median*"])
