@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -57,7 +58,7 @@ def start_agents(sess: StrataSession, server: Server) -> list:
         off = h.measure_clock_offset()
         offsets[name] = {"offset_start_ns": off.offset_ns, "rtt_start_ns": off.rtt_ns,
                          "clock_uncertainty_ns": off.uncertainty_ns,
-                         "clock_offset_ns": off.offset_ns}
+                         "clock_offset_ns": off.offset_ns, "start_wall_ns": time.time_ns()}
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
     nodes.update(offsets)
     sess.recorder.update_manifest(nodes=nodes)
@@ -70,8 +71,11 @@ def stop_agents(sess: StrataSession, handles: list) -> None:
         try:
             if h.alive:
                 off = h.measure_clock_offset()
-                nodes.setdefault(h.node, {}).update(offset_end_ns=off.offset_ns,
-                                                    rtt_end_ns=off.rtt_ns)
+                node = nodes.setdefault(h.node, {})
+                node.update(offset_end_ns=off.offset_ns, rtt_end_ns=off.rtt_ns,
+                            end_wall_ns=time.time_ns())
+                node["clock_uncertainty_ns"] = max(node.get("clock_uncertainty_ns", 0),
+                                                   off.uncertainty_ns)
         finally:
             h.stop(5.0)
         if h.exit_info:

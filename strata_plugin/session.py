@@ -100,6 +100,8 @@ class StrataSession:
         self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
         self.started_ns = time.monotonic_ns()
+        # Tells the attribution whether missing GPU telemetry is a gap or just a CPU server.
+        self.recorder.update_manifest(gpu_expected=cfg.profile.server.engine in ("vllm", "sglang"))
         self.servers: dict[str, Server] = {}
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""

@@ -160,3 +160,21 @@ def test_numa_nodes_and_server_affinity() -> None:
 def test_cpulist_compacts_ranges() -> None:
     assert cpulist({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
     assert cpulist(set()) == ""
+
+
+def test_net_link_speed_from_sysfs(tmp_path):
+    from strata_plugin.agent.collectors.net import NetCollector
+
+    (tmp_path / "lo").mkdir()
+    (tmp_path / "lo" / "speed").write_text("-1\n")  # what virtual devices report
+    c = NetCollector(sys_class_net=str(tmp_path))
+    c.probe()
+    rows = c.sample(1)
+    speeds = {dev: v for _, dev, metric, v, kind in rows if metric == "link_speed_mbps"}
+    assert "lo" not in speeds
+    iface = next(dev for _, dev, metric, _, _ in rows if dev != "lo" and metric == "rx_bytes")
+    (tmp_path / iface).mkdir()
+    (tmp_path / iface / "speed").write_text("25000\n")
+    c2 = NetCollector(sys_class_net=str(tmp_path))
+    rows = c2.sample(2)
+    assert (2, iface, "link_speed_mbps", 25000, "gauge") in rows

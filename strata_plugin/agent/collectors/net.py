@@ -27,9 +27,22 @@ _FIELDS = (
 class NetCollector(Collector):
     source = "net"
 
-    def __init__(self) -> None:
+    def __init__(self, sys_class_net: str = "/sys/class/net") -> None:
         super().__init__()
         self._file = PreadFile(f"{procfs.PROC}/net/dev", 1 << 16)
+        self._sys = sys_class_net
+        self._speed: dict[str, int | None] = {}  # read once per interface
+
+    def _link_speed_mbps(self, dev: str) -> int | None:
+        """The negotiated link rate from sysfs; None for interfaces without one (lo)."""
+        if dev not in self._speed:
+            try:
+                with open(f"{self._sys}/{dev}/speed") as fh:
+                    value = int(fh.read().strip())
+                self._speed[dev] = value if value > 0 else None
+            except (OSError, ValueError):
+                self._speed[dev] = None
+        return self._speed[dev]
 
     def probe(self) -> None:
         if not self._file.ok:
@@ -51,4 +64,7 @@ class NetCollector(Collector):
             f = rest.split()
             for i, metric in _FIELDS:
                 out.append((wall_ns, dev, metric, int(f[i]), "counter"))
+            speed = self._link_speed_mbps(dev)
+            if speed is not None:
+                out.append((wall_ns, dev, "link_speed_mbps", speed, "gauge"))
         return out
