@@ -92,6 +92,9 @@ def run_load(
     start_ns = time.monotonic_ns()
     local = threading.local()
     shared = concurrency > 1
+    # One connection per request: a kept-alive connection that the server closed while
+    # idle (llama-server: after 5 s) fails the next request before it is sent.
+    headers = {**(headers or {}), "Connection": "close"}
 
     def session() -> requests.Session:
         if not hasattr(local, "s"):
