@@ -7,9 +7,7 @@ one agent per node for a server's lifetime, and records clock offsets.
 
 from __future__ import annotations
 
-import shlex
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,45 +39,45 @@ def agent_commands(sess: StrataSession, server_pid: int | None,
                            log_file if node.role == "head" else None,
                            prom_url if node.role == "head" else None)
         if node.ssh_host:
-            # ssh joins its arguments into one remote shell line: quote each one.
-            argv = ["ssh", "-o", "BatchMode=yes", node.ssh_host, "--", shlex.join(argv)]
+            from strata_plugin.remote import remote_agent_argv
+
+            # The agent package travels over the connection: the node needs only python3.
+            argv = remote_agent_argv(node.ssh_host, argv)
         out[node.name] = argv
     return out
 
 
 def start_agents(sess: StrataSession, server: Server) -> list:
+    """One agent per node for this server's lifetime; clock offsets measured at start."""
     from strata_plugin.agent.handle import AgentHandle
+    from strata_plugin.clock import fit
+    from strata_plugin.remote import on_agent_exit
 
     handles = []
-    offsets = {}
-    for name, argv in agent_commands(sess, server.pid, server).items():
-        h = AgentHandle.start(name, sess.run_dir / "nodes" / name, argv)
-        handles.append(h)
-        off = h.measure_clock_offset()
-        offsets[name] = {"offset_start_ns": off.offset_ns, "rtt_start_ns": off.rtt_ns,
-                         "clock_uncertainty_ns": off.uncertainty_ns,
-                         "clock_offset_ns": off.offset_ns, "start_wall_ns": time.time_ns()}
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
-    nodes.update(offsets)
+    for name, argv in agent_commands(sess, server.pid, server).items():
+        out_dir = sess.run_dir / "nodes" / name
+        h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+        handles.append(h)
+        nodes[name] = fit(name, h.measure_clock_offset()).manifest()
     sess.recorder.update_manifest(nodes=nodes)
     return handles
 
 
 def stop_agents(sess: StrataSession, handles: list) -> None:
+    """Measure each clock again (for drift), then stop the agents; deaths are recorded."""
+    from strata_plugin.clock import fit
+
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
     for h in handles:
         try:
-            if h.alive:
-                off = h.measure_clock_offset()
-                node = nodes.setdefault(h.node, {})
-                node.update(offset_end_ns=off.offset_ns, rtt_end_ns=off.rtt_ns,
-                            end_wall_ns=time.time_ns())
-                node["clock_uncertainty_ns"] = max(node.get("clock_uncertainty_ns", 0),
-                                                   off.uncertainty_ns)
+            if h.alive and h.offsets:
+                end = h.measure_clock_offset()
+                nodes[h.node] = fit(h.node, h.offsets[0], end).manifest()
         finally:
             h.stop(5.0)
-        if h.exit_info:
-            nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info)
+        if h.exit_info and not h.exit_info.expected:
+            nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info.reason)
     sess.recorder.update_manifest(nodes=nodes)
 
 
