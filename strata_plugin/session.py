@@ -26,12 +26,15 @@ from strata_plugin.service import LaunchSpec, Server, free_port, write_command
 from strata_plugin.workload import TokenSpace
 
 _live_servers: set[Server] = set()
+_live_workers: set = set()  # RemoteProcess: multi-node engine workers over ssh
 
 
 def _kill_leftovers() -> None:
-    """Last line of defence: no server outlives the harness."""
+    """Last line of defence: no server or remote worker outlives the harness."""
     for server in list(_live_servers):
         server.stop()
+    for worker in list(_live_workers):
+        worker.stop()
 
 
 atexit.register(_kill_leftovers)
@@ -103,8 +106,10 @@ class StrataSession:
         # Tells the attribution whether missing GPU telemetry is a gap or just a CPU server.
         self.recorder.update_manifest(gpu_expected=cfg.profile.server.engine in ("vllm", "sglang"))
         self.servers: dict[str, Server] = {}
+        self.workers: dict[str, list] = {}  # remote worker processes by block id
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""
+        self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
 
     # --- servers -------------------------------------------------------------------------
 
@@ -138,8 +143,14 @@ class StrataSession:
             spec = self.launch_spec(config_id, block_id)
             write_command(self.run_dir / "commands", f"server-{block_id}", spec.to_json())
             server = Server(spec, spec.base_url)
+            # Workers first: a multi-node engine's head waits for them to join.
+            self.workers[block_id] = self.start_workers(spec, block_id)
             _live_servers.add(server)
-            server.start()
+            try:
+                server.start()
+            except BaseException:
+                self.stop_workers(block_id)
+                raise
         server.block_id = block_id
         self.servers[block_id] = server
         self.recorder.update_manifest(servers={
@@ -148,11 +159,39 @@ class StrataSession:
             for bid, s in self.servers.items()})
         return server
 
+    def start_workers(self, spec: LaunchSpec, block_id: str) -> list:
+        """The profile's worker command on every remote worker node, tied to its ssh session."""
+        p = self.cfg.profile
+        remote = [n for n in p.nodes if n.role == "worker" and n.ssh_host]
+        if not p.server.worker_argv or not remote:
+            return []
+        from strata_plugin.remote import RemoteProcess
+
+        port = int(spec.base_url.rsplit(":", 1)[1])
+        argv = expand_placeholders(p.server.worker_argv, self.placeholder_values(port))
+        workers = []
+        for node in remote:
+            log = self.run_dir / "service" / block_id / f"{node.name}.log"
+            write_command(self.run_dir / "commands", f"worker-{block_id}-{node.name}",
+                          {"argv": argv, "node": node.name, "ssh_host": node.ssh_host,
+                           "env_names": sorted(k for k, _ in spec.env), "log": str(log)})
+            w = RemoteProcess.start(node.name, node.ssh_host, argv, log, env=dict(spec.env),
+                                    grace_s=p.server.stop_timeout_s)
+            _live_workers.add(w)
+            workers.append(w)
+        return workers
+
+    def stop_workers(self, block_id: str) -> None:
+        for w in self.workers.pop(block_id, []):
+            w.stop()
+            _live_workers.discard(w)
+
     def stop_server(self, server: Server) -> None:
-        """Stop the server, then confirm through NVML that its GPU memory was released."""
+        """Stop the server and its workers, then confirm the GPU memory was released."""
         pid = server.pid
         server.stop()
         _live_servers.discard(server)
+        self.stop_workers(server.block_id or server.config_id)
         if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
             return
         from strata_plugin.gpu_release import require_gpu_release, wait_gpu_release
@@ -199,6 +238,7 @@ class StrataSession:
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
         block = Block(server=server, agents=start_agents(self, server))
+        self.blocks[server.block_id or server.config_id] = block
         t0 = time.monotonic_ns()
         time.sleep(self.cfg.profile.telemetry.baseline_s)
         self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
@@ -229,7 +269,18 @@ class StrataSession:
         self.recorder.update_manifest(**{f"restart_{server.config_id}": server.exit_code()})
         server.restarts += 1
         server.start()
+        self.retrack(server)
         return server
+
+    def retrack(self, server: Server) -> None:
+        """Point the block's agents at a restarted server's new PID (else they lose it)."""
+        block = self.blocks.get(server.block_id or server.config_id)
+        if block is None or server.pid is None:
+            return
+        heads = {n.name for n in self.cfg.profile.nodes if n.role == "head"}
+        for h in block.agents:
+            if h.alive and h.node in heads:
+                h.track_pids([server.pid])
 
     def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
         from strata_plugin.client import Timeouts
