@@ -56,6 +56,19 @@ class TelemetrySpec:
     collectors: tuple[str, ...] = ("proc", "cpu", "mem", "disk", "net", "nvml", "prom", "log")
     pid_pattern: str = ""  # for a server started elsewhere
     log_patterns: tuple[tuple[str, str], ...] = ()
+    #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
+    #: shared uplink): the network rules measure against it.
+    link_caps: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PrometheusSpec:
+    """An existing Prometheus to pull each case window from (clusters without agents)."""
+
+    url: str = ""
+    jobs: tuple[tuple[str, str], ...] = ()  # (job name, kind: node | dcgm | engine)
+    auth_env: str = ""  # env var holding a bearer token; never the token
+    step_s: float = 0.0  # 0 = the telemetry interval
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Profile:
     vars: tuple[tuple[str, str], ...]  # placeholders usable in argv: {model}, ...
     scale: tuple[tuple[str, float], ...] = ()  # workload scaling (context, concurrency, ...)
     setup_argv: tuple[str, ...] = ()  # the command that builds what vars point at
+    prometheus: PrometheusSpec = PrometheusSpec()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def var(self, name: str) -> str:
@@ -184,6 +198,11 @@ def _server_configs(r: _Reader, base_argv: tuple[str, ...],
     return tuple(configs)
 
 
+def _caps(r: _Reader) -> tuple[tuple[str, float], ...]:
+    sub = r.sub("link_caps")
+    return tuple((k, sub.number(k, 0.0, lo=1.0, hi=1e13)) for k in list(sub.table))
+
+
 def _id_range(r: _Reader) -> tuple[int, int]:
     value = r.get("token_id_range", list, [1000, 30000], expected="[low, high] token ids")
     if (len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -244,8 +263,21 @@ def load_profile(path: Path | str) -> Profile:
         collectors=collectors,
         pid_pattern=t.get("pid_pattern", str, ""),
         log_patterns=_str_table(t, "log_patterns"),
+        link_caps=_caps(t),
     )
     t.reject_unknown()
+
+    pr = top.sub("prometheus")
+    jobs = _str_table(pr, "jobs")
+    for job, kind in jobs:
+        if kind not in ("node", "dcgm", "engine"):
+            raise ProfileError(path, f"prometheus.jobs.{job}", "one of node, dcgm, engine", kind)
+    prometheus = PrometheusSpec(url=pr.get("url", str, ""), jobs=jobs,
+                                auth_env=pr.get("auth_env", str, ""),
+                                step_s=pr.number("step_s", 0.0, lo=0.0, hi=3600))
+    if jobs and not prometheus.url:
+        raise ProfileError(path, "prometheus.url", "a URL when prometheus.jobs are given")
+    pr.reject_unknown()
 
     nodes = []
     raw_nodes = top.get("nodes", list, [{"name": "local"}], expected="an array of tables")
@@ -261,7 +293,7 @@ def load_profile(path: Path | str) -> Profile:
     scale = tuple((k, sc.number(k, 1.0, lo=1e-6, hi=1e6)) for k in list(sc.table))
     top.reject_unknown()
     return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
-                   setup_argv, raw=data)
+                   setup_argv, prometheus, raw=data)
 
 
 # --- run-time options ---------------------------------------------------------------------

@@ -305,11 +305,37 @@ class StrataSession:
 
     # --- end -----------------------------------------------------------------------------
 
+    def pull_prometheus(self) -> None:
+        """Case windows from the profile's Prometheus, as samples beside the agents'."""
+        spec = self.cfg.profile.prometheus
+        if not spec.jobs or self.cfg.dry_run:
+            return
+        from strata_plugin.promsource import Job, PromClient, pull
+
+        headers = {}
+        if spec.auth_env and os.environ.get(spec.auth_env):
+            headers["Authorization"] = f"Bearer {os.environ[spec.auth_env]}"
+        windows = [(m.start_wall_ns, m.end_wall_ns) for m in self.recorder.markers
+                   if m.kind in ("case", "baseline", "cooldown")]
+        try:
+            res = pull(self.run_dir, PromClient(spec.url, headers=headers),
+                       [Job(job, kind) for job, kind in spec.jobs], windows,
+                       spec.step_s or self.cfg.profile.telemetry.interval_s)
+            self.recorder.update_manifest(prometheus={
+                "url": spec.url, "samples": res.samples, "nodes": list(res.nodes),
+                "clock_offset_ns": res.clock.offset_ns if res.clock else None,
+                "clock_uncertainty_ns": res.clock.uncertainty_ns if res.clock else None})
+        except Exception as exc:  # the agents' data stands; say what is missing
+            self.recorder.update_manifest(prometheus={"url": spec.url,
+                                                      "error": f"{type(exc).__name__}: {exc}"})
+
     def finish(self, *, interrupted: bool) -> Path | None:
         """Stop what runs, then write the report; an interrupted run says so in both."""
         for server in list(self.servers.values()):
             self.stop_server(server)
         self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
+        if not interrupted:
+            self.pull_prometheus()
         if interrupted:
             self.incomplete_reason = self.incomplete_reason or "interrupted"
         self.recorder.update_manifest(

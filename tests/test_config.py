@@ -80,3 +80,26 @@ def test_placeholders_keep_arguments_whole():
     assert argv == ["/x/server", "--model", "a model; rm -rf /"]
     with pytest.raises(ProfileError, match="'undefined'"):
         expand_placeholders(("{undefined}",), {})
+
+
+def test_link_caps_and_prometheus(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text(GOOD + """
+[telemetry.link_caps]
+"worker/eth0" = 8e6
+[prometheus]
+url = "http://127.0.0.1:9090"
+jobs = { node = "node", dcgm = "dcgm" }
+auth_env = "PROM_TOKEN"
+""")
+    prof = load_profile(p)
+    assert dict(prof.telemetry.link_caps) == {"worker/eth0": 8e6}
+    assert prof.prometheus.url.endswith(":9090") and dict(prof.prometheus.jobs)["dcgm"] == "dcgm"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD + '[prometheus]\njobs = { node = "nodes" }\nurl = "http://x"\n')
+    with pytest.raises(ProfileError, match=r"'prometheus\.jobs\.node'"):
+        load_profile(bad)
+    nourl = tmp_path / "nourl.toml"
+    nourl.write_text(GOOD + '[prometheus]\njobs = { node = "node" }\n')
+    with pytest.raises(ProfileError, match=r"'prometheus\.url'"):
+        load_profile(nourl)
