@@ -1,0 +1,75 @@
+"""Incremental HTTP/1.1 chunked transfer decoding for the multiplexing loop.
+
+The loop reads sockets itself (non-blocking), so it cannot use http.client's
+blocking chunk reader. Only framing bytes are buffered here (a size line, a
+CRLF); chunk data passes straight through.
+"""
+
+from __future__ import annotations
+
+_SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
+_MAX_LINE = 4096
+
+
+class ChunkError(ValueError):
+    """The chunked framing is broken."""
+
+
+class ChunkedDecoder:
+    def __init__(self) -> None:
+        self._state = _SIZE
+        self._left = 0
+        self._buf = b""
+        self.complete = False  # the last chunk and trailers were read
+        self.extra = 0  # bytes seen after the end of the body
+
+    def feed(self, data: bytes) -> bytes:
+        """Raw bytes in, body bytes out (possibly empty)."""
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        pos, n = 0, len(buf)
+        while pos < n:
+            state = self._state
+            if state == _DATA:
+                take = min(self._left, n - pos)
+                out.append(buf[pos : pos + take])
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._state = _CRLF
+            elif state == _CRLF:
+                if n - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise ChunkError("chunk data not followed by CRLF")
+                pos += 2
+                self._state = _SIZE
+            elif state in (_SIZE, _TRAILER):
+                j = buf.find(b"\n", pos)
+                if j < 0:
+                    if n - pos > _MAX_LINE:
+                        raise ChunkError("chunk size line too long")
+                    break
+                line = buf[pos:j].rstrip(b"\r")
+                pos = j + 1
+                if state == _TRAILER:
+                    if not line:
+                        self._state = _DONE
+                        self.complete = True
+                    continue
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise ChunkError(f"bad chunk size line {line[:40]!r}") from None
+                if size < 0:
+                    raise ChunkError("negative chunk size")
+                if size == 0:
+                    self._state = _TRAILER
+                else:
+                    self._left = size
+                    self._state = _DATA
+            else:  # _DONE
+                self.extra += n - pos
+                pos = n
+        self._buf = buf[pos:]
+        return out[0] if len(out) == 1 else b"".join(out)

@@ -1,0 +1,43 @@
+"""What to send and how long to wait: the inputs of one streaming request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: OpenAI /v1/chat/completions, OpenAI /v1/completions, llama.cpp /completion, SGLang /generate.
+API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request as the workload means it; the flavour module turns it into a body."""
+
+    request_id: str
+    case_id: str
+    phase: str  # "warmup" | "measured"
+    max_tokens: int  # exact output length wanted (OSL)
+    prompt: str | None = None  # text prompt, or
+    prompt_token_ids: tuple[int, ...] | None = None  # token-ID prompt where the API takes them
+    ignore_eos: bool = True  # exact output lengths: ignore_eos / min_tokens per backend
+    temperature: float = 0.0
+    seed: int | None = None
+    cache_prompt: bool | None = None  # llama.cpp: False to force a cold prefix
+    isl: int | None = None  # requested input length, copied onto the record
+    model: str | None = None
+    extra_body: tuple[tuple[str, object], ...] = ()  # merged into the JSON body
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompt_token_ids is None):
+            raise ValueError("RequestSpec needs exactly one of prompt or prompt_token_ids")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every wait is bounded, so a stalled server becomes a recorded error, not a hang."""
+
+    connect_s: float = 10.0
+    read_s: float = 60.0  # max silence between two reads of the stream
+    total_s: float | None = None  # whole-request bound
+    max_event_bytes: int = 4 * 1024 * 1024

@@ -1,0 +1,276 @@
+"""Broken streams become recorded failures, quickly, with bounded memory; never a hang."""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+
+import pytest
+import requests
+from sse_script_server import Reply, ScriptServer, free_port, sse, within
+
+from strata_plugin.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.client.mux import StreamMux
+from strata_plugin.records import RequestRecord
+
+SPEC = RequestSpec("r1", "case", "measured", max_tokens=3, prompt="hello")
+TOKEN = sse({"index": 0, "content": " x", "tokens": [1], "stop": False})
+END = sse({"index": 0, "content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 3})
+CHAT_TOKEN = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}]})
+
+
+Send = Callable[..., RequestRecord]
+
+
+@pytest.fixture(params=["thread", "mux"])
+def send(request: pytest.FixtureRequest) -> Iterator[Send]:
+    """Every scenario through both drivers: a reading thread, and the selector loop."""
+    if request.param == "thread":
+        yield send_streaming
+        return
+    with StreamMux() as mux:
+        yield mux.send_streaming
+
+
+def _send(
+    send: Send,
+    url: str,
+    api: str = "llamacpp",
+    timeouts: Timeouts | None = None,
+    headers: dict[str, str] | None = None,
+    limit_s: float = 10,
+) -> tuple[RequestRecord, float]:
+    def go() -> RequestRecord:
+        with requests.Session() as s:
+            return send(
+                s,
+                url,
+                api,
+                SPEC,
+                scheduled_ns=time.monotonic_ns(),
+                timeouts=timeouts or Timeouts(read_s=5),
+                headers=headers,
+            )
+
+    t0 = time.monotonic()
+    rec = within(limit_s, go)
+    return rec, time.monotonic() - t0
+
+
+def _error(rec: RequestRecord) -> str:
+    assert rec.error is not None, "expected a failed request"
+    return rec.error.cls
+
+
+def test_non_json_event_is_malformed(send: Send) -> None:
+    items = [(0, TOKEN), (0, b"data: {not json at all\n\n"), (0, TOKEN), (0, END)]
+    with ScriptServer(Reply(items=items)) as srv:
+        rec, _ = _send(send, srv.url)
+    assert _error(rec) == "malformed_event"
+    assert len(rec.events) == 1  # what came before the bad event is kept
+
+
+@pytest.mark.parametrize(("framing", "cls"), [("chunked", "reset"), ("close", "truncated_stream")])
+def test_stream_cut_mid_event(send: Send, framing: str, cls: str) -> None:
+    # Chunked: the connection closes without the last chunk (the framing breaks: reset).
+    # Unframed: the body just ends, inside an event (truncated).
+    items = [(0, TOKEN), (0.05, b'data: {"index":0,"content":" y","tok')]
+    with ScriptServer(Reply(items=items, framing=framing, end="cut")) as srv:
+        rec, took = _send(send, srv.url)
+    assert _error(rec) == cls, rec.error
+    assert len(rec.events) == 1 and took < 2
+
+
+def test_chunked_body_ending_inside_an_event_is_truncated(send: Send) -> None:
+    items = [(0, TOKEN), (0, b'data: {"index":0,"content":" y"}\n')]  # no blank line
+    with ScriptServer(Reply(items=items, framing="chunked")) as srv:
+        rec, _ = _send(send, srv.url)
+    assert _error(rec) == "truncated_stream"
+    assert "inside an event" in rec.error.message  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+def test_stream_without_terminal_event_is_truncated(send: Send, framing: str) -> None:
+    with ScriptServer(Reply(items=[(0, TOKEN), (0, TOKEN)], framing=framing)) as srv:
+        rec, _ = _send(send, srv.url)
+    assert _error(rec) == "truncated_stream"
+    assert len(rec.events) == 2 and rec.done_ns is not None
+
+
+def test_connection_reset_mid_stream(send: Send) -> None:
+    with ScriptServer(Reply(items=[(0, TOKEN), (0.05, TOKEN)], end="reset")) as srv:
+        rec, _ = _send(send, srv.url)
+    assert _error(rec) == "reset"
+
+
+def test_stalled_stream_times_out(send: Send) -> None:
+    items = [(0, TOKEN), (30, TOKEN)]  # the second token never comes in time
+    with ScriptServer(Reply(items=items)) as srv:
+        rec, took = _send(send, srv.url, timeouts=Timeouts(read_s=0.5), limit_s=5)
+    assert _error(rec) == "timeout"
+    assert 0.45 < took < 1.25, took  # ~1 s, with room for a busy host
+    assert len(rec.events) == 1
+
+
+def test_total_timeout_bounds_a_trickling_stream(send: Send) -> None:
+    items = [(0.1, TOKEN)] * 40  # never silent for read_s, but far longer than total_s
+    with ScriptServer(Reply(items=items)) as srv:
+        rec, took = _send(send, srv.url, timeouts=Timeouts(read_s=5, total_s=0.6), limit_s=5)
+    assert _error(rec) == "timeout"
+    assert 0.55 < took < 1.25, took
+
+
+def test_no_response_headers_times_out(send: Send) -> None:
+    with ScriptServer(Reply(items=[(0, TOKEN)], head_delay_s=30)) as srv:
+        rec, took = _send(send, srv.url, timeouts=Timeouts(read_s=0.5), limit_s=5)
+    assert _error(rec) == "timeout" and 0.45 < took < 1.5, took
+    assert rec.first_byte_ns is None
+
+
+def test_http_500_with_body(send: Send) -> None:
+    body = b'{"error":{"code":500,"message":"CUDA out of memory","type":"server_error"}}'
+    reply = Reply(items=[(0, body)], status=500, framing="length", content_type="application/json")
+    with ScriptServer(reply) as srv:
+        rec, _ = _send(send, srv.url)
+    assert _error(rec) == "http_status"
+    assert rec.error is not None and rec.error.http_status == 500
+    assert "CUDA out of memory" in rec.error.message
+    assert rec.events == () and rec.first_byte_ns is not None
+
+
+def test_in_band_error_event(send: Send) -> None:
+    err = sse({"error": {"code": 400, "message": "context length exceeded", "type": "x"}})
+    with ScriptServer(Reply(items=[(0, CHAT_TOKEN), (0, err)])) as srv:
+        rec, _ = _send(send, srv.url, api="chat")
+    assert _error(rec) == "http_status"
+    assert rec.error is not None and rec.error.http_status == 400
+    assert "context length" in rec.error.message
+
+
+def test_huge_event_is_refused_with_bounded_memory(send: Send) -> None:
+    limit = 1024 * 1024
+    block = b"x" * 65536
+    items = [(0, TOKEN), (0, b'data: {"content":"')] + [(0, block)] * 512  # a 32 MiB event
+    with ScriptServer(Reply(items=items, framing="close")) as srv:
+        tracemalloc.start()
+        try:
+            rec, took = _send(send, srv.url, timeouts=Timeouts(read_s=5, max_event_bytes=limit))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        sent = srv.seen[0].sent_bytes
+    assert _error(rec) == "event_too_large"
+    assert len(rec.events) == 1
+    # The client stopped near the limit: it never held the 32 MiB event.
+    assert peak < 6 * limit, peak
+    assert rec.extra["n_bytes"] < 2 * limit
+    assert sent < 32 * 1024 * 1024
+    assert took < 5
+
+
+def test_connection_refused(send: Send) -> None:
+    rec, took = _send(send, f"http://127.0.0.1:{free_port()}")
+    assert _error(rec) == "connect"
+    assert rec.first_byte_ns is None and took < 2
+
+
+def test_connect_timeout_is_a_timeout() -> None:
+    # No unroutable address here (tests stay on 127.0.0.1): map the exceptions directly.
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
+
+    from strata_plugin.client.attempt import send_error as _send_error
+
+    t = Timeouts(connect_s=0.3)
+    assert _send_error(requests.exceptions.ConnectTimeout("x"), t).cls == "timeout"
+    inner = MaxRetryError(None, "/", ConnectTimeoutError("slow"))  # type: ignore[arg-type]
+    assert _send_error(requests.exceptions.ConnectionError(inner), t).cls == "timeout"
+    assert _send_error(requests.exceptions.InvalidURL("bad"), t).cls == "client"
+
+
+def test_secrets_never_reach_errors(send: Send) -> None:
+    secret = "sk-live-0123456789"
+    url = f"http://user:pw-{secret}@127.0.0.1:{free_port()}"
+    rec, _ = _send(send, url, headers={"Authorization": f"Bearer {secret}", "X-Key": secret})
+    assert rec.error is not None
+    assert secret not in rec.to_json()
+
+
+def test_keep_alive_connection_is_reused(send: Send) -> None:
+    items = [(0, TOKEN)] * 3 + [(0, END)]
+    with ScriptServer(Reply(items=items)) as srv:
+
+        def three() -> list[RequestRecord]:
+            with requests.Session() as s:
+                return [
+                    send(s, srv.url, "llamacpp", SPEC, scheduled_ns=time.monotonic_ns())
+                    for _ in range(3)
+                ]
+
+        recs = within(10, three)
+        assert all(r.ok for r in recs), [r.error for r in recs]
+        assert [len(r.events) for r in recs] == [3, 3, 3]
+        assert srv.connections == 1
+
+
+def test_mux_serves_many_streams_at_once() -> None:
+    items = [(0.05, TOKEN), (0.1, TOKEN), (0.1, TOKEN), (0, END)]
+    with ScriptServer(Reply(items=items)) as srv, StreamMux() as mux:
+        out: list[RequestRecord] = []
+
+        def one() -> None:
+            with requests.Session() as s:
+                out.append(
+                    mux.send_streaming(
+                        s, srv.url, "llamacpp", SPEC, scheduled_ns=time.monotonic_ns()
+                    )
+                )
+
+        threads = [threading.Thread(target=one) for _ in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        seen = list(srv.seen)
+    assert len(out) == 40 and all(r.ok for r in out), [r.error for r in out if not r.ok]
+    # Stamps follow the server's sends (same clock). Held-back events would be
+    # a whole 100 ms gap late; a busy shared host may delay a few by some ms.
+    sent = sorted(ns for sn in seen for ns in sn.sent_ns[:3])
+    got = sorted(e.t_ns for r in out for e in r.events)
+    assert len(got) == len(sent) == 120
+    lag = sorted(g - s for g, s in zip(got, sent, strict=True))
+    assert lag[60] < 5_000_000 and lag[108] < 15_000_000, [x / 1e6 for x in lag[::12]]
+
+
+def test_mux_forgets_finished_streams() -> None:
+    items = [(0, TOKEN)] * 3 + [(0, END)]
+    with ScriptServer(Reply(items=items)) as srv, StreamMux() as mux:
+
+        def many() -> list[RequestRecord]:
+            with requests.Session() as s:
+                return [
+                    mux.send_streaming(s, srv.url, "llamacpp", SPEC, scheduled_ns=0)
+                    for _ in range(150)
+                ]
+
+        recs = within(30, many)
+        assert all(r.ok for r in recs)
+        assert len(mux._heap) <= 65  # not one entry per request until read_s expires
+
+
+def test_mux_close_ends_open_streams() -> None:
+    with ScriptServer(Reply(items=[(0, TOKEN), (30, TOKEN)])) as srv:
+        mux = StreamMux().__enter__()
+        box: list[RequestRecord] = []
+
+        def one() -> None:
+            with requests.Session() as s:
+                box.append(mux.send_streaming(s, srv.url, "llamacpp", SPEC, scheduled_ns=0))
+
+        t = threading.Thread(target=one)
+        t.start()
+        time.sleep(0.3)
+        within(5, mux.close)
+        t.join(5)
+    assert box and _error(box[0]) == "client" and len(box[0].events) == 1
