@@ -158,6 +158,41 @@ THRESHOLDS: tuple[Threshold, ...] = (
         f"{R} s7 rule 5 (TRT-LLM straggler verdict; HTA rank distributions) [inferred]",
     ),
     Threshold("imbalance_max_min", 1.2, "ratio", f"{R} s7 rule 5 [inferred]"),
+    Threshold(
+        "straggler_rel_dev",
+        0.15,
+        "of the peers' median",
+        f"{R} s7 rule 5 (TRT-LLM straggler verdict) [inferred], same as imbalance_cv",
+    ),
+    Threshold(
+        "rail_active_bytes_s",
+        1e6,
+        "B/s",
+        "[inferred] a rail under 1 MB/s carries control traffic only; it is left out of "
+        "the imbalance ratio",
+    ),
+    # RDMA rails: errors and congestion (network)
+    Threshold(
+        "rail_error_events",
+        1.0,
+        "count",
+        "IB spec PortCounters: symbol/link/receive errors, discards, timeouts and "
+        "out-of-sequence stay at 0 on a healthy link; any increase in a window is news",
+    ),
+    Threshold(
+        "rail_congestion_per_s",
+        100.0,
+        "events/s",
+        "[inferred] CNPs / ECN marks / transmit-wait ticks above 100/s mean the fabric "
+        f"is pushing back ({R} s5.7: DCQCN CNP counters)",
+    ),
+    Threshold(
+        "socket_fallback_bytes_s",
+        10e6,
+        "B/s",
+        "[inferred] HTTP, ssh, Prometheus and NCCL bootstrap stay well under 10 MB/s; "
+        "collective traffic over TCP is hundreds of MB/s",
+    ),
     # host CPU
     Threshold(
         "thread_core_saturated",
@@ -245,6 +280,23 @@ THRESHOLDS: tuple[Threshold, ...] = (
         0.7,
         "of link speed",
         "[inferred] USE utilization; TCP goodput tops out near 90-95% of line rate",
+    ),
+    Threshold(
+        "net_wire_busy",
+        1.0,
+        "(tx + rx) / capacity",
+        "[inferred] request/response traffic (llama.cpp RPC, pipeline hops) alternates "
+        "directions, so neither fills its half of the link that limits it; measured on an "
+        "8 Mbit/s tbf-capped veth with llama.cpp RPC: busier direction 0.69-0.89, both "
+        "directions 1.15-1.37 of the cap. Both together carrying a full direction's "
+        "capacity means the wire was busy whenever one side waited",
+    ),
+    Threshold(
+        "net_drop_events",
+        1.0,
+        "count",
+        "[inferred] drops or errors on the interface that carries the traffic (reported "
+        "as a rails finding; not a classifier input)",
     ),
     # serving
     Threshold(
@@ -367,7 +419,14 @@ SIGNAL_SOURCES: dict[str, str] = {
     "read_bytes_s": "proc:read_bytes",
     "disk_busy_frac": "disk:busy_ms",
     "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes",
-    "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps",
+    "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
+    "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
+    "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
+    "rdma_rail_cv": "rdma:xmit_bytes/rcv_bytes",
+    "rdma_error_events": "rdma:symbol_error/port_rcv_errors/... (error counters)",
+    "rdma_congestion_per_s": "rdma:np_cnp_sent/rp_cnp_handled/port_xmit_wait/...",
+    "socket_fallback_bytes_s": "net:rx_bytes/tx_bytes (beside rdma:xmit_bytes/rcv_bytes)",
+    "straggler_rel_dev": "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)",
     "waiting_mean": "prom:waiting_requests",
     "kv_usage_max": "prom:kv_cache_usage",
     "preemptions": "prom:num_preemptions_total",
@@ -408,7 +467,12 @@ class WindowSignals:
     sm_clock_low_frac: float | None = None
     rdma_util: float | None = None
     rdma_rail_max_min: float | None = None
-    rdma_error_events: float | None = None
+    rdma_rail_cv: float | None = None  # CV of the active rails' throughput
+    rdma_error_events: float | None = None  # error counter increases, all rails
+    rdma_congestion_per_s: float | None = None  # CNP/ECN/xmit-wait, busiest counter's rate
+    # the largest deviation from the peers' median of a GPU or node rails.py flagged as a
+    # straggler (0 when peers were compared and none was)
+    straggler_rel_dev: float | None = None
     # host
     n_cores: int | None = None
     host_busy_cores: float | None = None
@@ -427,7 +491,11 @@ class WindowSignals:
     read_bytes_s: float | None = None
     disk_busy_frac: float | None = None
     mem_available_frac: float | None = None
-    net_util: float | None = None
+    net_util: float | None = None  # busier direction / capacity, busiest interface
+    net_wire_busy: float | None = None  # (tx + rx) / capacity, busiest interface
+    # Ethernet bytes/s on a node that should use RDMA, where it exceeds what RDMA carried
+    # (0 when RDMA is expected and nothing fell back; None when RDMA is not expected)
+    socket_fallback_bytes_s: float | None = None
     # serving
     waiting_mean: float | None = None
     kv_usage_max: float | None = None
@@ -864,16 +932,20 @@ def rule_waiting_on_peer(s: WindowSignals) -> _Outcome:
     r = _Rule("waiting_on_peer", s)
     if s.n_gpus < 2 and not s.multi_node:
         return r.o  # nothing to be imbalanced against
-    if s.sm_active_cv is None and s.gpu_util_max_min is None and s.rdma_rail_max_min is None:
+    peer = ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min", "rdma_rail_cv")
+    if all(getattr(s, n) is None for n in (*peer, "straggler_rel_dev")):
         r.need("sm_active_cv")
         return r.unassessable(TRACE_NCCL)
     margins = []
-    if s.sm_active_cv is not None and r.cmp("sm_active_cv", ">=", "imbalance_cv"):
-        margins.append(_m(s, "sm_active_cv", "imbalance_cv"))
-    if s.gpu_util_max_min is not None and r.cmp("gpu_util_max_min", ">=", "imbalance_max_min"):
-        margins.append(_m(s, "gpu_util_max_min", "imbalance_max_min"))
-    if s.rdma_rail_max_min is not None and r.cmp("rdma_rail_max_min", ">=", "imbalance_max_min"):
-        margins.append(_m(s, "rdma_rail_max_min", "imbalance_max_min"))
+    for signal, thr in (
+        ("sm_active_cv", "imbalance_cv"),
+        ("gpu_util_max_min", "imbalance_max_min"),
+        ("rdma_rail_max_min", "imbalance_max_min"),  # rails.py rail_imbalance
+        ("rdma_rail_cv", "imbalance_cv"),  # rails.py rail_imbalance
+        ("straggler_rel_dev", "straggler_rel_dev"),  # rails.py gpu_/node_straggler
+    ):
+        if getattr(s, signal) is not None and r.cmp(signal, ">=", thr):
+            margins.append(_m(s, signal, thr))
     return r.fire(*margins) if margins else r.o
 
 
@@ -993,11 +1065,30 @@ def rule_memory_pressure(s: WindowSignals) -> _Outcome:
 
 
 def rule_network(s: WindowSignals) -> _Outcome:
+    """An interface near its capacity (one direction, or both together for request/response
+    traffic), or the RDMA fabric erroring, congested, or bypassed (NCCL over sockets)."""
     r = _Rule("network", s)
-    if not r.need("net_util"):
+    checks = (
+        ("net_util", "net_link_frac"),
+        # request/response traffic (llama.cpp RPC) alternates directions: one direction
+        # never fills the link that limits it, both together do
+        ("net_wire_busy", "net_wire_busy"),
+        ("rdma_error_events", "rail_error_events"),  # rails.py rail_errors
+        ("rdma_congestion_per_s", "rail_congestion_per_s"),  # rails.py rail_congestion
+        ("socket_fallback_bytes_s", "socket_fallback_bytes_s"),  # rails.py socket_fallback
+    )
+    if all(getattr(s, n) is None for n, _ in checks):
+        r.need("net_util")
         return r.unassessable(TRACE_NET)
-    if r.cmp("net_util", ">=", "net_link_frac"):
-        return r.fire(_m(s, "net_util", "net_link_frac"))
+    margins = [
+        _m(s, signal, thr)
+        for signal, thr in checks
+        if getattr(s, signal) is not None and r.cmp(signal, ">=", thr)
+    ]
+    if margins:
+        return r.fire(*margins)
+    if not r.need("net_util"):  # a link nobody measured is not cleared by rail counters
+        return r.unassessable(TRACE_NET)
     return r.o
 
 

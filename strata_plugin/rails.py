@@ -22,6 +22,13 @@ What it finds (:class:`Finding` ``kind`` -> the attribution class it supports):
   never fills one direction of the link that bounds it), or dropping and erroring;
 * ``gpu_straggler`` / ``node_straggler`` (waiting_on_peer): a GPU (or a node's GPUs)
   whose utilization, SM activity or power deviates from its peers'.
+
+:meth:`RailsReport.signals` turns the findings into the ``WindowSignals`` fields the
+classifier's rules read (``rdma_rail_max_min``/``rdma_rail_cv`` and
+``straggler_rel_dev`` -> waiting_on_peer; ``rdma_error_events``,
+``rdma_congestion_per_s``, ``socket_fallback_bytes_s``, ``net_util`` and
+``net_wire_busy`` -> network; ``rdma_util`` -> gpu_communication), compared against the
+same rows of ``attribution.THRESHOLDS``.
 """
 
 from __future__ import annotations
@@ -35,62 +42,19 @@ from dataclasses import dataclass
 from strata_plugin.attribution import Threshold, threshold
 from strata_plugin.timeline import HwStat
 
-_R = "docs: shared/research/telemetry_attribution.md"
-#: Numbers only this module compares against. The shared ones (rdma_link_frac,
-#: net_link_frac, imbalance_cv, imbalance_max_min) come from attribution.THRESHOLDS.
-RAIL_THRESHOLDS: tuple[Threshold, ...] = (
-    Threshold(
-        "rail_error_events",
-        1.0,
-        "count",
-        "IB spec PortCounters: symbol/link/receive errors, discards, timeouts and "
-        "out-of-sequence stay at 0 on a healthy link; any increase in a window is news",
-    ),
-    Threshold(
-        "rail_congestion_per_s",
-        100.0,
-        "events/s",
-        "[inferred] CNPs / ECN marks / transmit-wait ticks above 100/s mean the fabric "
-        f"is pushing back ({_R} s5.7: DCQCN CNP counters)",
-    ),
-    Threshold(
-        "rail_active_bytes_s",
-        1e6,
-        "B/s",
-        "[inferred] a rail under 1 MB/s carries control traffic only; it is left out of "
-        "the imbalance ratio (as report.signals does)",
-    ),
-    Threshold(
-        "socket_fallback_bytes_s",
-        10e6,
-        "B/s",
-        "[inferred] HTTP, ssh, Prometheus and NCCL bootstrap stay well under 10 MB/s; "
-        "collective traffic over TCP is hundreds of MB/s",
-    ),
-    Threshold(
-        "net_wire_busy",
-        1.0,
-        "(tx + rx) / capacity",
-        "[inferred] request/response traffic (RPC, pipeline hops) alternates directions, so "
-        "neither fills its half of a link that is the bottleneck (measured: 0.6-0.8 per "
-        "direction on a tbf-capped veth with llama.cpp RPC, decode 3x slower); both "
-        "directions together carrying a full direction's capacity means the wire was "
-        "busy whenever one side waited",
-    ),
-    Threshold(
-        "net_drop_events",
-        1.0,
-        "count",
-        "[inferred] drops or errors on the interface that carries the traffic",
-    ),
-    Threshold(
-        "straggler_rel_dev",
-        0.15,
-        "of the peers' median",
-        f"{_R} s7 rule 5 (TRT-LLM straggler verdict) [inferred], same as imbalance_cv",
-    ),
+#: The names of the numbers only this module compares against. The table itself is
+#: attribution.THRESHOLDS (one table, each number with its source); the shared ones
+#: (rdma_link_frac, net_link_frac, imbalance_cv, imbalance_max_min) are there too.
+RAIL_THRESHOLD_NAMES = (
+    "rail_error_events",
+    "rail_congestion_per_s",
+    "rail_active_bytes_s",
+    "socket_fallback_bytes_s",
+    "net_wire_busy",
+    "net_drop_events",
+    "straggler_rel_dev",
 )
-_BY_NAME = {t.name: t for t in RAIL_THRESHOLDS}
+RAIL_THRESHOLDS: tuple[Threshold, ...] = tuple(threshold(n) for n in RAIL_THRESHOLD_NAMES)
 
 #: RDMA counters that are errors (any increase matters) and ones that are congestion.
 RDMA_ERRORS = (
@@ -125,8 +89,8 @@ GPU_METRICS = ("gpu_util_pct", "gpm_sm_activity_pct", "power_w")
 
 
 def rule(name: str) -> Threshold:
-    """A threshold by name: this module's table first, then attribution's."""
-    return _BY_NAME[name] if name in _BY_NAME else threshold(name)
+    """A threshold by name, from ``attribution.THRESHOLDS``."""
+    return threshold(name)
 
 
 # --- outputs -----------------------------------------------------------------------------
@@ -220,18 +184,31 @@ class RailsReport:
     findings: tuple[Finding, ...]
     rail_max_min: float | None
     rail_cv: float | None
+    #: Ethernet bytes/s on a node, where it exceeds what RDMA carried there (0 when
+    #: nothing did); None when RDMA is neither expected nor seen.
+    fallback_bytes_s: float | None = None
 
     def signals(self) -> dict[str, float]:
         """The ``attribution.WindowSignals`` fields this report can fill (None left out)."""
+        devs = self.gpus + self.nodes
         out: dict[str, float | None] = {
             "rdma_util": _max(r.util for r in self.rails),
             "rdma_rail_max_min": self.rail_max_min,
+            "rdma_rail_cv": self.rail_cv,
             "rdma_error_events": (
                 sum(d for r in self.rails for _, d in r.errors) if self.rails else None
             ),
+            "rdma_congestion_per_s": (
+                max((x for r in self.rails for _, x in r.congestion), default=0.0)
+                if self.rails
+                else None
+            ),
             "net_util": _max(x.util for x in self.links),
-            # not (yet) a WindowSignals field: see merge_signals
             "net_wire_busy": _max(x.wire_busy for x in self.links),
+            "socket_fallback_bytes_s": self.fallback_bytes_s,
+            "straggler_rel_dev": (
+                max((abs(d.rel_dev) for d in devs if d.straggler), default=0.0) if devs else None
+            ),
             "sm_active_cv": _cv([d.value for d in self.gpus if d.metric == "gpm_sm_activity_pct"]),
             "gpu_util_max_min": _max_min(
                 [d.value for d in self.gpus if d.metric == "gpu_util_pct"], 1.0
@@ -456,6 +433,24 @@ def link_stats(
     return tuple(out)
 
 
+def _rdma_by_node(rails: Sequence[RailStat]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for r in rails:
+        out[r.node] += r.bytes_s
+    return out
+
+
+def fallback_bytes_s(
+    links: Sequence[LinkStat], rails: Sequence[RailStat], expect_rdma: bool
+) -> float | None:
+    """The most Ethernet bytes/s on one interface beyond what RDMA carried on its node
+    (0.0 when none exceeded it); None when RDMA is neither expected nor seen."""
+    if not (expect_rdma or rails):
+        return None
+    rdma = _rdma_by_node(rails)
+    return max((x.bytes_s for x in links if x.bytes_s > rdma.get(x.node, 0.0)), default=0.0)
+
+
 def _link_findings(
     links: Sequence[LinkStat], rails: Sequence[RailStat], expect_rdma: bool
 ) -> list[Finding]:
@@ -509,9 +504,7 @@ def _link_findings(
             )
     if not (expect_rdma or rails):
         return out
-    rdma_by_node: dict[str, float] = defaultdict(float)
-    for r in rails:
-        rdma_by_node[r.node] += r.bytes_s
+    rdma_by_node = _rdma_by_node(rails)
     for x in links:
         e = _ev(
             "socket_fallback_bytes_s",
@@ -647,7 +640,17 @@ def analyze(
     findings += _link_findings(links, rails, expect_rdma)
     findings += _peer_findings(gpus, "gpu_straggler")
     findings += _peer_findings(nodes, "node_straggler")
-    return RailsReport(window, rails, links, gpus, nodes, tuple(findings), mm, cv)
+    return RailsReport(
+        window,
+        rails,
+        links,
+        gpus,
+        nodes,
+        tuple(findings),
+        mm,
+        cv,
+        fallback_bytes_s(links, rails, expect_rdma),
+    )
 
 
 def merge_signals(fields: Mapping[str, object], report: RailsReport) -> dict[str, object]:

@@ -420,3 +420,78 @@ def test_random_windows_keep_the_promises(data):
         assert not verdict.inconclusive
     if verdict.inconclusive:
         assert verdict.finer_trace or verdict.notes
+
+
+# --- rails-derived signals (strata_plugin.rails) -----------------------------------------
+
+#: Two nodes where every rails-derived signal is measured and nothing binds.
+GPU_2NODE_RAILS = dataclasses.replace(
+    GPU_2NODE,
+    rdma_rail_cv=0.05,
+    rdma_error_events=0.0,
+    rdma_congestion_per_s=0.0,
+    socket_fallback_bytes_s=2e5,
+    straggler_rel_dev=0.0,
+    net_wire_busy=0.02,
+)
+
+
+def test_clean_two_node_window_names_neither_network_nor_a_peer():
+    verdict = classify(GPU_2NODE_RAILS)
+    assert verdict.classes == ("headroom",) and not verdict.inconclusive, verdict
+    assert not verdict.also_flagged
+    assessed = {(e.cls, e.metric) for e in verdict.evidence if not e.met}
+    assert {
+        ("network", "net_wire_busy"),
+        ("network", "rdma_error_events"),
+        ("network", "rdma_congestion_per_s"),
+        ("network", "socket_fallback_bytes_s"),
+        ("waiting_on_peer", "rdma_rail_cv"),
+        ("waiting_on_peer", "straggler_rel_dev"),
+    } <= assessed
+
+
+def test_capped_round_trip_link_is_network():
+    """llama.cpp RPC over an 8 Mbit/s tbf-capped veth: the busier direction at 0.69-0.89 of
+    the cap (under net_link_frac at the low end), both directions 1.15-1.37."""
+    verdict = v(CPU_CLEAN, net_util=0.69, net_wire_busy=1.15)
+    assert_only(verdict, "network")
+    ev = {e.metric: e for e in verdict.evidence if e.cls == "network"}
+    assert ev["net_wire_busy"].met and ev["net_wire_busy"].threshold == "net_wire_busy"
+    assert not ev["net_util"].met
+    # the same busier direction without the other one is not the link
+    assert "network" not in v(CPU_CLEAN, net_util=0.69, net_wire_busy=0.75).classes
+    assert "network" not in v(CPU_CLEAN, net_util=0.69).classes
+
+
+@pytest.mark.parametrize(
+    "cls, kw",
+    [
+        ("waiting_on_peer", dict(rdma_rail_max_min=1.6, rdma_rail_cv=0.3)),  # rail_imbalance
+        ("waiting_on_peer", dict(rdma_rail_cv=0.3)),  # CV alone
+        ("waiting_on_peer", dict(straggler_rel_dev=0.5)),  # gpu_/node_straggler
+        ("network", dict(rdma_error_events=3.0)),  # rail_errors
+        ("network", dict(rdma_congestion_per_s=500.0)),  # rail_congestion
+        ("network", dict(socket_fallback_bytes_s=3e8)),  # socket_fallback
+        ("network", dict(net_wire_busy=1.3)),  # net_round_trip_bound
+    ],
+    ids=["rail-imbalance", "rail-cv", "straggler", "rail-errors", "congestion", "fallback", "rr"],
+)
+def test_rails_findings_feed_their_class(cls, kw):
+    assert_only(v(GPU_2NODE_RAILS, **kw), cls)
+
+
+def test_rail_signals_alone_do_not_clear_an_unmeasured_link():
+    verdict = v(CPU_CLEAN, net_util=None, rdma_error_events=0.0, rdma_congestion_per_s=0.0)
+    assert any(m.startswith("net_util") for m in verdict.missing_signals)
+    # but they fire on their own
+    assert "network" in v(CPU_CLEAN, net_util=None, rdma_error_events=2.0).classes
+
+
+def test_rails_thresholds_live_in_the_one_table():
+    from strata_plugin import rails
+
+    names = {t.name for t in THRESHOLDS}
+    for t in rails.RAIL_THRESHOLDS:
+        assert t.name in names and threshold(t.name) is t
+    assert threshold("net_wire_busy").value == 1.0

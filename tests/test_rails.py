@@ -152,7 +152,7 @@ def test_link_capacity_from_speed_gauge_or_given_cap():
         ("net_wire_busy", True),
     ]
     assert rep.signals()["net_wire_busy"] == pytest.approx(1.17)
-    assert "net_wire_busy" not in rails.merge_signals({}, rep)  # not a WindowSignals field
+    assert rails.merge_signals({}, rep)["net_wire_busy"] == pytest.approx(1.17)
     # a light two-way load is neither
     light = [
         counter("c", "net", "veth2", "tx_bytes", 0.3e6),
@@ -238,3 +238,100 @@ def test_thresholds_have_sources():
     for t in rails.RAIL_THRESHOLDS:
         assert t.source and t.value > 0 and t.unit
     assert rails.rule("imbalance_cv").value == 0.15  # the shared table's number
+
+
+# --- constructed windows through the classifier ------------------------------------------
+
+CAP = 8e6 / 8  # an 8 Mbit/s tbf-capped veth, in bytes/s
+
+
+def test_capped_round_trip_link_is_named_network():
+    # llama.cpp RPC: the busier direction at 0.69 of the cap, both together at 1.19
+    rows = [
+        counter("head", "net", "veth0", "tx_bytes", 0.69 * CAP),
+        counter("head", "net", "veth0", "rx_bytes", 0.50 * CAP),
+        gauge("head", "net", "veth0", "link_speed_mbps", 10_000.0),  # the veth's own speed
+    ]
+    rep = rails.analyze(rows, window=W, link_caps={("head", "veth0"): CAP})
+    assert [f.kind for f in rep.findings] == ["net_round_trip_bound"]
+    fields = rails.merge_signals({"window": W, "duration_s": 10.0}, rep)
+    assert fields["net_wire_busy"] == pytest.approx(1.19)
+    verdict = classify(WindowSignals(**fields))
+    assert verdict.classes[0] == "network", verdict
+    assert any(e.metric == "net_wire_busy" and e.met for e in verdict.evidence)
+    # without the cap the veth's 10 Gbit/s hides the link
+    plain = rails.merge_signals({"window": W, "duration_s": 10.0}, rails.analyze(rows))
+    assert "network" not in classify(WindowSignals(**plain)).classes
+
+
+GPU_BASE = WindowSignals(
+    W, 10.0, gpu_present=True, multi_node=True, n_gpus=16, gpu_util=0.9, sm_active=0.75
+)
+
+
+def quiet_rails(slow=15e9, fast=15e9):
+    """Two nodes, two rails each, at 0.3 of a 400 Gb/s port (not saturated)."""
+    return [
+        *rail("a", "mlx5_0/1", fast),
+        *rail("a", "mlx5_3/1", fast),
+        *rail("b", "mlx5_0/1", fast),
+        *rail("b", "mlx5_3/1", slow),
+    ]
+
+
+def _classify_rows(rows, **kw):
+    rep = rails.analyze(rows, window=W, **kw)
+    return rep, classify(WindowSignals(**rails.merge_signals(vars(GPU_BASE), rep)))
+
+
+def test_imbalanced_rails_are_waiting_on_a_peer():
+    rows = [*quiet_rails(slow=3e9), *gpus("a", 80.0), *gpus("b", 80.0)]
+    rep, verdict = _classify_rows(rows)
+    assert [f.kind for f in rep.findings] == ["rail_imbalance"]
+    assert "waiting_on_peer" in verdict.classes, verdict
+    ev = {e.metric for e in verdict.evidence if e.cls == "waiting_on_peer" and e.met}
+    assert {"rdma_rail_max_min", "rdma_rail_cv"} <= ev
+
+
+def test_a_straggler_gpu_is_waiting_on_a_peer():
+    sm = [80.0] * 8
+    sm[3] = 30.0
+    rep, verdict = _classify_rows([*quiet_rails(), *gpus("a", 80.0), *gpus("b", sm)])
+    assert "gpu_straggler" in {f.kind for f in rep.findings}
+    assert "waiting_on_peer" in verdict.classes + verdict.also_flagged, verdict
+    assert any(e.metric == "straggler_rel_dev" and e.met for e in verdict.evidence)
+
+
+def test_rail_errors_and_socket_fallback_are_network():
+    errs = [*quiet_rails(), counter("b", "rdma", "mlx5_3/1", "symbol_error", 0.5)]
+    rep, verdict = _classify_rows(errs)
+    assert [f.kind for f in rep.findings] == ["rail_errors"]
+    assert "network" in verdict.classes + verdict.also_flagged, verdict
+    eth = [
+        counter("a", "net", "eth0", "tx_bytes", 400e6),
+        gauge("a", "net", "eth0", "link_speed_mbps", 100_000.0),
+        *gpus("a", 80.0),
+        *gpus("b", 80.0),
+    ]
+    rep, verdict = _classify_rows(eth, expect_rdma=True)
+    assert [f.kind for f in rep.findings] == ["socket_fallback"]
+    assert rep.signals()["socket_fallback_bytes_s"] == pytest.approx(400e6)
+    assert "network" in verdict.classes, verdict
+
+
+def test_clean_two_node_window_is_neither_network_nor_waiting_on_a_peer():
+    rows = [
+        *quiet_rails(),
+        *gpus("a", 80.0),
+        *gpus("b", 79.0),
+        counter("a", "net", "eth0", "tx_bytes", 2e5),
+        counter("a", "net", "eth0", "rx_bytes", 2e5),
+        gauge("a", "net", "eth0", "link_speed_mbps", 100_000.0),
+    ]
+    rep, verdict = _classify_rows(rows, expect_rdma=True)
+    assert not [f for f in rep.findings if f.cls in ("network", "waiting_on_peer")]
+    sig = rep.signals()
+    assert sig["straggler_rel_dev"] == 0.0 and sig["socket_fallback_bytes_s"] == 0.0
+    assert sig["rdma_error_events"] == 0 and sig["rdma_congestion_per_s"] == 0.0
+    flagged = verdict.classes + verdict.also_flagged
+    assert "network" not in flagged and "waiting_on_peer" not in flagged, verdict

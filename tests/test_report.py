@@ -265,3 +265,61 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
     assert (ttft["n_control"], ttft["n_treatment"]) == (12, 12)
     assert ttft["rel"] == pytest.approx(1.0, rel=0.05)  # 6 s vs 3 s for the same requests
     assert (run / "plots" / "case-mixed_control_0.png").exists()
+
+
+def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):
+    """A two-node CPU run whose head link is capped (profile telemetry.link_caps) and
+    carries request/response traffic; one node's clock is uncertain past the interval."""
+    cases = [CaseSpec("rpc", behaviour=dict(server_cores=0.8, net_bytes_s=0.6e6))]
+    run = make_run(tmp_path, RunSpec(cases=cases, nodes=2, interval_s=0.25))
+    mpath = run / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["profile"]["telemetry"] = {"interval_s": 0.25, "link_caps": {"node0/eth0": 8e6}}
+    m["nodes"]["node1"]["clock_uncertainty_ns"] = 400_000_000
+    mpath.write_text(json.dumps(m, indent=2, sort_keys=True))
+    write_report(run)
+    first = (run / "report.md").read_bytes()
+    text = first.decode()
+    limits = text.split("## Limits of this run")[1].split("## Cases at a glance")[0]
+    assert "node node1: clock offset uncertain by ±400.0 ms" in limits
+    assert "node node0: clock offset uncertain" not in limits
+    case = text.split('<a id="case-rpc">')[1]
+    assert "#### Rails, links and peers" in case
+    assert "**net_round_trip_bound** (network)" in case
+    assert "net_wire_busy = 1" in case and "`node0/net:eth0/tx_bytes,rx_bytes" in case
+    (c,) = summary(run)["cases"]
+    assert c["signals"]["net_wire_busy"] == pytest.approx(1.2, rel=0.05)
+    assert "network" in c["verdict"]["classes"] + c["verdict"]["also_flagged"]
+    assert [f["kind"] for f in c["rails_findings"]] == ["net_round_trip_bound"]
+    write_report(run)
+    assert (run / "report.md").read_bytes() == first
+    # no link_caps: the 10 Gbit/s link speed hides the cap, and nothing is listed
+    m["profile"]["telemetry"] = {"interval_s": 0.25}
+    mpath.write_text(json.dumps(m, indent=2, sort_keys=True))
+    write_report(run)
+    assert "#### Rails, links and peers" not in (run / "report.md").read_text()
+
+
+def test_profile_link_caps_and_rdma_expectation():
+    from strata_plugin.report.signals import (
+        profile_expects_rdma,
+        profile_interval_s,
+        profile_link_caps,
+    )
+
+    prof = {
+        "telemetry": {
+            "interval_s": 1.0,
+            "collectors": ["proc", "net"],
+            "link_caps": {"head/veth0": 8e6, "bad": 1, "w/eth1": "x", "w/eth2": 1e9},
+        },
+        "server": {"configs": {"tp": {"env": {"NCCL_IB_HCA": "mlx5_0"}}}},
+    }
+    m = {"profile": prof}
+    assert profile_link_caps(m) == {("head", "veth0"): 1e6, ("w", "eth2"): 1.25e8}
+    assert profile_expects_rdma(m) and profile_interval_s(m) == 1.0
+    assert profile_expects_rdma({"profile": {"telemetry": {"collectors": ["rdma"]}}})
+    assert not profile_expects_rdma({"profile": {"server": {"env": {}}}})
+    for bare in ({}, {"profile": "name"}, {"profile": {"telemetry": None}}):
+        assert profile_link_caps(bare) == {} and not profile_expects_rdma(bare)
+        assert profile_interval_s(bare) == 0.5

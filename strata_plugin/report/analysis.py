@@ -12,15 +12,22 @@ import gc
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin import rails
 from strata_plugin.attribution import Verdict, WindowSignals, classify
 from strata_plugin.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.records import RequestRecord
 from strata_plugin.report.bundle import RunBundle, load_bundle
-from strata_plugin.report.signals import GPU_SOURCES, RequestFacts, build_signals
+from strata_plugin.report.signals import (
+    GPU_SOURCES,
+    RequestFacts,
+    build_signals,
+    profile_expects_rdma,
+    profile_link_caps,
+)
 from strata_plugin.timeline import HwStat, SampleStore, Window, load_samples, node_clocks
 
 
@@ -52,6 +59,7 @@ class CaseAnalysis:
     verdict: Verdict
     energy: Energy | None
     info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
+    rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
 
     def user_properties(self) -> list[tuple[str, float | int | str]]:
         """Plain scalars for the test's JUnit properties, sorted by name."""
@@ -174,6 +182,9 @@ class RunContext:
     gpu_expected: bool
     multi_node: bool
     unavailable: tuple[tuple[str, str], ...]
+    #: (node, iface) -> bytes/s per direction, from the profile's telemetry.link_caps
+    link_caps: dict[tuple[str, str], float] = field(default_factory=dict)
+    expect_rdma: bool = False  # the profile samples rdma or sets NCCL_IB_HCA
 
 
 def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
@@ -189,6 +200,8 @@ def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
         gpu_expected=bool(bundle.manifest.get("gpu_expected", False)),
         multi_node=len(nodes_with_samples) > 1,
         unavailable=unavailable,
+        link_caps=profile_link_caps(bundle.manifest),
+        expect_rdma=profile_expects_rdma(bundle.manifest),
     )
 
 
@@ -212,7 +225,11 @@ def analyze_case(
     records = bundle.records.get(case_id, [])
     cm = cm if cm is not None else metrics_for(bundle, case_id)
     facts = request_facts(bundle, case_id, records, cm)
+    rep = None
     if window is not None:
+        rep = rails.analyze(
+            hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
+        )
         sig = build_signals(
             window=case_id,
             duration_s=window.duration_s,
@@ -224,6 +241,7 @@ def analyze_case(
             gpu_expected=ctx.gpu_expected,
             multi_node=ctx.multi_node,
             unavailable=ctx.unavailable,
+            rails_report=rep,
         )
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = WindowSignals(
@@ -247,6 +265,7 @@ def analyze_case(
         verdict=classify(sig),
         energy=_energy(hw, cm),
         info=dict(info.raw),
+        rails=rep,
     )
 
 

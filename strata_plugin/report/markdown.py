@@ -13,6 +13,7 @@ from typing import Any
 
 from strata_plugin.attribution import THRESHOLDS, Verdict
 from strata_plugin.metrics import PERCENTILE_METHOD
+from strata_plugin.rails import RailsReport
 from strata_plugin.report.abtest import ArmDelta, ShaPair
 from strata_plugin.report.analysis import CaseAnalysis, RunContext
 from strata_plugin.report.bundle import RunBundle
@@ -252,6 +253,39 @@ def verdict_md(v: Verdict) -> str:
     return "".join(lines)
 
 
+def rails_md(rep: RailsReport) -> str:
+    """Each rails finding (``strata_plugin.rails``) with the comparisons behind it."""
+    lines = [
+        "Findings of `strata_plugin/rails.py` (the class each one supports); the source "
+        "column names the rows of `case_hw_summary.csv` (`node/source:device/metric`).\n"
+    ]
+    for f in rep.findings:
+        lines.append(f"\n- **{f.kind}** ({f.cls}): {f.summary}\n")
+    rows = [
+        (
+            f.kind,
+            e.metric,
+            e.value,
+            e.op,
+            f"{e.threshold_name} = {md_num(e.threshold)}",
+            e.unit,
+            "yes" if e.met else "no",
+            f"`{e.source}`",
+        )
+        for f in rep.findings
+        for e in f.evidence
+    ]
+    if rows:
+        lines.append("\n")
+        lines.append(
+            md_table(
+                ("finding", "signal", "value", "test", "threshold", "unit", "met", "source"),
+                rows,
+            )
+        )
+    return "".join(lines)
+
+
 def case_section(d: ReportData, a: CaseAnalysis) -> str:
     out = [f'\n### {a.name} <a id="{_anchor(a)}"></a>\n\n']
     info = a.info
@@ -329,6 +363,8 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     else:
         out.append("Not measured (no NVML energy counter in this window).\n")
     out.append("\n#### Verdict\n\n" + verdict_md(a.verdict))
+    if a.rails is not None and a.rails.findings:
+        out.append("\n#### Rails, links and peers\n\n" + rails_md(a.rails))
     plot = d.case_plots.get(a.case_id)
     out.append("\n#### Timeline\n\n")
     if plot is not None:

@@ -4,34 +4,26 @@ The rules in ``strata_plugin.attribution`` read plain numbers; this module is th
 place that knows which metric of which collector each number comes from (the names
 are listed in docs/formats.md, "Metric names"). A signal whose metric has no sample in
 the window stays None, so the classifier treats it as unmeasured.
+
+Rail, link and GPU-peer facts come from ``strata_plugin.rails`` (``rails.analyze``,
+merged with ``rails.merge_signals``): link utilization against the profile's
+``telemetry.link_caps``, RDMA errors / congestion / socket fallback, rail imbalance
+and stragglers.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from strata_plugin import rails
 from strata_plugin.attribution import WindowSignals
 from strata_plugin.timeline import HwStat, inflight_fraction
 
 GPU_SOURCES = ("nvml", "dcgm")
-RDMA_ERROR_COUNTERS = (
-    "port_xmit_wait",
-    "port_xmit_discards",
-    "port_rcv_errors",
-    "symbol_error",
-    "link_downed",
-    "link_error_recovery",
-    "out_of_sequence",
-    "packet_seq_err",
-    "local_ack_timeout_err",
-    "rnr_nak_retry_err",
-    "np_cnp_sent",
-    "rp_cnp_handled",
-    "np_ecn_marked_roce_packets",
-)
 
 
 class HwView:
@@ -187,25 +179,22 @@ def _gpu_signals(view: HwView) -> dict:
 
 
 def _rdma_signals(view: HwView) -> dict:
-    rails: dict[tuple[str, str], float] = defaultdict(float)
+    per_rail: dict[tuple[str, str], float] = defaultdict(float)
     for m in ("xmit_bytes", "rcv_bytes"):
         for r in view.select("rdma", m):
             if r.rate is not None:
-                rails[(r.node, r.device)] = max(rails[(r.node, r.device)], r.rate)
+                per_rail[(r.node, r.device)] = max(per_rail[(r.node, r.device)], r.rate)
     caps = {
         (r.node, r.device): r.mean * 1e9 / 8
         for r in view.select("rdma", "link_rate_gbps")
         if r.mean
     }
-    utils = [rails[k] / caps[k] for k in sorted(rails) if k in caps]
-    errors = [
-        r.delta for m in RDMA_ERROR_COUNTERS for r in view.select("rdma", m) if r.delta is not None
-    ]
-    busy = [rails[k] for k in sorted(rails)]
+    utils = [per_rail[k] / caps[k] for k in sorted(per_rail) if k in caps]
+    busy = [per_rail[k] for k in sorted(per_rail)]
+    # error and congestion counters: rails.RailsReport.signals (errors apart from congestion)
     return dict(
         rdma_util=max(utils) if utils else None,
         rdma_rail_max_min=_max_min(busy, 1e6) if len(busy) >= 2 else None,
-        rdma_error_events=sum(errors) if errors else None,
     )
 
 
@@ -293,21 +282,56 @@ def _host_signals(view: HwView, node: str | None) -> dict:
     )
 
 
-def _net_signals(view: HwView) -> dict:
-    speeds = {
-        (r.node, r.device): r.mean * 1e6 / 8
-        for r in view.select("net", "link_speed_mbps")
-        if r.mean and r.mean > 0
-    }
-    utils = []
-    for m in ("rx_bytes", "tx_bytes"):
-        for r in view.select("net", m):
-            if r.device == "lo" or r.rate is None:
-                continue
-            cap = speeds.get((r.node, r.device))
-            if cap:
-                utils.append(r.rate / cap)
-    return dict(net_util=max(utils) if utils else None)
+# Ethernet links (net_util, net_wire_busy): rails.RailsReport.signals, which honours the
+# profile's link_caps.
+
+
+def _profile(manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+    p = manifest.get("profile")
+    return p if isinstance(p, Mapping) else {}
+
+
+def _table(d: Any, key: str) -> Mapping[str, Any]:
+    v = d.get(key) if isinstance(d, Mapping) else None
+    return v if isinstance(v, Mapping) else {}
+
+
+def profile_link_caps(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """``profile.telemetry.link_caps`` ("node/iface" -> bits/s) as rails wants it:
+    (node, iface) -> bytes/s per direction. Entries that do not parse are skipped."""
+    out = {}
+    for key, bits in _table(_table(_profile(manifest), "telemetry"), "link_caps").items():
+        node, sep, iface = str(key).rpartition("/")
+        try:
+            bps = float(bits)
+        except (TypeError, ValueError):
+            continue
+        if sep and node and iface and math.isfinite(bps) and bps > 0:
+            out[(node, iface)] = bps / 8.0
+    return out
+
+
+def profile_expects_rdma(manifest: Mapping[str, Any]) -> bool:
+    """The deployment should move its collectives over RDMA: the profile samples the
+    ``rdma`` collector, or sets NCCL_IB_HCA in the server's env (or a config's)."""
+    p = _profile(manifest)
+    collectors = _table(p, "telemetry").get("collectors")
+    if isinstance(collectors, (list, tuple)) and "rdma" in collectors:
+        return True
+    server = _table(p, "server")
+    envs = [_table(server, "env")]
+    envs += [_table(c, "env") for c in _table(server, "configs").values()]
+    return any("NCCL_IB_HCA" in env for env in envs)
+
+
+def profile_interval_s(manifest: Mapping[str, Any], default: float = 0.5) -> float:
+    """The profile's sampling interval (``telemetry.interval_s``; the config default)."""
+    v = _table(_profile(manifest), "telemetry").get("interval_s", default)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return default
+    return x if math.isfinite(x) and x > 0 else default
 
 
 def _prom_signals(view: HwView) -> dict:
@@ -339,15 +363,24 @@ def build_signals(
     gpu_expected: bool,
     multi_node: bool,
     unavailable: Sequence[tuple[str, str]],
+    link_caps: Mapping[tuple[str, str], float] | None = None,
+    expect_rdma: bool = False,
+    rails_report: rails.RailsReport | None = None,
 ) -> WindowSignals:
+    """``link_caps`` ((node, iface) -> bytes/s) and ``expect_rdma`` go to ``rails.analyze``;
+    pass ``rails_report`` instead when it is already computed for these rows."""
     view = HwView(hw)
     node = server_node(view)
     fields: dict = {}
     fields.update(_gpu_signals(view))
     fields.update(_rdma_signals(view))
     fields.update(_host_signals(view, node))
-    fields.update(_net_signals(view))
     fields.update(_prom_signals(view))
+    if rails_report is None:
+        rails_report = rails.analyze(
+            view.rows, window=window, link_caps=link_caps, expect_rdma=expect_rdma
+        )
+    fields = rails.merge_signals(fields, rails_report)
     if requests is not None:
         gap = None
         # p99 gap over the typical decode pace. TPOT, not only the median gap: tokens that

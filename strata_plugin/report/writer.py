@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.attribution import THRESHOLDS
+from strata_plugin.clock import clock_warnings
 from strata_plugin.report import plots
 from strata_plugin.report.abtest import ab_groups, arm_deltas, same_output_pairs
 from strata_plugin.report.analysis import (
@@ -26,6 +27,7 @@ from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.bundle import RunBundle
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
+from strata_plugin.report.signals import profile_interval_s
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
 from strata_plugin.timeline import HW_COLUMNS, SampleStore, Window
 
@@ -70,6 +72,7 @@ def run_limits(
                 out.append(f"{node}: clock offset not measured; its samples are taken as aligned")
             elif n.get("offset_end_ns") is None:
                 out.append(f"{node}: clock offset measured only at start; drift not corrected")
+    out.extend(clock_warnings(m, profile_interval_s(m)))
     if bundle.anchor is None:
         out.append("no clock_anchor in manifest.json: request windows come from markers.csv")
     if bundle.bad_lines:
@@ -172,6 +175,9 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                     "confidence_label": v.confidence_label,
                 },
                 "signals": dataclasses.asdict(a.signals),
+                "rails_findings": []
+                if a.rails is None
+                else [dataclasses.asdict(f) for f in a.rails.findings],
             }
         )
     return {
