@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
+import os
 import random
 import selectors
 import socket
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 _HEAD = (
@@ -39,6 +41,21 @@ _PRE = b'data: {"id":"cmpl-emit","object":"chat.completion.chunk","model":"emitt
 
 def _chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+@dataclass(frozen=True)
+class EmitterProcess:
+    url: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """CPU seconds the emitter has used (Linux /proc; 0 elsewhere)."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
 
 
 def sent_stamps(output_text: str) -> list[int]:
@@ -192,8 +209,8 @@ class Emitter:
 
 
 @contextlib.contextmanager
-def emitter_process() -> Iterator[str]:
-    """Start the emitter in a child process; yields its base URL."""
+def emitter_process() -> Iterator[EmitterProcess]:
+    """Start the emitter in a child process; yields its URL and pid."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "strata_plugin.client.emitter"],
         stdout=subprocess.PIPE,
@@ -204,7 +221,7 @@ def emitter_process() -> Iterator[str]:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.strip().isdigit():
             raise RuntimeError(f"emitter did not start (said {line!r})")
-        yield f"http://127.0.0.1:{int(line)}"
+        yield EmitterProcess(f"http://127.0.0.1:{int(line)}", proc.pid)
     finally:
         proc.terminate()
         try:
