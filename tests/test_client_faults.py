@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, free_port, sse, within
 
-from strata_plugin.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.client import RequestSpec, Timeouts
 from strata_plugin.client.mux import StreamMux
 from strata_plugin.records import RequestRecord
 
@@ -24,14 +24,6 @@ CHAT_TOKEN = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}
 Send = Callable[..., RequestRecord]
 
 
-@pytest.fixture(params=["thread", "mux"])
-def send(request: pytest.FixtureRequest) -> Iterator[Send]:
-    """Every scenario through both drivers: a reading thread, and the selector loop."""
-    if request.param == "thread":
-        yield send_streaming
-        return
-    with StreamMux() as mux:
-        yield mux.send_streaming
 
 
 def _send(

@@ -5,28 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, within
 
-from strata_plugin.client import API_FLAVOURS, RequestSpec, send_streaming
+from strata_plugin.client import API_FLAVOURS, RequestSpec
 from strata_plugin.client.flavours import build_body
-from strata_plugin.client.mux import StreamMux
 from strata_plugin.records import RequestRecord, Timings, Usage
 
 Send = Callable[..., RequestRecord]
 
 
-@pytest.fixture(params=["thread", "mux"])
-def send(request: pytest.FixtureRequest) -> Iterator[Send]:
-    """Every scenario through both drivers: a reading thread, and the selector loop."""
-    if request.param == "thread":
-        yield send_streaming
-        return
-    with StreamMux() as mux:
-        yield mux.send_streaming
 
 
 def _send(

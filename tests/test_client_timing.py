@@ -9,15 +9,14 @@ the tolerance below is a small fraction of it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, sse, within
 
-from strata_plugin.client import RequestSpec, Timeouts, send_streaming
-from strata_plugin.client.mux import StreamMux
+from strata_plugin.client import RequestSpec, Timeouts
 from strata_plugin.records import RequestRecord
 
 MS = 1_000_000
@@ -49,14 +48,6 @@ _LLAMA_END = sse(
 Send = Callable[..., RequestRecord]
 
 
-@pytest.fixture(params=["thread", "mux"])
-def send(request: pytest.FixtureRequest) -> Iterator[Send]:
-    """Every scenario through both drivers: a reading thread, and the selector loop."""
-    if request.param == "thread":
-        yield send_streaming
-        return
-    with StreamMux() as mux:
-        yield mux.send_streaming
 
 
 def _send(

@@ -1,0 +1,23 @@
+"""Fixtures shared by the harness's own tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from strata_plugin.client import send_streaming
+from strata_plugin.client.mux import StreamMux
+from strata_plugin.records import RequestRecord
+
+Send = Callable[..., RequestRecord]
+
+
+@pytest.fixture(params=["thread", "mux"])
+def send(request: pytest.FixtureRequest) -> Iterator[Send]:
+    """Every client scenario through both drivers: a reading thread, and the selector loop."""
+    if request.param == "thread":
+        yield send_streaming
+        return
+    with StreamMux() as mux:
+        yield mux.send_streaming
