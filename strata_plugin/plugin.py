@@ -101,6 +101,17 @@ def pytest_configure(config: pytest.Config) -> None:
     install_sigterm_handler()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The run id as a JUnit testsuite property, so CI dashboards can find the run folder."""
+    from _pytest.junitxml import xml_key
+
+    xml = session.config.stash.get(xml_key, None)
+    cfg = session.config.stash.get(config_key, None)
+    if xml is not None and cfg is not None:
+        xml.add_global_property("strata_run_id", cfg.run_id)
+        xml.add_global_property("strata_profile", cfg.profile.name)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the session server by configuration, so each boots once per block."""
     if "strata_server" not in metafunc.fixturenames:

@@ -90,6 +90,9 @@ def test_attach_select_and_junit(project):
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*completion tokens 6 != OSL 9*"])
     root = ET.parse(xml).getroot()
+    suite = {p.get("name"): p.get("value")
+             for p in root.find("testsuite").find("properties").iter("property")}
+    assert suite["strata_run_id"] == "r1" and suite["strata_profile"] == "attach-test"
     cases = {c.get("name"): c for c in root.iter("testcase")}
     props = {p.get("name"): p.get("value")
              for p in cases["test_decode[default]"].iter("property")}
