@@ -161,6 +161,10 @@ class CaseRunner:
             extra_body: dict | None = None, validators: tuple = ()) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile)."""
         case_id = case_id or self.default_case_id
+        if self.setup.api == "chat":
+            raise ValueError(
+                "the chat API takes text, and its template adds tokens: exact input lengths "
+                "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
         nominal = w
         w = self.scaled(w) if scale else w
         t_case = time.monotonic_ns()
