@@ -9,6 +9,7 @@ completed.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import platform
@@ -16,6 +17,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from typing import Any
 from strata_plugin.markers import Marker, write_markers
 from strata_plugin.records import ClockAnchor, RequestRecord
 
+#: Request markers wait at most this long before markers.csv is rewritten with them.
+MARKER_FLUSH_S = 1.0
 #: Packages whose versions go into the manifest.
 _VERSIONED = ("pytest", "pytest-benchmark", "requests", "sseclient-py", "pandas",
               "nvidia-ml-py", "matplotlib", "numpy")
@@ -37,7 +41,11 @@ def create_run_dir(reports_dir: Path, run_id: str) -> Path:
     """Make the run folder; refuse to reuse one (two runs never share a folder)."""
     reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / run_id
-    path.mkdir(exist_ok=False)
+    try:
+        path.mkdir(exist_ok=False)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "run folder already exists (a run never reuses "
+                              "another's folder: pass a new --strata-run-id)", str(path)) from None
     return path
 
 
@@ -112,6 +120,8 @@ class RunRecorder:
                                                      "wall_ns": anchor.wall_ns})
         self.markers: list[Marker] = []
         self._lock = threading.Lock()
+        self._markers_written = 0.0  # monotonic s of the last markers.csv rewrite
+        self._markers_dirty = False
         self.requests = JsonlWriter(run_dir / "requests.jsonl")
         self.cases = JsonlWriter(run_dir / "cases.jsonl")
         self.write_manifest(complete=False)
@@ -129,8 +139,25 @@ class RunRecorder:
         m = Marker(kind, name, case_id, self.wall(start_mono_ns), self.wall(end_mono_ns))
         with self._lock:
             self.markers.append(m)
-            write_markers(self.run_dir / "markers.csv", self.markers)
+            # markers.csv is rewritten whole (sorted, atomically): once per request it
+            # costs O(n) per request, 26 ms at 2,500 markers, under this lock. Request
+            # markers (also in requests.jsonl) are batched to one rewrite per
+            # MARKER_FLUSH_S; every other kind is written at once.
+            now = time.monotonic()
+            if kind == "request" and now - self._markers_written < MARKER_FLUSH_S:
+                self._markers_dirty = True
+            else:
+                self._write_markers(now)
         return m
+
+    def _write_markers(self, now: float) -> None:
+        write_markers(self.run_dir / "markers.csv", self.markers)
+        self._markers_written, self._markers_dirty = now, False
+
+    def flush_markers(self) -> None:
+        with self._lock:
+            if self._markers_dirty:
+                self._write_markers(time.monotonic())
 
     def add_case(self, case: dict[str, Any]) -> None:
         self.cases.write(json.dumps(case, sort_keys=True, default=str))
@@ -147,8 +174,11 @@ class RunRecorder:
         atomic_write_text(self.run_dir / "manifest.json", text)
 
     def close(self) -> None:
-        self.requests.close()
-        self.cases.close()
+        try:
+            self.flush_markers()
+        finally:
+            self.requests.close()
+            self.cases.close()
 
 
 def base_manifest(*, run_id: str, profile: dict[str, Any], argv: list[str],

@@ -9,6 +9,7 @@ normal end, on errors, on Ctrl-C and on SIGTERM (turned into KeyboardInterrupt).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -64,6 +65,23 @@ def case_id_from(nodeid: str) -> str:
     """A file-name-safe case id from a pytest node id (``cases/x.py::test_a[p]``)."""
     name = nodeid.split("::", 1)[-1]
     return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in name)
+
+
+class RunFolderError(OSError):
+    """The run folder could not be written (a full or vanished results disk)."""
+
+
+def _drop_derived(run_dir: Path, since: float) -> None:
+    """Remove derived files a failed report attempt left behind (they may be half-written)."""
+    from strata_plugin.report.bundle import DERIVED, DERIVED_DIRS
+
+    paths = [run_dir / n for n in DERIVED]
+    for d in DERIVED_DIRS:
+        paths += sorted((run_dir / d).glob("*"))
+    for p in paths:
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_mtime >= since - 1:
+                p.unlink()
 
 
 class PreflightFailed(RuntimeError):
@@ -240,7 +258,11 @@ class StrataSession:
         block = Block(server=server, agents=start_agents(self, server))
         self.blocks[server.block_id or server.config_id] = block
         t0 = time.monotonic_ns()
-        time.sleep(self.cfg.profile.telemetry.baseline_s)
+        try:
+            time.sleep(self.cfg.profile.telemetry.baseline_s)
+        except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
+            stop_agents(self, block.agents)
+            raise
         self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
                            time.monotonic_ns())
         return block
@@ -254,8 +276,10 @@ class StrataSession:
                 self.recorder.mark("cooldown", f"cooldown:{block.server.config_id}", "", t0,
                                    time.monotonic_ns())
         finally:
-            stop_agents(self, block.agents)
-            self.stop_server(block.server)
+            try:
+                stop_agents(self, block.agents)
+            finally:  # an agent that died (e.g. its files hit a full disk) must not keep
+                self.stop_server(block.server)  # the server running
 
     def ensure_alive(self, server: Server) -> Server:
         """A server that died in an earlier case is restarted once, else the test skips."""
@@ -333,23 +357,58 @@ class StrataSession:
         """Stop what runs, then write the report; an interrupted run says so in both."""
         for server in list(self.servers.values()):
             self.stop_server(server)
-        self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
-        if not interrupted:
-            self.pull_prometheus()
-        if interrupted:
-            self.incomplete_reason = self.incomplete_reason or "interrupted"
-        self.recorder.update_manifest(
-            incomplete_reason=self.incomplete_reason,
-            finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        self.recorder.write_manifest(complete=not interrupted)
-        report = None
         try:
-            from strata_plugin.report import write_report
+            self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
+            if not interrupted:
+                self.pull_prometheus()
+            if interrupted:
+                self.incomplete_reason = self.incomplete_reason or "interrupted"
+            self.recorder.update_manifest(
+                incomplete_reason=self.incomplete_reason,
+                finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            # Complete only once the report is on disk: a run cut short while writing it
+            # is not.
+            self.recorder.write_manifest(complete=False)
+        except OSError as exc:
+            # A full or vanished results disk: the manifest on disk keeps complete=false
+            # (written first, replaced atomically), and no report is attempted.
+            self.incomplete_reason = f"could not write the run folder {self.run_dir}: {exc}"
+            with contextlib.suppress(OSError):
+                self.recorder.close()
+            raise RunFolderError(self.incomplete_reason) from exc
+        try:
+            return self._write_report(complete=not interrupted)
+        finally:
+            with contextlib.suppress(OSError):
+                self.recorder.close()
 
+    def _write_report(self, *, complete: bool) -> Path | None:
+        from strata_plugin.report import write_report
+
+        modules = set(sys.modules)
+        started = time.time()
+        try:
             report = write_report(self.run_dir)
+        except KeyboardInterrupt:
+            # Ctrl-C / SIGTERM while the report was being written: say so, write it once
+            # more (a second signal stops that too), and let pytest see the interrupt.
+            # Modules whose import was cut short are dropped so the retry imports them whole.
+            for name in set(sys.modules) - modules:
+                sys.modules.pop(name, None)
+            self.incomplete_reason = "; ".join(
+                x for x in (self.incomplete_reason, "interrupted while writing the report") if x)
+            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            try:
+                write_report(self.run_dir)
+            except Exception as exc:  # the raw data is safe; say why there is no report
+                self.incomplete_reason += f"; report failed: {type(exc).__name__}: {exc}"
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            raise
         except Exception as exc:  # the raw data is safe on disk; say why there is no report
             self.incomplete_reason = f"report failed: {type(exc).__name__}: {exc}"
-            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
-            self.recorder.write_manifest(complete=False)
-        self.recorder.close()
+            _drop_derived(self.run_dir, since=started)  # no half-written report stays
+            with contextlib.suppress(OSError):  # complete=false is on disk already
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            return None
+        self.recorder.write_manifest(complete=complete)
         return report

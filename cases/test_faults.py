@@ -1,0 +1,356 @@
+"""Fault injection: the verdict must name a bottleneck that was put there, and only then.
+
+Each scenario runs one load clean and with one known fault switched on for the whole
+measured window (strata_plugin.faults), then reads the verdict the plugin wrote for
+each case (``summarize_case(...).verdict``). The fault arm must name the injected class,
+not inconclusively, with evidence past its threshold. Neither arm may name a fault
+class that did not happen: what happened is the injector plus an independent watch of
+the host (``faults.GroundTruth``: other users' CPU load, MemAvailable, the server's
+major faults), because on a shared machine a clean run can meet a real bottleneck.
+
+The verdicts are never touched here: they come from the files, as the report reads
+them. A confusion matrix (injected x named, with run counts) is printed at the end and
+written to ``<run>/fault_matrix.json``. ``STRATA_FAULT_REPEATS`` (default 2) repeats
+each scenario's arms in counterbalanced order (clean fault fault clean ...).
+
+    pytest cases/ -m fault
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from strata_plugin import faults
+from strata_plugin.case import check_case
+from strata_plugin.report import summarize_case
+from strata_plugin.workload import Workload
+
+#: Classes a fault scenario can inject; a run may name one only when it happened.
+FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queueing",
+                 "client_bound", "network")
+#: Ground-truth thresholds: the same numbers the attribution uses (attribution.THRESHOLDS),
+#: applied to the independent host watch.
+TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
+         "io_page_faults": 20.0, "read_bytes_s": 4e6}
+#: Share of a window's requests that may fail in transport (reset, timeout) under a
+#: fault; they are recorded and classified, and the verdict still stands.
+MAX_ERROR_SHARE = 0.1
+REPEATS = max(1, int(os.environ.get("STRATA_FAULT_REPEATS", "2")))
+#: The server's slots (local.toml: -np 4): the queueing arm asks for three times as many.
+SLOTS = 4
+
+#: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10
+#: samples), longer under the faults that slow the server.
+DECODE = Workload("fault_decode", isl=64, osl=48, concurrency=2, requests=14, warmups=1,
+                  seed=51)
+QUEUE = Workload("fault_queue", isl=64, osl=32, concurrency=SLOTS, requests=36, warmups=1,
+                 seed=52)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    fault: str  # the attribution class the fault arm must name
+    workload: Workload
+    fault_workload: Workload | None = None  # queueing: the same requests, more in flight
+    private_model: bool = False  # serve a private copy of the weights (page-out needs it)
+
+
+SCENARIOS = (
+    Scenario("cpu_contention", DECODE),
+    Scenario("io_page_faults", DECODE, private_model=True),
+    Scenario("memory_pressure", DECODE),
+    Scenario("queueing", QUEUE, replace(QUEUE, concurrency=3 * SLOTS)),
+    Scenario("client_bound", DECODE),
+)
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    scenario: str
+    arm: str  # "clean" | "fault"
+    case_id: str
+    verdict: str
+    classes: tuple[str, ...]
+    also_flagged: tuple[str, ...]
+    inconclusive: bool
+    evidence: tuple[str, ...]  # "cls: metric value op threshold" for met evidence
+    truth: tuple[str, ...]  # fault classes that really happened
+    facts: dict
+
+    def line(self) -> str:
+        return (f"{self.case_id}: truth {list(self.truth) or ['none']} -> verdict "
+                f"'{self.verdict}'; evidence: {'; '.join(self.evidence) or '-'}")
+
+
+_RESULTS: list[ArmResult] = []
+
+
+def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injector:
+    """The injection of a scenario's fault arm (queueing: the load itself, no injector)."""
+    if arm == "clean" or sc.fault == "queueing":
+        return faults.NoFault()
+    if sc.fault == "cpu_contention":
+        return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
+    if sc.fault == "io_page_faults":
+        assert model is not None
+        return faults.PageOut(server.pid, model, period_s=0.25)
+    if sc.fault == "memory_pressure":
+        return faults.MemoryHog(leave_frac=0.06)
+    if sc.fault == "client_bound":
+        return faults.ClientThrottle(quota=0.02)
+    raise AssertionError(sc.fault)
+
+
+def _truth(sc: Scenario, arm: str, gt: dict, client_flagged: bool) -> tuple[str, ...]:
+    """The fault classes that really happened in one arm.
+
+    The injected fault; CPU contention when other processes held a quarter of the cores
+    or the hypervisor stole 5% (a shared VM); memory pressure and page faults from the
+    host watch; the client when the load generator measured itself late (its dispatch
+    lateness and handling lag are direct measurements, not inferences).
+    """
+    out = {sc.fault} if arm == "fault" else set()
+    if client_flagged:
+        out.add("client_bound")
+    if (gt.get("other_cores_frac", 0) >= TRUTH["cpu_contention"]
+            or gt.get("steal_frac", 0) >= TRUTH["steal"]):
+        out.add("cpu_contention")
+    if gt.get("min_mem_available_frac", 1) < TRUTH["memory_pressure"]:
+        out.add("memory_pressure")
+    if (gt.get("server_major_faults_per_s", 0) >= TRUTH["io_page_faults"]
+            or gt.get("server_read_bytes_s", 0) >= TRUTH["read_bytes_s"]):
+        out.add("io_page_faults")
+    return tuple(sorted(out))
+
+
+def _model_arg(argv: tuple[str, ...]) -> str:
+    for flag in ("-m", "--model"):
+        if flag in argv:
+            return argv[argv.index(flag) + 1]
+    raise AssertionError(f"no -m in the server command {argv}")
+
+
+@contextmanager
+def _private_model(sess, server, tmp: Path) -> Iterator[str]:
+    """Restart the server on a byte copy of its weights, then back on the original.
+
+    The kernel never pages out a page that two processes map, and on a shared machine
+    other llama-servers map the same generated model; a private copy is the same
+    model whose pages only this server maps.
+    """
+    from strata_plugin.service import write_command
+
+    original = server.spec
+    src = _model_arg(original.argv)
+    copy = tmp / ("private-" + Path(src).name)
+    shutil.copyfile(src, copy)
+    with copy.open("rb+") as fh:  # dirty pages cannot be paged out: write them back first
+        os.fsync(fh.fileno())
+    server.stop()
+    server.spec = replace(original, argv=tuple(str(copy) if a == src else a
+                                               for a in original.argv))
+    write_command(sess.run_dir / "commands", f"server-{server.block_id}-private-model",
+                  server.spec.to_json())
+    try:
+        server.start()
+        sess.retrack(server)
+        yield str(copy)
+    finally:
+        server.stop()
+        server.spec = original
+        server.start()
+        sess.retrack(server)
+        copy.unlink(missing_ok=True)
+
+
+def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResult:
+    """One measured case, inside whatever fault the caller switched on."""
+    w = sc.fault_workload if (arm == "fault" and sc.fault_workload) else sc.workload
+    case_id = f"fault/{sc.fault}/{arm}/{rep}"
+    interval = sess.cfg.profile.telemetry.interval_s
+    quiet = faults.wait_quiet(server.pid)
+    watch = faults.GroundTruth(server.pid).start()
+    try:
+        result = strata.run(w, case_id=case_id, scale=False,
+                            extra={"fault": sc.fault, "fault_arm": arm, "repetition": rep})
+        # The fault stays on until the agent's next tick has closed the window.
+        time.sleep(interval + 0.3)
+    finally:
+        watch.stop()
+    gt = watch.window(*result.window_ns)
+    errors = [r for r in result.records if not r.ok]
+    wrong = check_case(w, tuple(r for r in result.records if r.ok))
+    assert not wrong, "\n".join(wrong)
+    assert len(errors) <= MAX_ERROR_SHARE * len(result.records), "\n".join(result.problems)
+    v = summarize_case(sess.run_dir, case_id).verdict
+    evidence = tuple(f"{e.cls}: {e.metric} {e.value:g} {e.op} {e.threshold_value:g}"
+                     for e in v.evidence if e.met)
+    return ArmResult(sc.fault, arm, case_id, v.summary() or "none", v.classes,
+                     v.also_flagged, v.inconclusive, evidence,
+                     _truth(sc, arm, gt, result.self_check.client_bound),
+                     {"ground_truth": gt, "injector": {}, "quiet_before": quiet,
+                      "errors": [f"{r.request_id}: {r.error.cls}" for r in errors],
+                      "self_check": result.self_check.__dict__})
+
+
+def _check(r: ArmResult) -> tuple[list[str], list[str]]:
+    """(what is wrong with this arm's verdict, which of that is a known attribution gap).
+
+    Known gaps (docs/validation.md; attribution.py is not changed from here):
+    a fault whose rule fired but was ranked out of the top two classes; and queueing
+    named from ``server_queue_frac`` alone while the client was flagged, because that
+    signal is computed from the client's own TTFT.
+    """
+    problems, gaps = [], []
+    named = set(r.classes) | set(r.also_flagged)
+    if r.arm == "fault":
+        if r.scenario in r.also_flagged:
+            gaps.append(f"{r.case_id}: {r.scenario} fired but was ranked out of the top two "
+                        f"('{r.verdict}', also past threshold: {list(r.also_flagged)})")
+        elif r.scenario not in r.classes:
+            problems.append(f"{r.case_id}: the verdict '{r.verdict}' does not name "
+                            f"{r.scenario}")
+        elif r.inconclusive:
+            problems.append(f"{r.case_id}: {r.scenario} named only inconclusively "
+                            f"('{r.verdict}')")
+        elif not any(e.startswith(r.scenario + ":") for e in r.evidence):
+            problems.append(f"{r.case_id}: {r.scenario} named without evidence past its "
+                            "threshold")
+    for c in sorted(c for c in named & set(FAULT_CLASSES) if c not in r.truth):
+        queue_ev = [e for e in r.evidence if e.startswith("queueing:")]
+        if (c == "queueing" and "client_bound" in r.truth
+                and all("server_queue_frac" in e for e in queue_ev)):
+            gaps.append(f"{r.case_id}: queueing named from server_queue_frac alone while the "
+                        "client was late: that signal is client-side TTFT minus prompt_ms")
+        else:
+            problems.append(f"{r.case_id}: names {c}, which did not happen "
+                            f"(ground truth {r.facts['ground_truth']})")
+    return problems, gaps
+
+
+@pytest.fixture(scope="module")
+def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[list[ArmResult]]:
+    """Collects every arm; prints and saves the confusion matrix when the module ends."""
+    yield _RESULTS
+    if not _RESULTS:
+        return
+    lines = matrix_lines(_RESULTS)
+    (strata_session.run_dir / "fault_matrix.json").write_text(json.dumps(
+        {"matrix": lines, "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
+        sort_keys=True, default=str) + "\n")
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_sep("-", "fault injection: confusion matrix (runs naming each class)")
+        for line in lines:
+            tr.write_line(line)
+        for r in _RESULTS:
+            tr.write_line("  " + r.line())
+
+
+#: Column labels of the matrix (the attribution's class names, shortened).
+SHORT = {"cpu_contention": "cpu_cont", "io_page_faults": "io_fault", "memory_pressure": "mem_pres",
+         "queueing": "queueing", "client_bound": "client", "network": "network",
+         "cpu_compute": "cpu_comp", "input_starved": "starved", "headroom": "headroom",
+         "prefill_decode_interference": "pd_interf", "kv_cache_capacity": "kv_cache"}
+
+
+def matrix_lines(results: list[ArmResult]) -> list[str]:
+    """Rows: what was injected (none = the clean arms); columns: what the verdict named.
+
+    A verdict names one or two classes, so a row's cells may sum past its runs. "incon":
+    inconclusive verdicts; "missed": fault arms whose verdict did not name the fault (or
+    only inconclusively); "false": runs that named a fault class that did not happen
+    (ground truth), counting classes past threshold beyond the top two.
+    """
+    rows: dict[str, list[ArmResult]] = {}
+    for r in results:
+        rows.setdefault(r.scenario if r.arm == "fault" else "none", []).append(r)
+    seen = sorted({c for r in results for c in r.classes if c not in FAULT_CLASSES})
+    cols = [*FAULT_CLASSES, *seen, "incon", "missed", "false"]
+    out = [f"{'injected':<16}{'runs':>5}" + "".join(f"{SHORT.get(c, c)[:9]:>10}" for c in cols)]
+    for name in ["none", *FAULT_CLASSES]:
+        rs = rows.get(name, [])
+        if not rs:
+            continue
+        cells = []
+        for c in cols:
+            if c == "incon":
+                n = sum(r.inconclusive for r in rs)
+            elif c == "missed":
+                n = sum(r.arm == "fault" and (r.scenario not in r.classes or r.inconclusive)
+                        for r in rs)
+            elif c == "false":
+                n = sum(any(x in FAULT_CLASSES and x not in r.truth
+                            for x in (*r.classes, *r.also_flagged)) for r in rs)
+            else:
+                n = sum(c in r.classes for r in rs)
+            cells.append(f"{n:>10}")
+        out.append(f"{name:<16}{len(rs):>5}" + "".join(cells))
+    return out
+
+
+def _orders() -> list[tuple[str, str]]:
+    return [("clean", "fault") if i % 2 == 0 else ("fault", "clean") for i in range(REPEATS)]
+
+
+@pytest.mark.fault
+@pytest.mark.strata_configs("default")
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.fault)
+def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc, tmp_path,
+                        record_property):
+    sess, server = strata_session, strata_server
+    ctx: Callable = _private_model if sc.private_model else _no_model
+    results: list[ArmResult] = []
+    with ctx(sess, server, tmp_path) as model:
+        # Consecutive fault arms (clean fault fault clean ...) share one injection: a
+        # 20 GB allocation takes most of a minute on this VM.
+        injector: faults.Injector | None = None
+        group: list[ArmResult] = []
+        try:
+            for rep, arm in [(i, a) for i, order in enumerate(_orders()) for a in order]:
+                if arm == "fault" and injector is None:
+                    injector = _injector(sc, arm, server, model)
+                    try:
+                        injector.start()
+                    except faults.FaultUnavailable as exc:
+                        pytest.skip(f"{sc.fault}: cannot inject here: {exc}")
+                elif arm == "clean" and injector is not None:
+                    _close(injector, group)
+                    injector, group = None, []
+                r = _run_arm(strata, sess, server, sc, arm, rep)
+                results.append(r)
+                fault_matrix.append(r)
+                if arm == "fault":
+                    group.append(r)
+                print(r.line())
+        finally:
+            if injector is not None:
+                _close(injector, group)
+    checked = [_check(r) for r in results]
+    problems = [p for ps, _ in checked for p in ps]
+    gaps = [g for _, gs in checked for g in gs]
+    for r in results:
+        record_property(f"{r.arm}_{r.case_id.rsplit('/', 1)[-1]}_verdict", r.verdict)
+    assert not problems, "\n".join(problems + gaps)
+    if gaps:
+        pytest.xfail("known attribution gap (docs/validation.md):\n" + "\n".join(gaps))
+
+
+def _close(injector: faults.Injector, group: list[ArmResult]) -> None:
+    facts = injector.stop().as_dict()
+    for r in group:
+        r.facts["injector"] = facts
+
+
+@contextmanager
+def _no_model(sess, server, tmp: Path) -> Iterator[None]:
+    yield None
