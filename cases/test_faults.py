@@ -11,7 +11,9 @@ major faults), because on a shared machine a clean run can meet a real bottlenec
 The verdicts are never touched here: they come from the files, as the report reads
 them. A confusion matrix (injected x named, with run counts) is printed at the end and
 written to ``<run>/fault_matrix.json``. ``STRATA_FAULT_REPEATS`` (default 2) repeats
-each scenario's arms in counterbalanced order (clean fault fault clean ...).
+each scenario's arms in counterbalanced order (clean fault fault clean ...), and
+``STRATA_FAULT_SCENARIO_S`` (default 100) stops a scenario from starting another
+repetition once it has used that long.
 
     pytest cases/ -m fault
 """
@@ -45,12 +47,15 @@ TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
 #: fault; they are recorded and classified, and the verdict still stands.
 MAX_ERROR_SHARE = 0.1
 REPEATS = max(1, int(os.environ.get("STRATA_FAULT_REPEATS", "2")))
+#: A scenario starts no further repetition once it has run this long (a shared machine's
+#: load can stretch a window tenfold); the matrix says how many runs each cell holds.
+SCENARIO_BUDGET_S = float(os.environ.get("STRATA_FAULT_SCENARIO_S", "100"))
 #: The server's slots (local.toml: -np 4): the queueing arm asks for three times as many.
 SLOTS = 4
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10
 #: samples), longer under the faults that slow the server.
-DECODE = Workload("fault_decode", isl=64, osl=48, concurrency=2, requests=14, warmups=1,
+DECODE = Workload("fault_decode", isl=64, osl=48, concurrency=2, requests=24, warmups=1,
                   seed=51)
 QUEUE = Workload("fault_queue", isl=64, osl=32, concurrency=SLOTS, requests=36, warmups=1,
                  seed=52)
@@ -177,7 +182,7 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResul
     w = sc.fault_workload if (arm == "fault" and sc.fault_workload) else sc.workload
     case_id = f"fault/{sc.fault}/{arm}/{rep}"
     interval = sess.cfg.profile.telemetry.interval_s
-    quiet = faults.wait_quiet(server.pid)
+    quiet = faults.wait_quiet(server.pid, max_wait_s=15)
     watch = faults.GroundTruth(server.pid).start()
     try:
         result = strata.run(w, case_id=case_id, scale=False,
@@ -315,8 +320,14 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
         # 20 GB allocation takes most of a minute on this VM.
         injector: faults.Injector | None = None
         group: list[ArmResult] = []
+        t0 = time.monotonic()
         try:
-            for rep, arm in [(i, a) for i, order in enumerate(_orders()) for a in order]:
+            arms = [(i, a) for i, order in enumerate(_orders()) for a in order]
+            for pos, (rep, arm) in enumerate(arms):
+                if pos % 2 == 0 and rep > 0 and time.monotonic() - t0 > SCENARIO_BUDGET_S:
+                    print(f"{sc.fault}: budget of {SCENARIO_BUDGET_S:g} s spent after {rep} "
+                          "repetition(s)")
+                    break
                 if arm == "fault" and injector is None:
                     injector = _injector(sc, arm, server, model)
                     try:

@@ -98,7 +98,11 @@ def _ssh_probe(host: str):
     def probe() -> bool | str:
         import subprocess
 
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, "true"]
+        from strata_plugin.remote import ssh_options_from_env
+
+        # The same ssh config (STRATA_SSH_CONFIG) the agents and workers will use.
+        argv = ["ssh", *ssh_options_from_env(), "-o", "BatchMode=yes", "-o",
+                "ConnectTimeout=5", host, "true"]
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
