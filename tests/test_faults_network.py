@@ -18,6 +18,7 @@ import sys
 import pytest
 from netlab import lab_fixture
 
+from strata_plugin import faults
 from strata_plugin.report import summarize_case
 from tests.test_robustness_support import PytestRun, llama_paths, make_project
 
@@ -108,11 +109,8 @@ def _arm(tmp_path, lab, arm: str):
 
 def test_capped_link_is_named_and_the_free_link_is_not(lab, tmp_path):
     free, _ = _arm(tmp_path, lab, "free")
-    lab.cap(rate="8mbit", burst="32kbit", latency="50ms")
-    try:
+    with faults.LinkCap(lab, rate="8mbit", burst="32kbit", latency="50ms"):
         capped, met = _arm(tmp_path, lab, "capped")
-    finally:
-        lab.uncap()
     assert not lab.wait_worker_clean(10), "processes left in the worker namespace"
     assert "network" not in free.classes + free.also_flagged, free
     assert "network" in capped.classes + capped.also_flagged, capped

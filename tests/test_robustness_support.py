@@ -203,10 +203,6 @@ def count_lines(path: Path) -> int:
         return 0
 
 
-def fd_cmdlines(pids: list[int]) -> dict[int, str]:
-    return {p: cmdline(p) for p in pids}
-
-
 def make_project(tmp: Path, cases: str, name: str = "test_cases.py") -> Path:
     """A project folder whose pytest loads the Strata plugin, with one cases file."""
     (tmp / "conftest.py").write_text('pytest_plugins = ["strata_plugin.plugin"]\n')
