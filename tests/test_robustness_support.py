@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.agent.procfs import process_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -124,30 +126,9 @@ class PytestRun:
         return json.loads((self.run_dir / "manifest.json").read_text())
 
 
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (bounded walk)."""
-    seen: list[int] = []
-    todo = children(pid)
-    while todo and len(seen) < 10_000:
-        p = todo.pop()
-        if p not in seen:
-            seen.append(p)
-            todo += children(p)
-    return seen
+    """Every live descendant of ``pid``: the harness's own process-tree walk, root left out."""
+    return [p for p in process_tree(pid) if p != pid]
 
 
 def alive(pid: int) -> bool:
