@@ -207,23 +207,17 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResul
                       "self_check": result.self_check.__dict__})
 
 
-def _check(r: ArmResult) -> tuple[list[str], list[str]]:
-    """(what is wrong with this arm's verdict, which of that is a known attribution gap).
-
-    Known gaps (docs/validation.md; attribution.py is not changed from here):
-    a fault whose rule fired but was ranked out of the top two classes; and queueing
-    named from ``server_queue_frac`` alone while the client was flagged, because that
-    signal is computed from the client's own TTFT.
-    """
-    problems, gaps = [], []
+def _check(r: ArmResult) -> list[str]:
+    """What is wrong with this arm's verdict: a fault not named (or ranked out, or named
+    only inconclusively, or without evidence past its threshold), or a fault class named
+    (in the top two or past threshold beyond them) that did not happen."""
+    problems = []
     named = set(r.classes) | set(r.also_flagged)
     if r.arm == "fault":
-        if r.scenario in r.also_flagged:
-            gaps.append(f"{r.case_id}: {r.scenario} fired but was ranked out of the top two "
-                        f"('{r.verdict}', also past threshold: {list(r.also_flagged)})")
-        elif r.scenario not in r.classes:
-            problems.append(f"{r.case_id}: the verdict '{r.verdict}' does not name "
-                            f"{r.scenario}")
+        if r.scenario not in r.classes:
+            where = (f"fired but ranked out of the top two (also past threshold: "
+                     f"{list(r.also_flagged)})" if r.scenario in r.also_flagged else "not named")
+            problems.append(f"{r.case_id}: {r.scenario} {where}: '{r.verdict}'")
         elif r.inconclusive:
             problems.append(f"{r.case_id}: {r.scenario} named only inconclusively "
                             f"('{r.verdict}')")
@@ -231,15 +225,9 @@ def _check(r: ArmResult) -> tuple[list[str], list[str]]:
             problems.append(f"{r.case_id}: {r.scenario} named without evidence past its "
                             "threshold")
     for c in sorted(c for c in named & set(FAULT_CLASSES) if c not in r.truth):
-        queue_ev = [e for e in r.evidence if e.startswith("queueing:")]
-        if (c == "queueing" and "client_bound" in r.truth
-                and all("server_queue_frac" in e for e in queue_ev)):
-            gaps.append(f"{r.case_id}: queueing named from server_queue_frac alone while the "
-                        "client was late: that signal is client-side TTFT minus prompt_ms")
-        else:
-            problems.append(f"{r.case_id}: names {c}, which did not happen "
-                            f"(ground truth {r.facts['ground_truth']})")
-    return problems, gaps
+        problems.append(f"{r.case_id}: names {c}, which did not happen "
+                        f"(ground truth {r.facts['ground_truth']})")
+    return problems
 
 
 @pytest.fixture(scope="module")
@@ -346,14 +334,10 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
         finally:
             if injector is not None:
                 _close(injector, group)
-    checked = [_check(r) for r in results]
-    problems = [p for ps, _ in checked for p in ps]
-    gaps = [g for _, gs in checked for g in gs]
+    problems = [p for r in results for p in _check(r)]
     for r in results:
         record_property(f"{r.arm}_{r.case_id.rsplit('/', 1)[-1]}_verdict", r.verdict)
-    assert not problems, "\n".join(problems + gaps)
-    if gaps:
-        pytest.xfail("known attribution gap (docs/validation.md):\n" + "\n".join(gaps))
+    assert not problems, "\n".join(problems)
 
 
 def _close(injector: faults.Injector, group: list[ArmResult]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # --- the one threshold table -------------------------------------------------------------
 
@@ -577,6 +577,10 @@ MODIFIERS = ("throttling",)
 #: Classes that describe a symptom of load rather than a resource; they accompany
 #: a resource class and never make a window "contradictory" on their own.
 SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "client_bound")
+#: Signals the load generator itself measures (its clock, its reads of the stream). When
+#: its self-check flags it, they describe the client's delays as much as the server's,
+#: so they are not trusted for that window: the rules that need them are unassessable.
+CLIENT_MEASURED = ("server_queue_frac", "inflight_frac", "chunk_gap_p99_p50")
 
 #: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
 #: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
@@ -1187,8 +1191,10 @@ CORE_CPU = ("cpu_compute", "cpu_contention", "io_page_faults", "memory_pressure"
 # --- the verdict -------------------------------------------------------------------------
 
 
-def _missing_text(signal: str, s: WindowSignals) -> str:
+def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = ()) -> str:
     src = SIGNAL_SOURCES.get(signal, signal)
+    if signal in distrusted:
+        return f"{signal} <- {src} (not trusted: the load generator's self-check flagged it)"
     collector = src.split(":", 1)[0]
     metric = src.split(":", 1)[-1]
 
@@ -1210,26 +1216,30 @@ def _missing_text(signal: str, s: WindowSignals) -> str:
 def classify(s: WindowSignals) -> Verdict:
     """Every rule over one window, then the verdict: top classes, evidence, confidence."""
     gpu_mode = s.gpu_present or s.gpu_expected
+    notes: list[str] = []
+    distrusted: tuple[str, ...] = ()
+    if s.client_bound:
+        distrusted = tuple(n for n in CLIENT_MEASURED if getattr(s, n) is not None)
+        s = replace(s, **dict.fromkeys(CLIENT_MEASURED))
+        notes.append(
+            "the load generator fell behind its own schedule: the server did not get the "
+            "load asked for, and request-side signals ("
+            + ", ".join(CLIENT_MEASURED)
+            + ") are not trusted for this window"
+        )
     rules = list(HOST_RULES) + list(SERVING_RULES)
     rules = (list(GPU_RULES) if gpu_mode else list(CPU_SERVER_RULES)) + rules
     outcomes = {o.cls: o for o in (rule(s) for rule in rules)}
-    notes: list[str] = []
     if not gpu_mode:
         notes.append("no GPU telemetry and none expected: GPU classes not assessed")
 
     fired = [o for o in outcomes.values() if o.fired]
     modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
-    ranked = sorted(
-        (o for o in fired if o.cls not in MODIFIERS), key=lambda o: (-o.score, CLASSES.index(o.cls))
-    )
-    resource = [o for o in ranked if o.cls not in SERVING]
-    serving = [o for o in ranked if o.cls in SERVING]
-    # Resource classes lead; serving symptoms fill the second slot when there is room.
-    ordered = resource + serving
+    ordered = _rank([o for o in fired if o.cls not in MODIFIERS])
 
-    missing_signals = sorted({m for o in outcomes.values() for m in o.missing})
+    missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     unassessed = [o for o in outcomes.values() if not o.assessable]
-    missing_text = tuple(_missing_text(m, s) for m in missing_signals)
+    missing_text = tuple(_missing_text(m, s, distrusted) for m in missing_signals)
     penalty = threshold("missing_penalty").value ** len(
         {SIGNAL_SOURCES.get(m, m).split(":", 1)[0] for m in missing_signals}
     )
@@ -1284,7 +1294,7 @@ def classify(s: WindowSignals) -> Verdict:
             missing_signals=missing_text,
             modifiers=modifiers,
             also_flagged=tuple(o.cls for o in ordered[2:]),
-            notes=tuple(notes),
+            notes=(*notes, *_second_slot_notes(ordered)),
         )
 
     if modifiers:
@@ -1328,16 +1338,55 @@ def classify(s: WindowSignals) -> Verdict:
     )
 
 
-def _conflict(ordered: list[_Outcome]) -> tuple[str, str, str, str] | None:
+def _rank(fired: list[_Outcome]) -> list[_Outcome]:
+    """The order classes are named in: the client, a resource, a serving symptom, the rest.
+
+    A client that fell behind leads: nothing below it was measured under the load asked
+    for. Then the strongest resource class (what the hardware waited on), then the
+    strongest serving symptom (what a user of the server saw), so a queue or a full KV
+    cache is not pushed out by a second resource class; then the rest, by kind and
+    score. Score ties break by ``CLASSES`` order.
+    """
+    ranked = sorted(fired, key=lambda o: (-o.score, CLASSES.index(o.cls)))
+    client = [o for o in ranked if o.cls == "client_bound"]
+    resource = [o for o in ranked if o.cls not in SERVING]
+    serving = [o for o in ranked if o.cls in SERVING and o.cls != "client_bound"]
+    return client + resource[:1] + serving[:1] + resource[1:] + serving[1:]
+
+
+def _close_pairs(ordered: list[_Outcome], cls: str):
+    """AMBIGUOUS pairs of ``cls`` with another fired class it does not lead by the margin."""
     names = {o.cls: o for o in ordered}
+    margin = _v("dominance_margin")
+    for a, b, trace, why in AMBIGUOUS:
+        if cls in (a, b) and a in names and b in names:
+            if abs(names[a].score - names[b].score) < margin:
+                yield a, b, trace, why
+
+
+def _conflict(ordered: list[_Outcome]) -> tuple[str, str, str, str] | None:
+    """A contradiction anywhere, or an ambiguous pair that puts the leading class in doubt.
+
+    An ambiguous pair further down (two weak classes the counters cannot separate,
+    beside a clear leader) does not make the verdict inconclusive: see
+    :func:`_second_slot_notes`.
+    """
+    names = {o.cls for o in ordered}
     for a, b, trace, why in CONTRADICTIONS:
         if a in names and b in names:
             return a, b, trace, f"contradictory signals: {why}"
-    margin = _v("dominance_margin")
-    for a, b, trace, why in AMBIGUOUS:
-        if a in names and b in names and abs(names[a].score - names[b].score) < margin:
-            return a, b, trace, why
+    if ordered:
+        return next(_close_pairs(ordered, ordered[0].cls), None)
     return None
+
+
+def _second_slot_notes(ordered: list[_Outcome]) -> list[str]:
+    if len(ordered) < 2:
+        return []
+    return [
+        f"{ordered[1].cls} could equally be {b if a == ordered[1].cls else a}: {why} ({trace})"
+        for a, b, trace, why in _close_pairs(ordered, ordered[1].cls)
+    ]
 
 
 def _class_confidence(o: _Outcome) -> float:

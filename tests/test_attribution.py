@@ -258,6 +258,75 @@ def test_more_than_two_keeps_the_rest_as_also_flagged():
     assert set(verdict.also_flagged) >= {"kv_cache_capacity", "client_bound"} - set(verdict.classes)
 
 
+def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
+    """A starved load generator inflates client-side TTFT (queueing), leaves the server
+    idle (input_starved) and delays its reads of the stream (chunk gaps): none of that
+    is the server's doing, and a contradiction between the first two must not hide it."""
+    starved = dict(server_queue_frac=0.9, inflight_frac=0.45, chunk_gap_p99_p50=9.0)
+    without_flag = v(CPU_CLEAN, **starved)
+    assert without_flag.inconclusive  # what the same numbers say when nobody flags the client
+    verdict = v(CPU_CLEAN, **starved, client_bound=True)
+    assert_only(verdict, "client_bound")
+    assert not {"queueing", "input_starved", "prefill_decode_interference"} & set(
+        verdict.also_flagged
+    )
+    untrusted = [m for m in verdict.missing_signals if "not trusted" in m]
+    assert sorted(m.split(" ", 1)[0] for m in untrusted) == sorted(
+        ["server_queue_frac", "inflight_frac", "chunk_gap_p99_p50"]
+    )
+    assert any("fell behind" in n for n in verdict.notes)
+
+
+def test_a_late_client_still_sees_a_server_side_queue_and_resources():
+    verdict = v(
+        CPU_CLEAN,
+        client_bound=True,
+        server_queue_frac=0.9,
+        waiting_mean=5.0,  # the server's own count of waiting requests
+        server_cpu_cores=7.9,
+        host_busy_cores=8.0,
+    )
+    assert verdict.classes == ("client_bound", "cpu_compute")
+    assert "queueing" in verdict.also_flagged
+    queue = [e for e in verdict.evidence if e.cls == "queueing"]
+    assert all(e.metric != "server_queue_frac" for e in queue)
+
+
+def test_a_serving_symptom_takes_the_second_slot_over_a_second_resource():
+    """3x more requests than slots on a crowded CPU server: the queue is what users see."""
+    verdict = v(
+        CPU_CLEAN,
+        server_cpu_cores=7.9,
+        host_busy_cores=8.0,
+        psi_mem_some=0.3,
+        mem_available_frac=0.03,
+        waiting_mean=0.6,  # barely past its threshold: a lower score than the resources
+    )
+    assert verdict.classes[1] == "queueing", verdict
+    assert verdict.classes[0] in ("cpu_compute", "memory_pressure")
+    assert set(verdict.classes[:1]) | set(verdict.also_flagged) >= {"cpu_compute",
+                                                                    "memory_pressure"}
+
+
+def test_an_ambiguous_pair_below_a_clear_leader_is_a_note_not_inconclusive():
+    """cpu_compute and cpu_contention both barely past threshold (a shared host) beside a
+    memory-pressure window that is far past its own."""
+    weak_cpu = dict(
+        n_cores=2,
+        server_threads=2,
+        server_cpu_cores=1.45,
+        host_busy_cores=2.0,
+        runq_delay_per_cpu_s=0.105,
+        ctx_involuntary_per_cpu_s=52.0,
+    )
+    both = v(CPU_CLEAN, **weak_cpu)
+    assert both.inconclusive and set(both.classes) == {"cpu_compute", "cpu_contention"}
+    verdict = v(CPU_CLEAN, **weak_cpu, psi_mem_some=0.5, mem_available_frac=0.01)
+    assert not verdict.inconclusive, verdict
+    assert verdict.classes[0] == "memory_pressure"
+    assert any("could equally be" in n and TRACE_SCHED in n for n in verdict.notes), verdict
+
+
 # --- conflicts ---------------------------------------------------------------------------
 
 

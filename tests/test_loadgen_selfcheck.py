@@ -1,0 +1,86 @@
+"""The load generator's self-check: a starved client is flagged, one hiccup is not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from strata_plugin.loadgen import (
+    CLIENT_DELAY_SHARE,
+    CLIENT_LATENESS_P99_MS,
+    MIN_LATE_EVENTS,
+    self_check,
+)
+from strata_plugin.records import RequestRecord, TokenEvent
+
+MS = 1_000_000
+
+
+def _records(lateness_ms: list[float], *, lag_ms: float = 0.1,
+             life_ms: float = 200.0) -> list[RequestRecord]:
+    """Requests each ``life_ms`` long from dispatch to end, with 8 events."""
+    out = []
+    for i, late in enumerate(lateness_ms):
+        t0 = i * 1000 * MS
+        sent = t0 + int(late * MS)
+        step = int(life_ms * MS) // 8
+        events = tuple(TokenEvent(t_ns=sent + k * step, n_tokens=1,
+                                  handled_ns=sent + k * step + int(lag_ms * MS))
+                       for k in range(1, 9))
+        out.append(RequestRecord(request_id=f"r{i}", case_id="c", phase="measured",
+                                 api="llama", scheduled_ns=t0, dispatched_ns=sent,
+                                 events=events, done_ns=sent + int(life_ms * MS)))
+    return out
+
+
+def test_an_on_time_client_is_not_flagged():
+    sc = self_check(_records([0.2] * 24), client_cpu_cores=0.1)
+    assert not sc.client_bound and sc.reasons == () and sc.late_requests == 0
+    assert sc.dispatch_delay_share < 0.01
+
+
+def test_one_hiccup_in_a_short_case_is_not_a_client_limit():
+    """24 requests: the p99 is the maximum, so one 16 ms stall reads as p99 16 ms; it is
+    0.3% of the requests' time and limited nothing."""
+    sc = self_check(_records([0.2] * 23 + [16.0]), client_cpu_cores=0.1)
+    assert sc.dispatch_lateness_p99_ms > CLIENT_LATENESS_P99_MS
+    assert sc.late_requests == 1
+    assert sc.dispatch_delay_share < CLIENT_DELAY_SHARE
+    assert not sc.client_bound
+
+
+def test_a_starved_client_is_flagged_with_its_share_and_counts():
+    """A third of the requests held 150-300 ms by a client capped at 2% of a core."""
+    late = [0.2] * 16 + [150.0, 300.0] * 4
+    sc = self_check(_records(late), client_cpu_cores=0.02)
+    assert sc.client_bound
+    assert sc.late_requests == 8
+    assert sc.dispatch_delay_share >= CLIENT_DELAY_SHARE
+    assert "8 of 24 requests late" in sc.reasons[0]
+
+
+def test_lateness_counts_against_how_long_requests_live():
+    """The same 10 ms delays on every request: noise beside 2 s requests, a limit beside
+    40 ms ones (a fast GPU server answering short prompts)."""
+    late = [10.0] * 24
+    assert not self_check(_records(late, life_ms=2000.0), client_cpu_cores=0.1).client_bound
+    assert self_check(_records(late, life_ms=40.0), client_cpu_cores=0.1).client_bound
+
+
+def test_slow_event_handling_and_cpu_flag_on_their_own():
+    lagging = self_check(_records([0.2] * 24, lag_ms=9.0), client_cpu_cores=0.1)
+    assert lagging.client_bound and lagging.late_events == 24 * 8
+    assert "handling lag" in lagging.reasons[0]
+    busy = self_check(_records([0.2] * 24), client_cpu_cores=0.95)
+    assert busy.client_bound and "client CPU" in busy.reasons[0]
+
+
+def test_a_handling_lag_p99_needs_a_few_late_events():
+    """Two requests, 16 events: two slow ones make the p99 9 ms, but two is a hiccup."""
+    on_time = _records([0.2])[0]
+    slow = _records([0.2], lag_ms=9.0)[0]
+    two = replace(on_time, events=on_time.events[:6] + slow.events[:2])
+    sc = self_check([two, on_time], client_cpu_cores=0.1)
+    assert sc.handling_lag_p99_ms > 5.0 and sc.late_events == 2 < MIN_LATE_EVENTS
+    assert not sc.client_bound
+    three = replace(on_time, events=on_time.events[:5] + slow.events[:3])
+    assert self_check([three, on_time], client_cpu_cores=0.1).client_bound
