@@ -69,16 +69,24 @@ def stop_agents(sess: StrataSession, handles: list) -> None:
     from strata_plugin.clock import fit
 
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
-    for h in handles:
+    failed: list[tuple[str, BaseException]] = []
+    for h in handles:  # every agent is stopped, whatever one of them does
         try:
             if h.alive and h.offsets:
                 end = h.measure_clock_offset()
                 nodes[h.node] = fit(h.node, h.offsets[0], end).manifest()
-        finally:
+        except Exception as exc:  # the start-of-run offset still aligns this node
+            nodes.setdefault(h.node, {})["clock_end_error"] = f"{type(exc).__name__}: {exc}"
+        try:
             h.stop(5.0)
+        except Exception as exc:
+            failed.append((h.node, exc))
         if h.exit_info and not h.exit_info.expected:
             nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info.reason)
     sess.recorder.update_manifest(nodes=nodes)
+    if failed:
+        raise RuntimeError("could not stop the agent on " + "; ".join(
+            f"{node}: {type(exc).__name__}: {exc}" for node, exc in failed)) from failed[0][1]
 
 
 def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | None:

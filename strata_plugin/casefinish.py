@@ -73,6 +73,13 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         pytest.fail(f"server {server.config_id} died during the case (exit "
                     f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}",
                     pytrace=False)
+    dead = sess.dead_workers(server)
+    if dead:
+        from strata_plugin.service import log_tail
+
+        pytest.fail("\n".join(f"worker {w.node} of server {server.config_id} died during the "
+                              f"case (exit {w.exit_code()})\n--- log tail ---\n"
+                              f"{log_tail(w.log_path)}" for w in dead), pytrace=False)
     worse = regressions(sess, runner)
     if worse:
         pytest.fail("regression against the baseline run:\n" + "\n".join(worse), pytrace=False)

@@ -32,13 +32,19 @@ MARKER_COLUMNS = tuple(f.name for f in fields(Marker))
 
 
 def write_markers(path: Path, markers: list[Marker]) -> None:
+    """Write all markers to a temporary file, then rename it over ``path``: a reader (or a
+    full disk) never sees half a file, and a failed write leaves no temporary behind."""
     tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(MARKER_COLUMNS)
-        for m in sorted(markers, key=lambda m: (m.start_wall_ns, m.kind, m.name)):
-            w.writerow(astuple(m))
-    tmp.replace(path)
+    try:
+        with tmp.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(MARKER_COLUMNS)
+            for m in sorted(markers, key=lambda m: (m.start_wall_ns, m.kind, m.name)):
+                w.writerow(astuple(m))
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_markers(path: Path) -> list[Marker]:

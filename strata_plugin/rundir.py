@@ -52,11 +52,15 @@ def create_run_dir(reports_dir: Path, run_id: str) -> Path:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temp file and rename, so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    try:
+        with tmp.open("w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:  # a full disk: keep the old file, leave no temporary
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _git_sha(root: Path) -> str:

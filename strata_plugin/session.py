@@ -285,17 +285,35 @@ class StrataSession:
             finally:  # an agent that died (e.g. its files hit a full disk) must not keep
                 self.stop_server(block.server)  # the server running
 
+    def dead_workers(self, server: Server) -> list:
+        """The remote workers of this server's block that have exited."""
+        return [w for w in self.workers.get(server.block_id or server.config_id, [])
+                if not w.alive()]
+
     def ensure_alive(self, server: Server) -> Server:
-        """A server that died in an earlier case is restarted once, else the test skips."""
-        if server.alive():
+        """A server (or a worker of it) that died in an earlier case is restarted once,
+        head and workers together, else the test skips with the reason."""
+        dead = self.dead_workers(server)
+        if server.alive() and not dead:
             return server
         import pytest
 
+        what = ", ".join([*([f"head exit {server.exit_code()}"] if not server.alive() else []),
+                          *(f"worker {w.node} exit {w.exit_code()}" for w in dead)])
         if self.cfg.server_url or server.restarts >= 1:
-            pytest.skip(f"server {server.config_id} is down (exit {server.exit_code()}) "
-                        "and was not restarted")
-        self.recorder.update_manifest(**{f"restart_{server.config_id}": server.exit_code()})
+            pytest.skip(f"server {server.config_id} is down ({what}) and was not restarted")
+        restart = {f"restart_{server.config_id}": server.exit_code()}
+        if dead:
+            restart[f"restart_{server.config_id}_workers"] = {w.node: w.exit_code() for w in dead}
+        self.recorder.update_manifest(**restart)
         server.restarts += 1
+        # A multi-node engine whose worker died cannot finish a collective: restart the
+        # whole group, workers first (the head waits for them to join).
+        block_id = server.block_id or server.config_id
+        server.stop()
+        self.stop_workers(block_id)
+        if server.spec is not None:
+            self.workers[block_id] = self.start_workers(server.spec, block_id)
         server.start()
         self.retrack(server)
         return server

@@ -10,6 +10,8 @@ queued with :meth:`Collector.mark_unavailable` and reported once each.
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 #: (wall_ns, device, metric, value, kind) — kind is "gauge" or "counter".
@@ -18,6 +20,22 @@ Emit = tuple[int, str, str, float | int, str]
 
 class Unavailable(Exception):
     """The collector (or one of its metrics) cannot run here; the message is the reason."""
+
+
+def spawn_line_tool(argv: Sequence[str], *, lines_on: str = "stdout") -> subprocess.Popen[str]:
+    """Start a tool that reports in text lines (dcgmi dmon on stdout, perf stat on stderr).
+
+    Line-buffered text on one pipe, the other stream discarded or merged, no stdin: the
+    reader thread sees each line as the tool writes it. Raises OSError if it cannot start.
+    """
+    if lines_on == "stdout":
+        out, err = subprocess.PIPE, subprocess.STDOUT
+    elif lines_on == "stderr":
+        out, err = subprocess.DEVNULL, subprocess.PIPE
+    else:
+        raise ValueError(f"lines_on must be 'stdout' or 'stderr', not {lines_on!r}")
+    return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                            text=True, bufsize=1)
 
 
 class Collector:

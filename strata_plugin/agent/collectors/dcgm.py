@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .base import Collector, Emit, Unavailable
+from .base import Collector, Emit, Unavailable, spawn_line_tool
 
 DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1009, 1010, 1011, 1012)
 #: field id -> (metric, kind); ratios are 0..1, PCIe/NVLink in bytes/s
@@ -112,14 +112,7 @@ class DcgmCollector(Collector):
         argv = dmon_argv(path, self.fields, self.interval_ms)
         self.record_command("dcgmi_dmon", argv)
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-            )
+            self._proc = spawn_line_tool(argv, lines_on="stdout")
         except OSError as e:
             raise Unavailable(f"cannot start {argv[0]}: {e}") from None
         self._thread = threading.Thread(target=self._read, name="dcgm-dmon", daemon=True)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..targets import ProcessTargets
-from .base import Collector, Emit, Unavailable
+from .base import Collector, Emit, Unavailable, spawn_line_tool
 
 DEFAULT_EVENTS = ("cycles", "instructions", "cache-misses")
 
@@ -108,14 +108,7 @@ class PerfCollector(Collector):
         argv = perf_argv(self.path, self.events, roots, self.interval_ms)
         self.record_command("perf_stat", argv)
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                bufsize=1,
-            )
+            self._proc = spawn_line_tool(argv, lines_on="stderr")
         except OSError as e:
             self.failed = f"cannot start perf: {e}"
             self.mark_unavailable("", self.failed)

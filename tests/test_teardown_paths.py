@@ -1,0 +1,136 @@
+"""Teardown when a part fails: every agent is stopped, no half-written file is left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from strata_plugin.agents import stop_agents
+from strata_plugin.markers import Marker, read_markers, write_markers
+
+
+@dataclass
+class FakeAgent:
+    """The part of an AgentHandle that stop_agents uses; it can fail where asked."""
+
+    node: str
+    fail_clock: bool = False
+    fail_stop: bool = False
+    alive: bool = True
+    offsets: list = field(default_factory=list)
+    exit_info: object = None
+    stopped: bool = False
+
+    def measure_clock_offset(self):
+        if self.fail_clock:
+            raise TimeoutError("no pong within 5 s")
+        raise AssertionError("not reached: no start offset")
+
+    def stop(self, timeout: float) -> None:
+        self.stopped = True
+        if self.fail_stop:
+            raise OSError("ssh: connection reset")
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.manifest: dict = {"nodes": {}}
+
+    def update_manifest(self, **fields) -> None:
+        self.manifest.update(fields)
+
+
+def test_every_agent_is_stopped_when_one_fails_to_stop_or_to_answer():
+    agents = [FakeAgent("a", fail_stop=True), FakeAgent("b", fail_clock=True, offsets=[object()]),
+              FakeAgent("c")]
+    sess = SimpleNamespace(recorder=FakeRecorder())
+    with pytest.raises(RuntimeError, match="could not stop the agent on a: OSError"):
+        stop_agents(sess, agents)
+    assert [a.stopped for a in agents] == [True, True, True]
+    nodes = sess.recorder.manifest["nodes"]
+    assert nodes["b"]["clock_end_error"] == "TimeoutError: no pong within 5 s"
+
+
+def test_a_failed_markers_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "markers.csv"
+    good = [Marker("case", "c1", "c1", 10, 20)]
+    write_markers(path, good)
+    with pytest.raises(AttributeError):
+        write_markers(path, [*good, object()])  # fails mid-write, after the header
+    assert read_markers(path) == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["markers.csv"]
+
+
+def test_a_failed_manifest_write_keeps_the_old_manifest_and_no_temporary(tmp_path):
+    from strata_plugin.rundir import atomic_write_text
+
+    path = tmp_path / "manifest.json"
+    atomic_write_text(path, '{"complete": false}\n')
+    with pytest.raises(TypeError):
+        atomic_write_text(path, b"not text")  # type: ignore[arg-type]  # fails mid-write
+    assert path.read_text() == '{"complete": false}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+class FakeProc:
+    """A head or worker process: the shape of service.Server / remote.RemoteProcess."""
+
+    def __init__(self, name: str, log: list, *, alive: bool = True, code: int | None = None):
+        self.node = self.config_id = self.block_id = name
+        self.log, self._alive, self.code = log, alive, code
+        self.spec, self.restarts, self.pid = object(), 0, None
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def exit_code(self):
+        return None if self._alive else self.code
+
+    def stop(self):
+        self.log.append(f"stop {self.node}")
+        self._alive = False
+
+    def start(self):
+        self.log.append(f"start {self.node}")
+        self._alive = True
+
+
+def _session(log: list, workers: list):
+    from strata_plugin.session import StrataSession
+
+    sess = object.__new__(StrataSession)  # only what ensure_alive touches
+    sess.cfg = SimpleNamespace(server_url=None)
+    sess.recorder, sess.blocks = FakeRecorder(), {}
+    sess.workers = {"default": workers}
+
+    def start_workers(spec, block_id):
+        log.append(f"start workers of {block_id}")
+        return [FakeProc(w.node, log) for w in workers]
+
+    sess.start_workers = start_workers
+    return sess
+
+
+def test_a_dead_worker_restarts_the_whole_group_once_then_skips():
+    log: list[str] = []
+    head = FakeProc("default", log)
+    workers = [FakeProc("w0", log, alive=False, code=137), FakeProc("w1", log)]
+    sess = _session(log, workers)
+    assert sess.ensure_alive(head) is head
+    # the live head is stopped too (it cannot finish a collective), workers start first
+    assert log == ["stop default", "stop w0", "stop w1", "start workers of default",
+                   "start default"]
+    assert sess.recorder.manifest["restart_default_workers"] == {"w0": 137}
+    assert head.restarts == 1 and sess.dead_workers(head) == []
+    sess.workers["default"][1]._alive = False  # dies again: no second restart
+    with pytest.raises(pytest.skip.Exception, match="worker w1 exit None"):
+        sess.ensure_alive(head)
+
+
+def test_a_healthy_group_is_left_alone():
+    log: list[str] = []
+    head = FakeProc("default", log)
+    sess = _session(log, [FakeProc("w0", log)])
+    assert sess.ensure_alive(head) is head and log == []
