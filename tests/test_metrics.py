@@ -79,6 +79,14 @@ def test_exact_timings_from_events():
     assert m.end_ns == T0 + 260 * MS
 
 
+def test_events_out_of_order_are_timed_in_arrival_order():
+    """A record edited or merged by hand may list events out of order: the metrics are
+    those of the same events in time order."""
+    in_order = request_metrics(rec(events=((100, 1), (150, 1), (200, 2), (250, 1))))
+    shuffled = request_metrics(rec(events=((200, 2), (100, 1), (250, 1), (150, 1))))
+    assert shuffled == in_order
+
+
 def test_server_usage_count_wins_and_is_recorded():
     r = rec(
         events=((100, 1), (150, 1), (200, 2), (250, 1)),
