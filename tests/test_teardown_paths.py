@@ -134,3 +134,22 @@ def test_a_healthy_group_is_left_alone():
     head = FakeProc("default", log)
     sess = _session(log, [FakeProc("w0", log)])
     assert sess.ensure_alive(head) is head and log == []
+
+
+def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path):
+    from strata_plugin.casefinish import finish_case
+
+    log = tmp_path / "worker-1.log"
+    log.write_text("loading shard 3\nNCCL error: unhandled system error\n")
+    worker = SimpleNamespace(node="node1", exit_code=lambda: 1, log_path=log)
+    head = SimpleNamespace(config_id="tp16", alive=lambda: True)
+    sess = SimpleNamespace(recorder=SimpleNamespace(add_case=lambda line: None),
+                           run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
+                           dead_workers=lambda server: [worker])
+    item = SimpleNamespace(stash={}, user_properties=[], nodeid="cases/x.py::t")
+    runner = SimpleNamespace(case_lines={}, results=[])
+    with pytest.raises(pytest.fail.Exception) as failed:
+        finish_case(item, sess, head, runner)
+    text = str(failed.value)
+    assert "worker node1 of server tp16 died during the case (exit 1)" in text
+    assert "NCCL error: unhandled system error" in text
