@@ -98,6 +98,14 @@ def test_dmon_dying_mid_run_is_reported(tmp_path) -> None:
     )
     c = DcgmCollector(interval_s=0.1, dcgmi=tool)
     c.probe()
+    parse = c.parser.parse
+
+    def slow_on_words(line: str):  # the reader lags behind the exit, as on a busy host
+        if "unrecoverable" in line:
+            time.sleep(0.4)
+        return parse(line)
+
+    c.parser.parse = slow_on_words  # type: ignore[method-assign]
     deadline = time.monotonic() + 20
     emits = []
     while c.failed is None and time.monotonic() < deadline:

@@ -145,12 +145,16 @@ class DcgmCollector(Collector):
                 self._queue.append((wall, device, metric, value, kind))
 
     def sample(self, wall_ns: int) -> list[Emit]:
+        proc = self._proc
+        exited = proc is not None and proc.poll() is not None and self.failed is None
+        if exited and self._thread is not None:
+            self._thread.join(1.0)  # its last rows and words may still be in the pipe
         out = []
         q = self._queue
         while q:
             out.append(q.popleft())
-        proc = self._proc
-        if proc is not None and proc.poll() is not None and self.failed is None:
+        if exited:
+            assert proc is not None
             tail = " | ".join(line.strip() for line in self._lines if line.strip())[-300:]
             self.failed = f"dcgmi dmon exited {proc.returncode} mid-run: {tail}"
             self.mark_unavailable("", self.failed)

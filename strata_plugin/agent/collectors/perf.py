@@ -80,6 +80,7 @@ class PerfCollector(Collector):
         self.totals: dict[str, float] = {}
         self._unsupported: dict[str, str] = {}
         self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
         self._roots: tuple[int, ...] = ()
         self._queue: deque[Emit] = deque()
         self._lines: deque[str] = deque(maxlen=10)
@@ -113,9 +114,10 @@ class PerfCollector(Collector):
             self.failed = f"cannot start perf: {e}"
             self.mark_unavailable("", self.failed)
             return
-        threading.Thread(
+        self._reader = threading.Thread(
             target=self._read, args=(self._proc,), name="perf-stat", daemon=True
-        ).start()
+        )
+        self._reader.start()
 
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
@@ -158,6 +160,8 @@ class PerfCollector(Collector):
             # perf ends by itself when its targets exit: then wait for new roots
             # (a restart happens when targets.roots changes); otherwise it failed.
             self._proc = None
+            if self._reader is not None:
+                self._reader.join(1.0)  # its last words may still be in the pipe
             if any(os.path.exists(f"/proc/{r}") for r in self._roots):
                 tail = " | ".join(self._lines)[-300:]
                 self.failed = f"perf stat exited {proc.returncode}: {tail}"
