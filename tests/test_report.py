@@ -323,3 +323,16 @@ def test_profile_link_caps_and_rdma_expectation():
     for bare in ({}, {"profile": "name"}, {"profile": {"telemetry": None}}):
         assert profile_link_caps(bare) == {} and not profile_expects_rdma(bare)
         assert profile_interval_s(bare) == 0.5
+
+
+def test_a_late_client_leads_the_case_and_the_report_says_why(tmp_path):
+    run = make_run(tmp_path, RunSpec(cases=[CaseSpec(
+        "starved", concurrency=2, client_bound=True,
+        behaviour=dict(server_cores=0.4, running=1))]))
+    write_report(run)
+    got = verdicts(run)["starved"]
+    assert got["classes"][0] == "client_bound" and not got["inconclusive"]
+    assert any("not trusted" in m for m in got["missing_signals"])
+    text = (run / "report.md").read_text()
+    assert "(18% of the requests' time)" in text
+    assert "9 of 24 requests late" in text

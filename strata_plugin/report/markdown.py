@@ -308,8 +308,11 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
             (
                 "client self-check",
                 f"client_bound={sc.get('client_bound')}, lateness p99 "
-                f"{md_num(sc.get('dispatch_lateness_p99_ms'))} ms, client CPU "
-                f"{md_num(sc.get('client_cpu_cores'))} cores",
+                f"{md_num(sc.get('dispatch_lateness_p99_ms'))} ms"
+                + (f" ({md_num(100 * sc['dispatch_delay_share'])}% of the requests' time)"
+                   if sc.get("dispatch_delay_share") is not None else "")
+                + f", client CPU {md_num(sc.get('client_cpu_cores'))} cores"
+                + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )
     for p in info.get("problems") or []:
