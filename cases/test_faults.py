@@ -42,7 +42,9 @@ FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queuein
 #: Ground-truth thresholds: the same numbers the attribution uses (attribution.THRESHOLDS),
 #: applied to the independent host watch.
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
-         "io_page_faults": 20.0, "read_bytes_s": 4e6}
+         "io_page_faults": 20.0, "read_bytes_s": 4e6,
+         # the harness's threads ready to run without a CPU, s per s (kernel schedstat)
+         "client_wait_per_s": 0.5}
 #: Share of a window's requests that may fail in transport (reset, timeout) under a
 #: fault; they are recorded and classified, and the verdict still stands.
 MAX_ERROR_SHARE = 0.1
@@ -115,16 +117,17 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
     raise AssertionError(sc.fault)
 
 
-def _truth(sc: Scenario, arm: str, gt: dict, client_flagged: bool) -> tuple[str, ...]:
-    """The fault classes that really happened in one arm.
+def _truth(sc: Scenario, arm: str, gt: dict) -> tuple[str, ...]:
+    """The fault classes that really happened in one arm, all from the injector or the
+    independent host watch (never from what the harness or the attribution measured).
 
     The injected fault; CPU contention when other processes held a quarter of the cores
     or the hypervisor stole 5% (a shared VM); memory pressure and page faults from the
-    host watch; the client when the load generator measured itself late (its dispatch
-    lateness and handling lag are direct measurements, not inferences).
+    host watch; the client when the kernel saw the harness's threads wait for a CPU
+    (run-queue wait from schedstat) half of the window or more.
     """
     out = {sc.fault} if arm == "fault" else set()
-    if client_flagged:
+    if gt.get("harness_wait_per_s", 0) >= TRUTH["client_wait_per_s"]:
         out.add("client_bound")
     if (gt.get("other_cores_frac", 0) >= TRUTH["cpu_contention"]
             or gt.get("steal_frac", 0) >= TRUTH["steal"]):
@@ -201,7 +204,7 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResul
                      for e in v.evidence if e.met)
     return ArmResult(sc.fault, arm, case_id, v.summary() or "none", v.classes,
                      v.also_flagged, v.inconclusive, evidence,
-                     _truth(sc, arm, gt, result.self_check.client_bound),
+                     _truth(sc, arm, gt),
                      {"ground_truth": gt, "injector": {}, "quiet_before": quiet,
                       "errors": [f"{r.request_id}: {r.error.cls}" for r in errors],
                       "self_check": result.self_check.__dict__})

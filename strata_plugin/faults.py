@@ -647,6 +647,18 @@ def _trees_cpu_faults(server: int | None) -> tuple[float, float, int, int]:
     return s.cpu_s, o.cpu_s, s.major_faults, s.read_bytes
 
 
+def _own_threads_wait_s() -> float:
+    """Run-queue wait of this process's threads (the load generator among them), in s:
+    time they were ready to run and did not get a CPU, from each thread's schedstat."""
+    from strata_plugin.agent.procfs import parse_schedstat
+
+    total = 0
+    for tid in _tids():
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that ended
+            total += parse_schedstat(Path(f"/proc/self/task/{tid}/schedstat").read_bytes())[1]
+    return total / 1e9
+
+
 class GroundTruth(Injector):
     """What really happened on the host during a window, measured apart from the agent.
 
@@ -659,12 +671,16 @@ class GroundTruth(Injector):
     Facts: ``other_cores_frac``: host busy CPU not used by the server's tree, over all
     cores (what the attribution calls other processes); ``foreign_cores``: the same minus
     this process's tree too (agent, injectors: someone else's load); ``steal_frac``;
-    ``min_mem_available_frac``; ``server_major_faults_per_s``, ``server_read_bytes_s``.
+    ``min_mem_available_frac``; ``server_major_faults_per_s``, ``server_read_bytes_s``;
+    ``harness_wait_per_s``: seconds per second this process's threads (the load
+    generator) sat ready to run without a CPU (a client starved of CPU, measured by the
+    kernel, apart from the load generator's own self-check).
     """
 
     name = "ground_truth"
-    #: (mono ns, busy s, steal s, server cpu s, own cpu s, server majflt, server read B)
-    FIELDS = 7
+    #: (mono ns, busy s, steal s, server cpu s, own cpu s, server majflt, server read B,
+    #: own threads' run-queue wait s)
+    FIELDS = 8
 
     def __init__(self, server_pid: int | None, period_s: float = 0.25) -> None:
         super().__init__()
@@ -677,7 +693,8 @@ class GroundTruth(Injector):
     def _sample(self) -> None:
         server_cpu, own_cpu, faults, reads = _trees_cpu_faults(self.server_pid)
         t = time.monotonic_ns()
-        self.series.append((t, *_host_busy_steal_s(), server_cpu, own_cpu, faults, reads))
+        self.series.append((t, *_host_busy_steal_s(), server_cpu, own_cpu, faults, reads,
+                            _own_threads_wait_s()))
         mi = meminfo()
         self.avail.append((t, mi["MemAvailable"] / mi["MemTotal"]))
 
@@ -722,7 +739,8 @@ class GroundTruth(Injector):
                 "steal_frac": round(steal / dt / ncpu, 3),
                 "min_mem_available_frac": round(min(avail, default=1.0), 4),
                 "server_major_faults_per_s": round((b[5] - a[5]) / dt, 2),
-                "server_read_bytes_s": round((b[6] - a[6]) / dt)}
+                "server_read_bytes_s": round((b[6] - a[6]) / dt),
+                "harness_wait_per_s": round((b[7] - a[7]) / dt, 3)}
 
 
 def wait_quiet(server_pid: int | None, max_frac: float = 0.15, settle_s: float = 1.0,

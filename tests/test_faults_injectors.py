@@ -176,15 +176,21 @@ def test_client_throttle_caps_this_process_and_undoes_itself():
         t.start()
     except faults.FaultUnavailable as exc:
         pytest.skip(str(exc))
+    watch = faults.GroundTruth(None, period_s=0.1).start()
     try:
         w0, c0 = time.monotonic(), time.process_time()
         x = 0
         while time.monotonic() - w0 < 1.0:
             x += 1
         share = (time.process_time() - c0) / (time.monotonic() - w0)
+        m0, m1 = int(w0 * 1e9), time.monotonic_ns()
     finally:
         facts = t.stop().as_dict()
+        watch.stop()
     assert share < 0.3, share
+    # the kernel saw the harness wait for a CPU most of the time (the ground truth the
+    # fault suite uses for client_bound, apart from the load generator's self-check)
+    assert watch.window(m0, m1)["harness_wait_per_s"] > 0.5, watch.window(m0, m1)
     assert facts["nr_throttled"] > 0 and facts["throttled_s"] > 0.3, facts
     assert t.dir is not None and not t.dir.exists()
     w0, c0 = time.monotonic(), time.process_time()
