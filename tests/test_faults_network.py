@@ -50,7 +50,9 @@ def lab(tmp_path_factory):
     yield from lab_fixture(tmp_path_factory)
 
 
-def _profile(path, lab, caps: bool) -> None:
+def two_node_profile(path, lab, caps: bool) -> None:
+    """llama-server on the head with its --rpc backend, ggml-rpc-server on the worker
+    namespace over ssh; with ``caps``, the tbf rate declared as the link capacity."""
     p = llama_paths()
     if not p.get("rpc_server") or not os.path.exists(p["rpc_server"]):
         pytest.fail("ggml-rpc-server missing: rebuild with scripts/setup_llama.py --rebuild")
@@ -91,7 +93,7 @@ def _arm(tmp_path, lab, arm: str):
     proj = tmp_path / arm
     proj.mkdir()
     make_project(proj, CASES)
-    _profile(proj / "profile.toml", lab, caps=arm == "capped")
+    two_node_profile(proj / "profile.toml", lab, caps=arm == "capped")
     reports = tmp_path / "reports"
     run = PytestRun.start([f"--strata-profile={proj / 'profile.toml'}",
                            f"--strata-reports-dir={reports}", f"--strata-run-id={arm}"],
