@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 
@@ -18,12 +17,11 @@ import pytest
 
 from tests.test_robustness_support import (
     PytestRun,
-    count_lines,
     descendants,
+    kill_mid_case,
     local_profile,
     make_project,
     processes_mentioning,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -58,16 +56,8 @@ def test_server_killed_mid_case_fails_that_case_and_the_next_restarts_it(tmp_pat
     run = PytestRun.start(["-rA", f"--strata-profile={profile}", f"--strata-reports-dir={reports}",
                            "--strata-run-id=run", f"--junitxml={tmp_path / 'junit.xml'}"],
                           tmp_path / "out.txt", reports / "run", cwd=proj)
-    try:
-        wait_for(lambda: count_lines(run.run_dir / "requests.jsonl") >= 4
-                 or run.proc.poll() is not None, 90, what="requests of the first case")
-        first = _llama_pid(run.proc.pid)
-        assert first is not None, run.text()[-2000:]
-        os.kill(first, signal.SIGKILL)
-        rc = run.wait(120)
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
+    first, rc = kill_mid_case(run, lambda: _llama_pid(run.proc.pid), after_requests=4,
+                              start_s=90, finish_s=120)
     out = run.text()
     assert rc == 1, out[-4000:]
     # The case it died in fails, naming the exit and quoting the server's log.

@@ -176,6 +176,22 @@ def wait_for(pred: Callable[[], object], timeout_s: float, step_s: float = 0.02,
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def kill_mid_case(run: PytestRun, find_pid: Callable[[], int | None], *, after_requests: int,
+                  start_s: float, finish_s: float) -> tuple[int, int]:
+    """SIGKILL a process of the run once ``after_requests`` are recorded; wait for the
+    run to end; returns (the pid killed, pytest's exit code). A hung run is killed."""
+    try:
+        wait_for(lambda: count_lines(run.run_dir / "requests.jsonl") >= after_requests
+                 or run.proc.poll() is not None, start_s, what="requests of the first case")
+        pid = find_pid()
+        assert pid is not None, run.text()[-3000:]
+        os.kill(pid, signal.SIGKILL)
+        return pid, run.wait(finish_s)
+    finally:
+        if run.proc.poll() is None:
+            run.kill()
+
+
 def count_lines(path: Path) -> int:
     try:
         with path.open("rb") as fh:

@@ -8,14 +8,11 @@ SIGKILLed from outside while the first case's requests are flowing.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 from netlab import lab_fixture
 
 from tests.test_faults_network import two_node_profile
-from tests.test_robustness_support import PytestRun, count_lines, make_project, wait_for
+from tests.test_robustness_support import PytestRun, kill_mid_case, make_project
 
 pytestmark = pytest.mark.integration
 
@@ -51,16 +48,8 @@ def test_a_dead_worker_fails_its_case_and_the_group_restarts(lab, tmp_path):
                            f"--strata-reports-dir={reports}", "--strata-run-id=run"],
                           tmp_path / "out.txt", reports / "run", cwd=proj,
                           env={"STRATA_SSH_CONFIG": str(lab.sshd.config)})
-    try:
-        wait_for(lambda: count_lines(run.run_dir / "requests.jsonl") >= 4
-                 or run.proc.poll() is not None, 120, what="requests of the first case")
-        first = _rpc_server(lab)
-        assert first is not None, run.text()[-3000:]
-        os.kill(first, signal.SIGKILL)
-        rc = run.wait(240)
-    finally:
-        if run.proc.poll() is None:
-            run.kill()
+    _, rc = kill_mid_case(run, lambda: _rpc_server(lab), after_requests=4, start_s=120,
+                          finish_s=240)
     out = run.text()
     assert rc == 1, out[-4000:]
     # The case it died in fails with a reason: the worker's death, or the head's when
