@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -318,12 +319,24 @@ def read_process_counters(pids: Iterable[int]) -> ProcessCounters:
     Two small reads per PID (about 20 µs each here), cheap enough around every
     request. Exited PIDs are counted in ``n_missing`` and contribute nothing.
     """
+    return _sum_counters(
+        (partial(read_bytes, f"{PROC}/{pid}/stat", 4096),
+         partial(read_bytes, f"{PROC}/{pid}/io", 4096))
+        for pid in pids
+    )
+
+
+Reader = Callable[[], bytes | None]  # one /proc file, read whole
+
+
+def _sum_counters(readers: Iterable[tuple[Reader, Reader]]) -> ProcessCounters:
+    """Sum over processes given as (read stat, read io) pairs: plain reads or open files."""
     cpu = 0.0
     majflt = minflt = rbytes = rchar = 0
     n = missing = denied = 0
-    for pid in pids:
+    for read_stat, read_io in readers:
         n += 1
-        data = read_bytes(f"{PROC}/{pid}/stat", 4096)
+        data = read_stat()
         if not data:
             missing += 1
             continue
@@ -331,7 +344,7 @@ def read_process_counters(pids: Iterable[int]) -> ProcessCounters:
         cpu += st.utime_s + st.stime_s
         majflt += st.majflt
         minflt += st.minflt
-        io = read_bytes(f"{PROC}/{pid}/io", 4096)
+        io = read_io()
         if io is None:
             denied += 1
             continue
@@ -387,28 +400,7 @@ class ProcessTreeCounters:
 
     def read(self) -> ProcessCounters:
         self._rescan()
-        cpu = 0.0
-        majflt = minflt = rbytes = rchar = 0
-        missing = denied = 0
-        for stat_f, io_f in self._files.values():
-            data = stat_f.read()
-            if not data:
-                missing += 1
-                continue
-            st = parse_stat(data)
-            cpu += st.utime_s + st.stime_s
-            majflt += st.majflt
-            minflt += st.minflt
-            io = io_f.read()
-            if io is None:
-                denied += 1
-                continue
-            kv = parse_kv(io)
-            rbytes += kv.get("read_bytes", 0)
-            rchar += kv.get("rchar", 0)
-        return ProcessCounters(
-            cpu, majflt, rbytes, minflt, rchar, len(self._files), missing, denied
-        )
+        return _sum_counters((s.read, i.read) for s, i in self._files.values())
 
     def close(self) -> None:
         for files in self._files.values():

@@ -38,6 +38,18 @@ def spawn_line_tool(argv: Sequence[str], *, lines_on: str = "stdout") -> subproc
                             text=True, bufsize=1)
 
 
+def stop_line_tool(proc: subprocess.Popen[str] | None, grace_s: float = 2.0) -> None:
+    """Stop a tool started by :func:`spawn_line_tool`: SIGTERM, SIGKILL after ``grace_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
+
+
 class Collector:
     """Base class: override ``probe`` and ``sample``; the rest is bookkeeping."""
 

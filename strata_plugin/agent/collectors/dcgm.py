@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .base import Collector, Emit, Unavailable, spawn_line_tool
+from .base import Collector, Emit, Unavailable, spawn_line_tool, stop_line_tool
 
 DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1009, 1010, 1011, 1012)
 #: field id -> (metric, kind); ratios are 0..1, PCIe/NVLink in bytes/s
@@ -161,13 +161,6 @@ class DcgmCollector(Collector):
         return out
 
     def close(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(2)
+        stop_line_tool(self._proc)
         if self._thread is not None:
             self._thread.join(1)

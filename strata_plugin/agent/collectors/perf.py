@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..targets import ProcessTargets
-from .base import Collector, Emit, Unavailable, spawn_line_tool
+from .base import Collector, Emit, Unavailable, spawn_line_tool, stop_line_tool
 
 DEFAULT_EVENTS = ("cycles", "instructions", "cache-misses")
 
@@ -169,15 +169,8 @@ class PerfCollector(Collector):
         return out
 
     def _stop_proc(self) -> None:
-        proc = self._proc
-        self._proc = None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(2)
+        proc, self._proc = self._proc, None
+        stop_line_tool(proc)
 
     def close(self) -> None:
         self._stop_proc()
