@@ -48,7 +48,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-SAMPLE_COLUMNS = ("wall_ns", "node", "source", "device", "metric", "value", "kind")
+from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
+
 #: A range query answers with at most 11000 points per series; stay below it.
 MAX_POINTS = 10_000
 CPU_BUSY_MODES = "user|nice|system|irq|softirq"
@@ -223,17 +224,6 @@ class Job:
         if self.metrics:
             return self.metrics
         return {"node": NODE_EXPORTER, "dcgm": DCGM_EXPORTER}.get(self.kind, ())
-
-
-@dataclass(frozen=True)
-class Sample:
-    wall_ns: int
-    node: str
-    source: str
-    device: str
-    metric: str
-    value: float
-    kind: str
 
 
 @dataclass(frozen=True)

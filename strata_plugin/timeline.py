@@ -24,7 +24,6 @@ from strata_plugin.markers import Marker, read_markers
 if TYPE_CHECKING:
     import numpy as np
 
-SAMPLE_COLUMNS = ("wall_ns", "node", "source", "device", "metric", "value", "kind")
 #: Bits of NVML's clock-event mask that mean "slowed down", not "idle" or "app clocks":
 #: SwPowerCap 0x4, HwSlowdown 0x8, SwThermal 0x20, HwThermal 0x40, HwPowerBrake 0x80.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80

@@ -23,6 +23,7 @@ from typing import Any
 PROTOCOL_VERSION = 1
 
 CSV_HEADER = "wall_ns,node,source,device,metric,value,kind"
+SAMPLE_COLUMNS = tuple(CSV_HEADER.split(","))
 KINDS = ("gauge", "counter")
 GAUGE = "gauge"
 COUNTER = "counter"
