@@ -23,6 +23,7 @@ from netlab import children, cmdline, lab_fixture
 
 from strata_plugin import clock, rails, remote
 from strata_plugin.agent.handle import AgentHandle, agent_argv
+from strata_plugin.agent.procfs import process_tree
 from strata_plugin.service import LaunchSpec, Server, free_port
 from strata_plugin.timeline import Window, load_samples, node_clocks, summarize_window
 
@@ -139,7 +140,7 @@ def test_guard_forwards_env_by_name_and_kills_the_group_when_the_session_ends(tm
     try:
         assert _wait(lambda: out.exists() and out.read_text() == secret, 10)
         assert secret not in json.dumps(rp.argv)
-        tree = _tree(rp.pid)
+        tree = process_tree(rp.pid)
         assert len(tree) >= 5, tree  # helper, fake ssh -> guard, python, sleep
         for pid in tree:
             assert secret not in " ".join(cmdline(pid))
@@ -176,7 +177,7 @@ def test_a_remote_head_runs_under_service_server_with_health_and_teardown(tmp_pa
     server = Server(spec, base)
     server.start()
     try:
-        tree = _tree(server.pid)
+        tree = process_tree(server.pid)
         assert any("http.server" in " ".join(cmdline(p)) for p in tree), tree
         assert server.alive() and server.startup_s is not None
     finally:
@@ -185,15 +186,6 @@ def test_a_remote_head_runs_under_service_server_with_health_and_teardown(tmp_pa
         (p, cmdline(p)) for p in tree if _alive(p)
     ]
     assert "session ended" in (tmp_path / "server.log").read_text()
-
-
-def _tree(root: int) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children(p)
-    return out
 
 
 # --- the lab: real ssh into a worker namespace -------------------------------------------
