@@ -80,6 +80,12 @@ class Server:
         return self.spec.config_id if self.spec else "attached"
 
     @property
+    def block_key(self) -> str:
+        """The block this server serves (its configuration's id until a block is set):
+        the key of the session's blocks, workers and restart records."""
+        return self.block_id or self.config_id
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 

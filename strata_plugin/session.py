@@ -213,14 +213,14 @@ class StrataSession:
         pid = server.pid
         server.stop()
         _live_servers.discard(server)
-        self.stop_workers(server.block_id or server.config_id)
+        self.stop_workers(server.block_key)
         if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
             return
         from strata_plugin.gpu_release import require_gpu_release, wait_gpu_release
 
         result = wait_gpu_release([pid], timeout_s=30.0)
         releases = dict(self.recorder.manifest.get("gpu_release", {}))
-        releases[server.block_id or server.config_id] = {
+        releases[server.block_key] = {
             "ok": result.ok, "skipped": result.skipped, "detail": result.detail,
             "waited_s": round(result.waited_s, 3)}
         self.recorder.update_manifest(gpu_release=releases)
@@ -260,7 +260,7 @@ class StrataSession:
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
         block = Block(server=server, agents=start_agents(self, server))
-        self.blocks[server.block_id or server.config_id] = block
+        self.blocks[server.block_key] = block
         t0 = time.monotonic_ns()
         try:
             time.sleep(self.cfg.profile.telemetry.baseline_s)
@@ -287,7 +287,7 @@ class StrataSession:
 
     def dead_workers(self, server: Server) -> list:
         """The remote workers of this server's block that have exited."""
-        return [w for w in self.workers.get(server.block_id or server.config_id, [])
+        return [w for w in self.workers.get(server.block_key, [])
                 if not w.alive()]
 
     def ensure_alive(self, server: Server) -> Server:
@@ -309,18 +309,17 @@ class StrataSession:
         server.restarts += 1
         # A multi-node engine whose worker died cannot finish a collective: restart the
         # whole group, workers first (the head waits for them to join).
-        block_id = server.block_id or server.config_id
         server.stop()
-        self.stop_workers(block_id)
+        self.stop_workers(server.block_key)
         if server.spec is not None:
-            self.workers[block_id] = self.start_workers(server.spec, block_id)
+            self.workers[server.block_key] = self.start_workers(server.spec, server.block_key)
         server.start()
         self.retrack(server)
         return server
 
     def retrack(self, server: Server) -> None:
         """Point the block's agents at a restarted server's new PID (else they lose it)."""
-        block = self.blocks.get(server.block_id or server.config_id)
+        block = self.blocks.get(server.block_key)
         if block is None or server.pid is None:
             return
         heads = {n.name for n in self.cfg.profile.nodes if n.role == "head"}

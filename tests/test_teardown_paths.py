@@ -78,7 +78,7 @@ class FakeProc:
     """A head or worker process: the shape of service.Server / remote.RemoteProcess."""
 
     def __init__(self, name: str, log: list, *, alive: bool = True, code: int | None = None):
-        self.node = self.config_id = self.block_id = name
+        self.node = self.config_id = self.block_id = self.block_key = name
         self.log, self._alive, self.code = log, alive, code
         self.spec, self.restarts, self.pid = object(), 0, None
 
