@@ -156,7 +156,8 @@ def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> Sel
                    for r in records)
     late_p99 = percentile(lateness, 99) if lateness else 0.0
     lag_p99 = percentile(lags, 99) if lags else 0.0
-    late_share = sum(lateness) / (sum(lateness) + lived_ms) if sum(lateness) else 0.0
+    late_ms = sum(lateness)
+    late_share = late_ms / (late_ms + lived_ms) if late_ms else 0.0
     lag_share = sum(lags) / lived_ms if lived_ms else 0.0
     n_late = sum(x > CLIENT_LATENESS_P99_MS for x in lateness)
     n_lag = sum(x > CLIENT_HANDLING_LAG_P99_MS for x in lags)
