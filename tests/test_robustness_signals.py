@@ -77,10 +77,21 @@ def test_signal_leaves_nothing_running_and_an_incomplete_report(tmp_path, stage,
         wait_for(lambda: STAGES[stage](run.run_dir) or run.proc.poll() is not None, 90,
                  what=f"stage {stage}")
         assert run.proc.poll() is None, f"the run ended before {stage}:\n{run.text()[-3000:]}"
-        seen = descendants(run.proc.pid)
-        cmds = {p: cmdline(p) for p in seen}
+
+        def snapshot() -> tuple[list[int], dict[int, str]]:
+            seen = descendants(run.proc.pid)
+            return seen, {p: cmdline(p) for p in seen}
+
+        def has_server(cmds: dict[int, str]) -> bool:
+            return any("llama-server" in c or "-c import os" in c for c in cmds.values())
+
         if stage != "report":  # the report is written after everything was stopped
-            assert any("llama-server" in c or "-c import os" in c for c in cmds.values()), cmds
+            # server.log is opened just before the server is spawned: give the fork a moment
+            wait_for(lambda: has_server(snapshot()[1]) or run.proc.poll() is not None, 10,
+                     what="the server process")
+        seen, cmds = snapshot()
+        if stage != "report":
+            assert has_server(cmds), cmds
         os.kill(run.proc.pid, sig)
         rc = run.wait(90)
     finally:
