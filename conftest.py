@@ -1,3 +1,5 @@
-"""Loads the Strata plugin for every test run from this repository."""
+"""This repository's own cases (cases/) and tests (tests/).
 
-pytest_plugins = ["strata_plugin.plugin"]
+Strata itself loads through its pytest11 entry point once installed (``pip install .``
+or the editable install that scripts/setup.sh makes); nothing here registers it.
+"""

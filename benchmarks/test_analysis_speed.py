@@ -232,7 +232,7 @@ def make_big_run(root: Path) -> tuple[Path, int]:
 CHILD = textwrap.dedent("""
     import json, resource, sys, time
     import numpy, pandas  # the first load imports them anyway; kept out of the figure
-    from strata_plugin.report.analysis import analyze_run
+    from strata_plugin.analysis.case_summary import analyze_run
     w0, c0 = time.perf_counter(), time.process_time()
     ra = analyze_run(sys.argv[1], parallel=sys.argv[2] == "parallel")
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0

@@ -1,7 +1,7 @@
 """Client capacity: how late does the client stamp events, from 1 to 512 streams?
 
 Not a pass/fail test: it prints figures. A loopback emitter in its own process
-(strata_plugin.client.emitter) sends 50 events/s on every stream, each carrying
+(strata_plugin.testing.emitter) sends 50 events/s on every stream, each carrying
 its send time; the client's ``handled_ns - sent`` is the client's own lateness
 (``read`` = ``t_ns - sent``: when the bytes were read, before parsing). All
 streams are opened first and start emitting together at one monotonic instant,
@@ -40,12 +40,12 @@ from dataclasses import dataclass
 import pytest
 import requests
 
-from strata_plugin.client import RequestSpec, Timeouts, send_streaming
-from strata_plugin.client.emitter import EmitterProcess, emitter_process, sent_stamps
-from strata_plugin.client.mux import StreamMux
-from strata_plugin.client.pool import ShardedStreamRunner, default_processes
-from strata_plugin.records import RequestRecord
-from strata_plugin.stats import percentile
+from strata_plugin.analysis.stats import percentile
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.load.client.mux import StreamMux
+from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
+from strata_plugin.testing.stream_pool import ShardedStreamRunner, default_processes
 
 CONCURRENCY = (1, 16, 64, 256, 512)
 MODES = ("threads", "mux", "pool")

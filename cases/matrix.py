@@ -4,7 +4,7 @@ Profiles scale these to what their target holds ([scale] in the profile); the
 report states every scaled value next to the nominal one.
 """
 
-from strata_plugin.workload import Workload
+from strata_plugin import Workload
 
 K = 1024
 

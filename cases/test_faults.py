@@ -1,7 +1,7 @@
 """Fault injection: the verdict must name a bottleneck that was put there, and only then.
 
 Each scenario runs one load clean and with one known fault switched on for the whole
-measured window (strata_plugin.faults), then reads the verdict the plugin wrote for
+measured window (strata_plugin.testing.faults), then reads the verdict the plugin wrote for
 each case (``summarize_case(...).verdict``). The fault arm must name the injected class,
 not inconclusively, with evidence past its threshold. Neither arm may name a fault
 class that did not happen: what happened is the injector plus an independent watch of
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin import faults
-from strata_plugin.case import check_case
+from strata_plugin.load.case_runner import check_case
+from strata_plugin.load.workload import Workload
 from strata_plugin.report import summarize_case
-from strata_plugin.workload import Workload
+from strata_plugin.testing import faults
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
 FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queueing",
@@ -155,7 +155,7 @@ def _private_model(sess, server, tmp: Path) -> Iterator[str]:
     other llama-servers map the same generated model; a private copy is the same
     model whose pages only this server maps.
     """
-    from strata_plugin.service import write_command
+    from strata_plugin.run.server import write_command
 
     original = server.spec
     src = _model_arg(original.argv)

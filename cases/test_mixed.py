@@ -8,8 +8,7 @@ tokens/s and +66.55% TPOT p95 on its two-node deployment.
 import pytest
 
 from cases import matrix
-from strata_plugin.abcompare import mixed_effects
-from strata_plugin.case import Injection
+from strata_plugin import ABArm, Injection, mixed_effects
 
 ORDER = ("control", "treatment", "treatment", "control", "control", "treatment")
 INJECT_AFTER_S = 0.5  # into the measured window; identical in every repetition
@@ -22,12 +21,14 @@ def test_prefill_injected_into_decode(strata, record_property):
     for i, arm in enumerate(ORDER):
         inject = Injection(matrix.MIXED_INJECT, INJECT_AFTER_S) if arm == "treatment" else None
         result = strata.run(matrix.MIXED_DECODE, case_id=f"mixed/{arm}/{i}", inject=inject,
-                            extra={"ab_group": "mixed", "ab_arm": arm, "repetition": i})
+                            ab=ABArm("mixed", arm, repetition=i))
         assert not result.problems, "\n".join(result.problems)
         if inject:
             assert len(result.injected) == 1 and result.injected[0].ok
         runs[arm].append(result)
-    effects = mixed_effects(runs["control"], runs["treatment"])
+    arms = strata.ab_results("mixed")
+    assert arms == runs
+    effects = mixed_effects(arms["control"], arms["treatment"])
     for e in effects:
         print(e.line())
         record_property(f"mixed_{e.metric}_change_pct", round(e.change_pct, 2))

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.validators import code_passes, json_fields
-from strata_plugin.workload import Workload
+from strata_plugin import Workload, code_passes, json_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.records import ERROR_CLASSES
-from strata_plugin.workload import Workload
+from strata_plugin.formats.records import ERROR_CLASSES
+from strata_plugin.load.workload import Workload
 
 SOAK_S = min(3600.0, max(10.0, float(os.environ.get("STRATA_SOAK_S", "150"))))
 CHUNK_S = 15.0

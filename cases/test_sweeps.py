@@ -8,10 +8,8 @@ full ones, as in the seed) before the measured repetitions (three).
 import pytest
 
 from cases import matrix
-from strata_plugin.abcompare import effect, outputs_identical
-from strata_plugin.case import Injection
-from strata_plugin.metrics import acceptance, request_metrics
-from strata_plugin.workload import Workload
+from strata_plugin import ABArm, Injection, Workload, effect, outputs_identical
+from strata_plugin.analysis.metrics import acceptance, request_metrics
 
 AB_WORKLOAD = Workload("ab_prefill_32k_1_c1", isl=32 * 1024, osl=16, concurrency=1,
                        requests=3, warmups=2, seed=31)
@@ -28,14 +26,12 @@ def _ttfts(results):
 def test_ab_prefill_batch(strata, strata_server, record_property):
     """A B B A blocks of the default micro-batch against -ub 128."""
     arm = strata_server.config_id
-    result = strata.run(AB_WORKLOAD, extra={"ab_group": "prefill_batch", "ab_arm": arm,
-                                            "block": strata_server.block_id})
+    result = strata.run(AB_WORKLOAD, ab=ABArm("prefill_batch", arm),
+                        extra={"block": strata_server.block_id})
     assert not result.problems, "\n".join(result.problems)
-    done = strata.history["prefill_batch"]
-    arms = {r.config_id for r in done}
-    if len(done) == 4 and arms == {"default", "ub128"}:
-        a = [r for r in done if r.config_id == "default"]
-        b = [r for r in done if r.config_id == "ub128"]
+    arms = strata.ab_results("prefill_batch")
+    if sorted(len(v) for v in arms.values()) == [2, 2] and set(arms) == {"default", "ub128"}:
+        a, b = arms["default"], arms["ub128"]
         ttft = effect("ttft_mean_ms", _ttfts(a), _ttfts(b))
         print(ttft.line())
         record_property("ab_ttft_change_pct", round(ttft.change_pct, 2))
@@ -57,7 +53,7 @@ ACCEPTANCE_TOLERANCE = 0.07
 def test_speculative_acceptance(strata, strata_server, record_property):
     """Acceptance = sum(accepted) / sum(drafted), against llama.cpp's synthetic setting."""
     result = strata.run(SPEC_WORKLOAD, scale=False,
-                        extra={"ab_group": "mtp", "ab_arm": strata_server.config_id})
+                        ab=ABArm("mtp", strata_server.config_id))
     assert not result.problems, "\n".join(result.problems)
     length = SPEC_LENGTHS[strata_server.config_id]
     expected = (length - 1) / 3  # 3 drafts per step, geometric acceptance (llama.cpp)

@@ -80,7 +80,7 @@ def have_torch_cuda() -> tuple[bool, str]:
 ok_torch, torch_note = have_torch_cuda()
 collectors = ["nvml", "dcgm", "cpu", "proc"]
 # STRATA_GPU_CHECK_FAKE=1 swaps in the scripted NVML, to try this script without a GPU.
-fake = ["--fake-nvml"] if os.environ.get("STRATA_GPU_CHECK_FAKE") == "1" else []
+fake = ["--nvml-stub", "tests/fake_nvml.py"] if os.environ.get("STRATA_GPU_CHECK_FAKE") == "1" else []
 argv = agent_argv("gpu-check", 0.2, collectors=collectors, extra=fake)
 agent = AgentHandle.start("gpu-check", out / "node", argv)
 statuses = agent.hello["collectors"]

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# System packages the multi-node tests need: a private sshd and an ssh client for the
-# two-namespace lab, iproute2 for namespaces/veth/tc, and Prometheus with node_exporter
-# for the Prometheus-source test. Idempotent and quiet: when everything is present it
-# returns in well under a second without touching apt. The packages' own services are
-# never used (the tests start private copies by hand), so none is enabled or started.
+# System packages some of the harness's own tests need, installed on demand by those
+# tests (tests/system_packages.py) and never by the main job: a private sshd and an ssh
+# client for the two-namespace lab, iproute2 for namespaces/veth/tc, and Prometheus with
+# node_exporter for the Prometheus-source test. With arguments, only those packages.
+# Idempotent and quiet: when everything is present it returns in well under a second
+# without touching apt. The packages' own services are never used (the tests start
+# private copies by hand), so none is enabled or started.
+#
+#   bash scripts/install_system_deps.sh                 # all of them
+#   bash scripts/install_system_deps.sh prometheus      # just these
 set -euo pipefail
 
-PKGS=(openssh-server openssh-client iproute2 prometheus prometheus-node-exporter)
+if [ "$#" -gt 0 ]; then
+    PKGS=("$@")
+else
+    PKGS=(openssh-server openssh-client iproute2 prometheus prometheus-node-exporter)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

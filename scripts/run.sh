@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec python3 -m pytest cases/ -m smoke --junitxml=reports/junit.xml "$@"
+exec .venv/bin/python -m pytest cases/ -m smoke --junitxml=reports/junit.xml "$@"

@@ -1,3 +1,70 @@
-"""Strata: a pytest plugin that times every LLM request and explains why a server is slow."""
+"""Strata: a pytest plugin that times every LLM request and explains why a server is slow.
 
-__version__ = "0.1.0"
+The public API for case authors (docs/writing-cases.md). Names resolve lazily, so
+importing the package (as pytest does for every run once it is installed) costs
+nothing until a case uses them.
+
+* ``Workload``: one workload (ISL, OSL, concurrency, requests, arrivals, prefix).
+* ``Injection``: one request injected at a fixed offset into a case (mixed A/B).
+* ``ABArm``: marks a case as one arm of an A/B group (``strata.run(w, ab=ABArm(...))``).
+* ``CaseResult`` / ``CaseRunner``: what ``strata.run`` returns / what ``strata`` is.
+* ``Effect``, ``effect``, ``mixed_effects``, ``outputs_identical``: A/B effects with
+  95% intervals.
+* ``json_fields``, ``code_passes``, ``extract_code``: output validators.
+* fixtures ``strata`` (the case runner), ``strata_server`` (the server of one
+  configuration), ``strata_session``, ``strata_config``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:
+    from strata_plugin.analysis.ab_effects import (
+        Effect,
+        effect,
+        mixed_effects,
+        outputs_identical,
+    )
+    from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
+    from strata_plugin.load.validators import code_passes, extract_code, json_fields
+    from strata_plugin.load.workload import Workload
+
+_WHERE = {
+    "Workload": "strata_plugin.load.workload",
+    "Injection": "strata_plugin.load.case_runner",
+    "ABArm": "strata_plugin.load.case_runner",
+    "CaseResult": "strata_plugin.load.case_runner",
+    "CaseRunner": "strata_plugin.load.case_runner",
+    "Effect": "strata_plugin.analysis.ab_effects",
+    "effect": "strata_plugin.analysis.ab_effects",
+    "mixed_effects": "strata_plugin.analysis.ab_effects",
+    "outputs_identical": "strata_plugin.analysis.ab_effects",
+    "json_fields": "strata_plugin.load.validators",
+    "code_passes": "strata_plugin.load.validators",
+    "extract_code": "strata_plugin.load.validators",
+}
+__all__ = [
+    "ABArm",
+    "CaseResult",
+    "CaseRunner",
+    "Effect",
+    "Injection",
+    "Workload",
+    "code_passes",
+    "effect",
+    "extract_code",
+    "json_fields",
+    "mixed_effects",
+    "outputs_identical",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'strata_plugin' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``python -m strata_plugin report|compare|agent``: the offline tools and the agent."""
+"""``python -m strata_plugin report|compare|agent|setup``: offline tools, the agent, setup."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ commands:
   report RUN_DIR        regenerate every derived file of a run from its raw files
   compare RUN_A RUN_B   per-case deltas with confidence intervals
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
+  setup [ARGS]          build llama-server and generate the embedded target's models
+                        (cached in ~/.cache/strata; --print-paths, --clean, --help)
 """
 
 
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.report.cli import compare_main
 
         return compare_main(rest)
+    if command == "setup":
+        from strata_plugin.embedded.llama_setup import main as setup_main
+
+        return setup_main(rest)
     if command == "agent":
         from strata_plugin.agent import main as agent_main
 

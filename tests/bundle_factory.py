@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.markers import Marker, write_markers
-from strata_plugin.records import ProcDelta, RequestRecord, Timings, TokenEvent, Usage
+from strata_plugin.formats.records import ProcDelta, RequestRecord, Timings, TokenEvent, Usage
+from strata_plugin.formats.windows import Marker, write_markers
 
 ANCHOR_MONO = 1_000_000_000_000
 ANCHOR_WALL = 1_700_000_000_000_000_000

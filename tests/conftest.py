@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from strata_plugin.client import send_streaming
-from strata_plugin.client.mux import StreamMux
-from strata_plugin.records import RequestRecord
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import send_streaming
+from strata_plugin.load.client.mux import StreamMux
 
 Send = Callable[..., RequestRecord]
 

@@ -467,10 +467,15 @@ class DelayRelay:
 
 
 def lab_fixture(tmp_path_factory, sshd: bool = True):
-    """A generator for pytest fixtures: the lab (with sshd), skipped only if the kernel
-    refuses namespaces, failed with the fix when a package is missing."""
+    """A generator for pytest fixtures: the lab (with sshd). Missing packages are installed
+    on demand (tests/system_packages.py); skipped, with the reason, where this process is not
+    root or the kernel refuses namespaces."""
     import pytest
+    from system_packages import require
 
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    require("iproute2", *(("openssh-server", "openssh-client") if sshd else ()))
     tmp = tmp_path_factory.mktemp("netlab")
     try:
         lab = NetLab.create(tmp)

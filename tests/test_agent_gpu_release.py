@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fake_nvml import FakeGpu, FakeNvml, FakeProcess, NVMLError
 
-from strata_plugin.agent.fake_nvml import FakeGpu, FakeNvml, FakeProcess, NVMLError
-from strata_plugin.gpu_release import GpuNotReleased, require_gpu_release, wait_gpu_release
+from strata_plugin.run.gpu_release import GpuNotReleased, require_gpu_release, wait_gpu_release
 
 
 class Clock:

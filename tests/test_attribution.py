@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_plugin.attribution import (
+from strata_plugin.analysis.rules import (
     CLASSES,
     THRESHOLDS,
     TRACE_BLOCK,
@@ -491,7 +491,7 @@ def test_random_windows_keep_the_promises(data):
         assert verdict.finer_trace or verdict.notes
 
 
-# --- rails-derived signals (strata_plugin.rails) -----------------------------------------
+# --- rails-derived signals (strata_plugin.analysis.rails) -----------------------------------------
 
 #: Two nodes where every rails-derived signal is measured and nothing binds.
 GPU_2NODE_RAILS = dataclasses.replace(
@@ -558,8 +558,7 @@ def test_rail_signals_alone_do_not_clear_an_unmeasured_link():
 
 
 def test_rails_thresholds_live_in_the_one_table():
-    from strata_plugin import rails
-
+    from strata_plugin.analysis import rails
     names = {t.name for t in THRESHOLDS}
     for t in rails.RAIL_THRESHOLDS:
         assert t.name in names and threshold(t.name) is t

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.abcompare import effect, outputs_identical
-from strata_plugin.blocks import counterbalanced, server_params, split_param
-from strata_plugin.case import check_case
-from strata_plugin.metrics import acceptance, case_metrics
-from strata_plugin.records import RequestRecord, Timings, TokenEvent, Usage
-from strata_plugin.workload import Workload
+from strata_plugin.analysis.ab_effects import effect, outputs_identical
+from strata_plugin.analysis.metrics import acceptance, case_metrics
+from strata_plugin.configure.blocks import counterbalanced, server_params, split_param
+from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent, Usage
+from strata_plugin.load.case_runner import check_case
+from strata_plugin.load.workload import Workload
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_server_params_from_markers():
     assert server_params(ids, None, _Marker("b", "c", repeats=1), attached=False) == ["b@1",
                                                                                      "c@1"]
     assert server_params(ids, _Marker("b", "c"), None, attached=True) == ["b"]
-    with pytest.raises(ValueError, match="not in the profile"):
+    with pytest.raises(ValueError, match="no configuration zzz"):
         server_params(ids, _Marker("zzz"), None, attached=False)
 
 
@@ -43,7 +43,6 @@ def test_blocks_run_in_order_and_boot_once_each(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeconftest("""
 import pytest
-pytest_plugins = ["strata_plugin.plugin"]
 BOOTS = []
 
 @pytest.fixture(scope="session")
@@ -83,8 +82,8 @@ def test_plain_b(strata_server):
     result.assert_outcomes(passed=9)
     line = next(line for line in result.outlines if "BOOTS=" in line)
     boots = line[line.index("BOOTS="):]
-    # Each parameter boots once; the blocks keep their A B B A order.
-    assert boots == "BOOTS=A@1,B,B@1,B@2,A@2"
+    # Each parameter boots once, in order of first appearance; the blocks keep A B B A.
+    assert boots == "BOOTS=A@1,B@1,B@2,A@2,B"
 
 
 def _rec(i, phase, *, draft=None, acc=None, sha="x", prompt=8, completion=4, cached=0):

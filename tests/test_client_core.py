@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from strata_plugin.client.chunked import ChunkedDecoder, ChunkError
-from strata_plugin.client.core import StreamCore, last_boundary
-from strata_plugin.client.errors import StreamError
-from strata_plugin.client.llamacpp import LlamaCppParser
-from strata_plugin.client.openai import OpenAIParser
+from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
+from strata_plugin.load.client.core import StreamCore, last_boundary
+from strata_plugin.load.client.errors import StreamError
+from strata_plugin.load.client.llamacpp import LlamaCppParser
+from strata_plugin.load.client.openai import OpenAIParser
 
 
 def _chunked(*parts: bytes) -> bytes:

@@ -11,9 +11,9 @@ import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, free_port, sse, within
 
-from strata_plugin.client import RequestSpec, Timeouts
-from strata_plugin.client.mux import StreamMux
-from strata_plugin.records import RequestRecord
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.load.client.mux import StreamMux
 
 SPEC = RequestSpec("r1", "case", "measured", max_tokens=3, prompt="hello")
 TOKEN = sse({"index": 0, "content": " x", "tokens": [1], "stop": False})
@@ -172,7 +172,7 @@ def test_connect_timeout_is_a_timeout() -> None:
     # No unroutable address here (tests stay on 127.0.0.1): map the exceptions directly.
     from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 
-    from strata_plugin.client.attempt import send_error as _send_error
+    from strata_plugin.load.client.attempt import send_error as _send_error
 
     t = Timeouts(connect_s=0.3)
     assert _send_error(requests.exceptions.ConnectTimeout("x"), t).cls == "timeout"

@@ -11,9 +11,9 @@ import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, within
 
-from strata_plugin.client import API_FLAVOURS, RequestSpec
-from strata_plugin.client.flavours import build_body
-from strata_plugin.records import RequestRecord, Timings, Usage
+from strata_plugin.formats.records import RequestRecord, Timings, Usage
+from strata_plugin.load.client import API_FLAVOURS, RequestSpec
+from strata_plugin.load.client.flavours import build_body
 
 Send = Callable[..., RequestRecord]
 
@@ -206,7 +206,7 @@ def test_chat_vllm_reasoning_field_and_llamacpp_timings(send: Send) -> None:
 
 
 def test_chat_usage_only_on_the_last_text_chunk_is_a_total() -> None:
-    from strata_plugin.client.openai import OpenAIParser
+    from strata_plugin.load.client.openai import OpenAIParser
 
     p = OpenAIParser()
     usage = '{"completion_tokens":3,"prompt_tokens":2,"total_tokens":5}'

@@ -7,9 +7,9 @@ import time
 
 from sse_script_server import Reply, ScriptServer, sse
 
-from strata_plugin.client import RequestSpec, Timeouts
-from strata_plugin.client.pool import ShardedStreamRunner, default_processes, run_streams
-from strata_plugin.records import RequestRecord
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.testing.stream_pool import ShardedStreamRunner, default_processes, run_streams
 
 TOKEN = sse({"index": 0, "content": "x", "tokens": [1], "stop": False})
 END = sse({"index": 0, "content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 3})

@@ -16,8 +16,8 @@ import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, sse, within
 
-from strata_plugin.client import RequestSpec, Timeouts
-from strata_plugin.records import RequestRecord
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import RequestSpec, Timeouts
 
 MS = 1_000_000
 TOL_NS = 15 * MS  # stated tolerance on every timing check

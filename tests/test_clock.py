@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata_plugin import clock
 from strata_plugin.agent.handle import ClockOffset
-from strata_plugin.timeline import NodeClock, load_samples, node_clocks
+from strata_plugin.analysis import clocks as clock
+from strata_plugin.analysis.timeline import NodeClock, load_samples, node_clocks
 
 T0 = 1_800_000_000_000_000_000  # harness wall ns at the start measurement
 SPAN = 60_000_000_000  # 60 s between the start and end measurements

@@ -6,11 +6,7 @@ import sys
 import time
 
 import pytest
-
-from strata_plugin.agent import nvml_lib
-from strata_plugin.agent.collectors.base import Unavailable
-from strata_plugin.agent.collectors.nvml import NvmlCollector
-from strata_plugin.agent.fake_nvml import (
+from fake_nvml import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NOT_SUPPORTED,
     FakeGpu,
@@ -18,6 +14,10 @@ from strata_plugin.agent.fake_nvml import (
     FakeProcess,
     NVMLError,
 )
+
+from strata_plugin.agent import nvml_lib
+from strata_plugin.agent.collectors.base import Unavailable
+from strata_plugin.agent.collectors.nvml import NvmlCollector
 
 
 def values(emits):
@@ -59,7 +59,7 @@ def test_success_reads_every_metric_family() -> None:
     assert e2 > e1
     _, info, _, _ = c.drain()
     assert info[0]["driver_version"] == "550.54.15"
-    assert info[0]["gpus"][0]["name"].startswith("NVIDIA H100")
+    assert info[0]["gpus"][0]["name"].startswith("FAKE NVIDIA H100")
     c.close()
     assert nv.inits == 0  # every nvmlInit was paired with nvmlShutdown
 

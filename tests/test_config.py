@@ -4,10 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.config import ProfileError, expand_placeholders, load_profile
+from strata_plugin.configure.profile import (
+    ProfileError,
+    expand_placeholders,
+    load_profile,
+    packaged_profiles,
+    resolve_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = sorted((ROOT / "fixtures" / "profiles").glob("*.toml"))
+PROFILES = sorted((ROOT / "fixtures" / "profiles").glob("*.toml")) + sorted(
+    packaged_profiles().values())
 
 GOOD = """
 name = "t"
@@ -103,3 +110,10 @@ auth_env = "PROM_TOKEN"
     nourl.write_text(GOOD + '[prometheus]\njobs = { node = "node" }\n')
     with pytest.raises(ProfileError, match=r"'prometheus\.url'"):
         load_profile(nourl)
+
+
+def test_a_packaged_name_resolves_from_any_rootdir_and_a_path_from_the_rootdir(tmp_path):
+    assert resolve_profile("local", tmp_path) == packaged_profiles()["local"]
+    assert resolve_profile("local", tmp_path).is_file()
+    assert resolve_profile("mine.toml", tmp_path) == tmp_path / "mine.toml"
+    assert resolve_profile("/abs/p.toml", tmp_path) == Path("/abs/p.toml")

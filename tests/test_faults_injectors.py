@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin import faults
+from strata_plugin.testing import faults
 from tests.test_robustness_support import alive, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _helpers() -> list[int]:
-    """Live helper processes of this test process (python -m strata_plugin.faults)."""
+    """Live helper processes of this test process (python -m strata_plugin.testing.faults)."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -33,7 +33,8 @@ def _helpers() -> list[int]:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"strata_plugin.faults" in cmd and f"--parent\0{os.getpid()}\0".encode() in cmd:
+            mine = f"--parent\0{os.getpid()}\0".encode()
+            if b"strata_plugin.testing.faults" in cmd and mine in cmd:
                 if alive(int(entry)):
                     out.append(int(entry))
     return out
@@ -75,7 +76,7 @@ def test_helpers_die_with_a_killed_harness(tmp_path):
     """The harness SIGKILLed mid-fault (no cleanup code runs): its helpers go too."""
     script = textwrap.dedent("""
         import os, sys, time
-        from strata_plugin import faults
+        from strata_plugin.testing import faults
         h = faults.CpuHogs((sorted(os.sched_getaffinity(0))[0],), per_core=2, max_s=120,
                            shield=False)
         h.start()

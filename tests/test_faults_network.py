@@ -18,15 +18,15 @@ import sys
 import pytest
 from netlab import lab_fixture
 
-from strata_plugin import faults
 from strata_plugin.report import summarize_case
+from strata_plugin.testing import faults
 from tests.test_robustness_support import PytestRun, llama_paths, make_project
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 RPC_PORT = 50052
 CAP_BITS = 8_000_000  # tbf rate 8mbit
 CASES = """
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_decode_over_the_link(strata):
     r = strata.run(Workload("net", isl=16, osl=48, requests=4), scale=False)
@@ -55,7 +55,7 @@ def two_node_profile(path, lab, caps: bool) -> None:
     namespace over ssh; with ``caps``, the tbf rate declared as the link capacity."""
     p = llama_paths()
     if not p.get("rpc_server") or not os.path.exists(p["rpc_server"]):
-        pytest.fail("ggml-rpc-server missing: rebuild with scripts/setup_llama.py --rebuild")
+        pytest.fail("ggml-rpc-server missing: rebuild with python -m strata_plugin setup --rebuild")
     rpc = f"{lab.worker_addr}:{RPC_PORT}"
     argv = [sys.executable, "-c", WAIT_PORT, rpc, p["llama_server"], "-m", p["model"],
             "--host", "{host}", "--port", "{port}", "-t", "1", "-c", "2048", "-np", "1",

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.agents import process_counters
-from strata_plugin.case import CaseRunner, CaseSetup, check_case
-from strata_plugin.client import Timeouts
-from strata_plugin.config import load_profile
-from strata_plugin.service import LaunchSpec, Server, free_port
-from strata_plugin.workload import TokenSpace, Workload
+from strata_plugin.configure.profile import load_profile, packaged_profiles
+from strata_plugin.load.case_runner import CaseRunner, CaseSetup, check_case
+from strata_plugin.load.client import Timeouts
+from strata_plugin.load.workload import TokenSpace, Workload
+from strata_plugin.run.nodes import process_counters
+from strata_plugin.run.server import LaunchSpec, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
 def _paths() -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "setup_llama.py"),
+    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup",
                           "--print-paths"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         pytest.fail("llama-server is not built: run `bash scripts/setup.sh` first\n"
@@ -44,7 +44,7 @@ def llama(tmp_path_factory):
 
 
 def _runner(server, salt="it", records=None):
-    lo, hi = load_profile(ROOT / "fixtures" / "profiles" / "local.toml").server.token_id_range
+    lo, hi = load_profile(packaged_profiles()["local"]).server.token_id_range
     setup = CaseSetup(server.base_url, "llamacpp", "it", TokenSpace(lo, hi), Timeouts(read_s=60),
                       salt=salt)
     return CaseRunner(setup, record=(records.append if records is not None else lambda r: None),

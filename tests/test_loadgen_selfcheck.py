@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata_plugin.loadgen import (
+from strata_plugin.formats.records import RequestRecord, TokenEvent
+from strata_plugin.load.generator import (
     CLIENT_DELAY_SHARE,
     CLIENT_LATENESS_P99_MS,
     self_check,
 )
-from strata_plugin.records import RequestRecord, TokenEvent
 
 MS = 1_000_000
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from strata_plugin.metrics import (
+from strata_plugin.analysis.metrics import (
     CaseMetrics,
     Distribution,
     Slo,
@@ -15,7 +15,7 @@ from strata_plugin.metrics import (
     headline,
     request_metrics,
 )
-from strata_plugin.records import RequestError, RequestRecord, Timings, TokenEvent, Usage
+from strata_plugin.formats.records import RequestError, RequestRecord, Timings, TokenEvent, Usage
 
 MS = 1_000_000  # ns per ms
 T0 = 5_000_000 * MS  # an arbitrary monotonic origin: nothing may assume 0

@@ -1,4 +1,4 @@
-"""Fast checks of fixtures/model/make_model.py on tiny shapes.
+"""Fast checks of strata_plugin/embedded/make_model.py on tiny shapes.
 
 Why: benchmark numbers are only comparable across machines if the generated model is the
 same bytes, and llama.cpp only tokenizes arbitrary text if the byte-fallback vocabulary is
@@ -15,7 +15,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
-MAKE_MODEL = Path(__file__).resolve().parent.parent / "fixtures" / "model" / "make_model.py"
+MAKE_MODEL = Path(__file__).resolve().parent.parent / "strata_plugin" / "embedded" / "make_model.py"
 SMALL = ["--dim", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--ff", "96"]
 SMALL += ["--vocab", "512", "--ctx", "16384"]
 

@@ -19,12 +19,14 @@ import pytest
 import requests
 from netlab import lab_fixture
 
-from strata_plugin import clock, rails, remote
 from strata_plugin.agent.handle import AgentHandle, agent_argv
-from strata_plugin.attribution import WindowSignals, classify
-from strata_plugin.report.signals import build_signals
-from strata_plugin.service import LaunchSpec, Server, free_port
-from strata_plugin.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.analysis import clocks as clock
+from strata_plugin.analysis import rails
+from strata_plugin.analysis.rules import WindowSignals, classify
+from strata_plugin.analysis.signals import build_signals
+from strata_plugin.analysis.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.run import remote
+from strata_plugin.run.server import LaunchSpec, Server, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
@@ -42,7 +44,7 @@ pytestmark = pytest.mark.integration
 
 def _paths() -> dict:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "setup_llama.py"), "--print-paths"],
+        [sys.executable, "-m", "strata_plugin", "setup", "--print-paths"],
         capture_output=True,
         text=True,
         check=False,
@@ -51,7 +53,7 @@ def _paths() -> dict:
         pytest.fail("llama-server is not built: run `bash scripts/setup.sh` first\n" + out.stderr)
     paths = json.loads(out.stdout.strip().splitlines()[-1])
     if not paths.get("rpc_server") or not os.path.exists(paths["rpc_server"]):
-        pytest.fail("ggml-rpc-server missing: rebuild with scripts/setup_llama.py --rebuild")
+        pytest.fail("ggml-rpc-server missing: rebuild with python -m strata_plugin setup --rebuild")
     return paths
 
 

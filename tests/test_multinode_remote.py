@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 from netlab import children, cmdline, lab_fixture
 
-from strata_plugin import clock, rails, remote
 from strata_plugin.agent.handle import AgentHandle, agent_argv
 from strata_plugin.agent.procfs import process_tree
-from strata_plugin.service import LaunchSpec, Server, free_port
-from strata_plugin.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.analysis import clocks as clock
+from strata_plugin.analysis import rails
+from strata_plugin.analysis.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.run import remote
+from strata_plugin.run.server import LaunchSpec, Server, free_port
 
 SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
 
@@ -74,7 +76,7 @@ def test_remote_argv_quotes_every_element_and_rejects_option_hosts():
         log_patterns={"oom": r"out of memory; \$HOME `x`"},
     )
     argv = remote.remote_agent_argv("gpu-b", local, ssh_options=("-F", "/tmp/cfg"))
-    assert argv[:5] == [sys.executable, "-m", "strata_plugin.remote", "agent", "--"]
+    assert argv[:5] == [sys.executable, "-m", "strata_plugin.run.remote", "agent", "--"]
     ssh = argv[5:]
     assert ssh[0] == "ssh" and "BatchMode=yes" in ssh and ssh[ssh.index("--") - 1] == "gpu-b"
     assert ssh[ssh.index("-F") + 1] == "/tmp/cfg"

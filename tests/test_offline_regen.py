@@ -10,8 +10,8 @@ from pathlib import Path
 
 from bundle_factory import gpu_run
 
+from strata_plugin.analysis.run_folder import DERIVED, DERIVED_DIRS
 from strata_plugin.report import write_report
-from strata_plugin.report.bundle import DERIVED, DERIVED_DIRS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_derived_files_do_not_depend_on_the_clock_or_folder(tmp_path):
 
 def test_parallel_sample_loading_gives_the_same_analysis(tmp_path):
     """Big runs load samples in a spawned worker; the result must not depend on it."""
-    from strata_plugin.report.analysis import analyze_run
+    from strata_plugin.analysis.case_summary import analyze_run
 
     run = gpu_run(tmp_path)
     serial = analyze_run(run, parallel=False)

@@ -28,7 +28,7 @@ collectors = ["proc", "cpu", "mem"]
 
 CASES = """
 import pytest
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 @pytest.mark.prefill
 def test_prefill(strata):
@@ -67,7 +67,7 @@ def llama_reply(seen: Seen) -> Reply:
 @pytest.fixture
 def project(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    pytester.makeconftest('pytest_plugins = ["strata_plugin.plugin"]\n')
+    pytester.makeconftest('"""Strata loads through its entry point."""\n')
     pytester.makeini(f"""
 [pytest]
 markers =

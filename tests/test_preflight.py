@@ -7,9 +7,9 @@ import socket
 import sys
 
 import pytest
+from fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
-from strata_plugin.agent.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from strata_plugin.preflight import (
+from strata_plugin.run.preflight import (
     PreflightError,
     check_gpus_idle,
     check_nodes,

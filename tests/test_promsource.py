@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from strata_plugin import promsource as ps
 from strata_plugin.agent.handle import AgentHandle, agent_argv
-from strata_plugin.timeline import Window, load_samples, summarize_window
+from strata_plugin.analysis.timeline import Window, load_samples, summarize_window
+from strata_plugin.run import prometheus as ps
 
 # --- a scripted client: what Prometheus would answer -------------------------------------
 
@@ -276,13 +276,12 @@ def _wait_http(url: str, timeout_s: float) -> bool:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     """node_exporter and Prometheus started by hand on 127.0.0.1 (never their services)."""
+    from system_packages import require
+
+    require("prometheus", "prometheus-node-exporter")
     exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     prom = shutil.which("prometheus")
-    if not exporter or not prom:
-        pytest.fail(
-            "prometheus / prometheus-node-exporter not installed: "
-            "run scripts/install_system_deps.sh"
-        )
+    assert exporter and prom, "installed, yet not on PATH"
     tmp = tmp_path_factory.mktemp("prom")
     ne_port, p_port = _free_port(), _free_port()
     (tmp / "prometheus.yml").write_text(

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from strata_plugin import rails
-from strata_plugin.attribution import WindowSignals, classify
-from strata_plugin.timeline import HwStat
+from strata_plugin.analysis import rails
+from strata_plugin.analysis.rules import WindowSignals, classify
+from strata_plugin.analysis.timeline import HwStat
 
 W = "case-1"
 

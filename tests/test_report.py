@@ -301,7 +301,7 @@ def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):
 
 
 def test_profile_link_caps_and_rdma_expectation():
-    from strata_plugin.report.signals import (
+    from strata_plugin.analysis.signals import (
         profile_expects_rdma,
         profile_interval_s,
         profile_link_caps,

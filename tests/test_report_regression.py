@@ -9,11 +9,11 @@ import random
 import pytest
 from bundle_factory import CaseSpec, RunSpec, cpu_run, make_run
 
-from strata_plugin.records import RequestRecord, TokenEvent
+from strata_plugin.analysis.run_compare import compare_runs
+from strata_plugin.analysis.run_folder import read_records
+from strata_plugin.formats.records import RequestRecord, TokenEvent
 from strata_plugin.report import regression_check
-from strata_plugin.report.bundle import read_records
 from strata_plugin.report.cli import compare_main, report_main
-from strata_plugin.report.compare import compare_runs
 
 
 def baseline_run(root):

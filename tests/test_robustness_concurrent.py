@@ -29,7 +29,7 @@ collectors = ["cpu", "mem"]
 """
 N = 40
 CASES = f"""
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_load(strata):
     r = strata.run(Workload("load", isl=8, osl=6, concurrency=2, requests={N}), scale=False)

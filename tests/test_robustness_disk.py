@@ -37,7 +37,7 @@ collectors = ["proc", "cpu", "mem", "disk", "net"]
 """
 
 CASES = """
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_fill(strata):
     strata.run(Workload("fill", isl=8, osl=6, concurrency=4, requests=4000), scale=False)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from strata_plugin.config import ProfileError, load_profile
+from strata_plugin.configure.profile import ProfileError, load_profile
 from tests.test_robustness_support import PytestRun, make_project
 
 GOOD = """

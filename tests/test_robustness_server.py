@@ -27,7 +27,7 @@ from tests.test_robustness_support import (
 pytestmark = pytest.mark.integration
 
 CASES = """
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_a_long(strata):
     strata.run(Workload("long", isl=32, osl=64, concurrency=2, requests=40), scale=False)

@@ -51,7 +51,7 @@ HUGE_BYTES = 64 * 2**20
 
 CASES = f"""
 import resource
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_broken_streams(strata, record_property):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def llama_paths() -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "setup_llama.py"),
+    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup",
                           "--print-paths"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError("llama-server is not built: run `bash scripts/setup.sh` first\n"
@@ -202,7 +202,7 @@ def count_lines(path: Path) -> int:
 
 def make_project(tmp: Path, cases: str, name: str = "test_cases.py") -> Path:
     """A project folder whose pytest loads the Strata plugin, with one cases file."""
-    (tmp / "conftest.py").write_text('pytest_plugins = ["strata_plugin.plugin"]\n')
+    (tmp / "conftest.py").write_text('"""Strata loads through its entry point."""\n')
     (tmp / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n"
                                     "markers =\n    decode: d\n")
     (tmp / name).write_text(cases)

@@ -17,7 +17,7 @@ from tests.test_robustness_support import PytestRun, kill_mid_case, make_project
 pytestmark = pytest.mark.integration
 
 CASES = """
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_a_long(strata):
     strata.run(Workload("long", isl=16, osl=64, requests=40), scale=False)

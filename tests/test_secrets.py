@@ -24,7 +24,7 @@ from tests.test_robustness_support import PytestRun, local_profile, make_project
 pytestmark = pytest.mark.integration
 
 CASES = """
-from strata_plugin.workload import Workload
+from strata_plugin.load.workload import Workload
 
 def test_with_key(strata):
     r = strata.run(Workload("k", isl=16, osl=4, concurrency=2, requests=4), scale=False)

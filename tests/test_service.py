@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from strata_plugin.service import LaunchSpec, Server, ServerStartError, free_port
+from strata_plugin.run.server import LaunchSpec, Server, ServerStartError, free_port
 
 HEALTHY = textwrap.dedent("""
     import http.server, os, subprocess, sys, time

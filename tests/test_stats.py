@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from strata_plugin.stats import (
+from strata_plugin.analysis.stats import (
     Distribution,
     bootstrap_ci,
     compare,

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata_plugin.agents import stop_agents
-from strata_plugin.markers import Marker, read_markers, write_markers
+from strata_plugin.formats.windows import Marker, read_markers, write_markers
+from strata_plugin.run.nodes import stop_agents
 
 
 @dataclass
@@ -64,7 +64,7 @@ def test_a_failed_markers_write_leaves_the_old_file_and_no_temporary(tmp_path):
 
 
 def test_a_failed_manifest_write_keeps_the_old_manifest_and_no_temporary(tmp_path):
-    from strata_plugin.rundir import atomic_write_text
+    from strata_plugin.run.run_folder import atomic_write_text
 
     path = tmp_path / "manifest.json"
     atomic_write_text(path, '{"complete": false}\n')
@@ -98,7 +98,7 @@ class FakeProc:
 
 
 def _session(log: list, workers: list):
-    from strata_plugin.session import StrataSession
+    from strata_plugin.run.session import StrataSession
 
     sess = object.__new__(StrataSession)  # only what ensure_alive touches
     sess.cfg = SimpleNamespace(server_url=None)
@@ -125,7 +125,9 @@ def test_a_dead_worker_restarts_the_whole_group_once_then_skips():
     assert sess.recorder.manifest["restart_default_workers"] == {"w0": 137}
     assert head.restarts == 1 and sess.dead_workers(head) == []
     sess.workers["default"][1]._alive = False  # dies again: no second restart
-    with pytest.raises(pytest.skip.Exception, match="worker w1 exit None"):
+    from strata_plugin.run.session import ServerDown
+
+    with pytest.raises(ServerDown, match="worker w1 exit None"):
         sess.ensure_alive(head)
 
 
@@ -137,7 +139,7 @@ def test_a_healthy_group_is_left_alone():
 
 
 def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path):
-    from strata_plugin.casefinish import finish_case
+    from strata_plugin.plugin.case_teardown import finish_case
 
     log = tmp_path / "worker-1.log"
     log.write_text("loading shard 3\nNCCL error: unhandled system error\n")

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata_plugin.markers import Marker
-from strata_plugin.timeline import (
+from strata_plugin.analysis.timeline import (
     NodeClock,
     Window,
     case_windows,
@@ -21,6 +20,7 @@ from strata_plugin.timeline import (
     summarize_series,
     summarize_window,
 )
+from strata_plugin.formats.windows import Marker
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from strata_plugin.validators import code_passes, extract_code, json_fields
+from strata_plugin.load.validators import code_passes, extract_code, json_fields
 
 FROZEN = Path(__file__).resolve().parents[1] / "fixtures" / "quality" / "test_add.py"
 

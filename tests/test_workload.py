@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from strata_plugin.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
+from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 SPACE = TokenSpace(300, 1000)
 

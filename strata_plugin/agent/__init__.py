@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-AGENT_VERSION = "0.1.0"
+from .protocol import AGENT_VERSION
 
 __all__ = ["AGENT_VERSION", "main"]
 

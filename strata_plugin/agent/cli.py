@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from . import AGENT_VERSION, protocol
+from . import protocol
 from .collectors.base import Collector, Emit, Unavailable
+from .protocol import AGENT_VERSION
 from .targets import ProcessTargets
 
 ALL_COLLECTORS = (
@@ -97,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--perf-events", default="cycles,instructions,cache-misses")
     p.add_argument("--no-gpm", action="store_true", help="skip NVML GPM metrics")
     p.add_argument(
-        "--fake-nvml",
-        action="store_true",
-        help="scripted NVML with two fake GPUs (tests and dry runs only)",
+        "--nvml-stub",
+        metavar="FILE",
+        help="a Python file whose stub() returns a pynvml stand-in (the harness's own tests "
+        "on machines without a GPU); its samples are labelled source nvml-stub",
     )
     p.add_argument("--duration", type=float, help="exit after this many seconds")
     p.add_argument("--no-stdin", action="store_true", help="ignore stdin (run detached)")
@@ -141,12 +143,11 @@ def make_collectors(args: argparse.Namespace, targets: ProcessTargets) -> list[C
         elif name == "nvml":
             from .collectors.nvml import NvmlCollector
 
-            fake = None
-            if args.fake_nvml:
-                from .fake_nvml import FakeNvml
-
-                fake = FakeNvml()
-            out.append(NvmlCollector(nvml=fake, gpm=not args.no_gpm))
+            if args.nvml_stub:
+                out.append(NvmlCollector(nvml=_load_stub(args.nvml_stub), gpm=not args.no_gpm,
+                                         source="nvml-stub"))
+            else:
+                out.append(NvmlCollector(gpm=not args.no_gpm))
         elif name == "dcgm":
             from .collectors.dcgm import DcgmCollector
 
@@ -533,3 +534,15 @@ def main(argv: list[str] | None = None) -> int:
             target=agent.control_loop, args=(sys.stdin.buffer,), name="control", daemon=True
         ).start()
     return agent.run(duration_s=args.duration)
+
+
+def _load_stub(path: str) -> object:
+    """A pynvml stand-in from a file outside the package: the stub never ships with the agent."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("strata_nvml_stub", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--nvml-stub {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.stub()

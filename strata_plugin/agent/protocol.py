@@ -20,6 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+#: The agent's version, sent in its ``hello`` line and recorded in snapshots.
+AGENT_VERSION = "0.1.0"
+
 PROTOCOL_VERSION = 1
 
 CSV_HEADER = "wall_ns,node,source,device,metric,value,kind"

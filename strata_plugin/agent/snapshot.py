@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from . import AGENT_VERSION, nvml_lib, procfs
+from . import nvml_lib, procfs
+from .protocol import AGENT_VERSION
 from .targets import run_tool
 
 Runner = Callable[[list[str], float], tuple[int, str, str]]

@@ -16,17 +16,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from strata_plugin.report.analysis import CaseAnalysis, summarize_case
-    from strata_plugin.report.regression import Regression, regression_check
+    from strata_plugin.analysis.case_summary import CaseAnalysis, summarize_case
+    from strata_plugin.analysis.regression import Regression, regression_check
     from strata_plugin.report.writer import write_report
 
 __all__ = ["CaseAnalysis", "Regression", "regression_check", "summarize_case", "write_report"]
 
 _WHERE = {
-    "CaseAnalysis": "strata_plugin.report.analysis",
-    "summarize_case": "strata_plugin.report.analysis",
-    "Regression": "strata_plugin.report.regression",
-    "regression_check": "strata_plugin.report.regression",
+    "CaseAnalysis": "strata_plugin.analysis.case_summary",
+    "summarize_case": "strata_plugin.analysis.case_summary",
+    "Regression": "strata_plugin.analysis.regression",
+    "regression_check": "strata_plugin.analysis.regression",
     "write_report": "strata_plugin.report.writer",
 }
 

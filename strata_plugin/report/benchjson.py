@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from strata_plugin.report.bundle import RunBundle
-from strata_plugin.report.requests import values
+from strata_plugin.analysis.request_values import values
+from strata_plugin.analysis.run_folder import RunBundle
 
 BENCH_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 

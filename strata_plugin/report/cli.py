@@ -63,7 +63,7 @@ def compare_main(argv: list[str]) -> int:
         if not (d / "requests.jsonl").exists():
             print(f"error: {d} has no requests.jsonl", file=sys.stderr)
             return 2
-    from strata_plugin.report.compare import DEFAULT_METRICS, compare_runs
+    from strata_plugin.analysis.run_compare import DEFAULT_METRICS, compare_runs
 
     try:
         rows = compare_runs(

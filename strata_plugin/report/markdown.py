@@ -11,15 +11,15 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_plugin.attribution import THRESHOLDS, Verdict
-from strata_plugin.metrics import PERCENTILE_METHOD
-from strata_plugin.rails import RailsReport
-from strata_plugin.report.abtest import ArmDelta, ShaPair
-from strata_plugin.report.analysis import CaseAnalysis, RunContext
-from strata_plugin.report.bundle import RunBundle
+from strata_plugin.analysis.ab_groups import ArmDelta, ShaPair
+from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
+from strata_plugin.analysis.metrics import PERCENTILE_METHOD
+from strata_plugin.analysis.rails import RailsReport
+from strata_plugin.analysis.rules import THRESHOLDS, Verdict
+from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
-from strata_plugin.timeline import SampleStore
 
 
 @dataclass
@@ -254,9 +254,9 @@ def verdict_md(v: Verdict) -> str:
 
 
 def rails_md(rep: RailsReport) -> str:
-    """Each rails finding (``strata_plugin.rails``) with the comparisons behind it."""
+    """Each rails finding (``strata_plugin.analysis.rails``) with the comparisons behind it."""
     lines = [
-        "Findings of `strata_plugin/rails.py` (the class each one supports); the source "
+        "Findings of `strata_plugin/analysis/rails.py` (the class each one supports); the source "
         "column names the rows of `case_hw_summary.csv` (`node/source:device/metric`).\n"
     ]
     for f in rep.findings:
@@ -479,7 +479,7 @@ def run_timeline(d: ReportData) -> str:
 def thresholds_section() -> str:
     return (
         "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/attribution.py`, `THRESHOLDS`).\n\n"
+        "(`strata_plugin/analysis/rules.py`, `THRESHOLDS`).\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strata_plugin.timeline import SampleStore, merge_intervals
+from strata_plugin.analysis.timeline import SampleStore, merge_intervals
 
 if TYPE_CHECKING:
     import numpy as np

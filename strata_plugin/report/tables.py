@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.metrics import HEADLINE_DISTRIBUTIONS, HEADLINE_SCALARS, HEADLINE_STATS
-from strata_plugin.report.analysis import CaseAnalysis
+from strata_plugin.analysis.case_summary import CaseAnalysis
+from strata_plugin.analysis.metrics import HEADLINE_DISTRIBUTIONS, HEADLINE_SCALARS, HEADLINE_STATS
+from strata_plugin.analysis.timeline import HW_COLUMNS, HwStat
 from strata_plugin.report.fmt import csv_cell, md_cell, md_num
-from strata_plugin.timeline import HW_COLUMNS, HwStat
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

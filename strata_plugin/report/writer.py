@@ -13,23 +13,23 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.attribution import THRESHOLDS
-from strata_plugin.clock import clock_warnings
-from strata_plugin.report import plots
-from strata_plugin.report.abtest import ab_groups, arm_deltas, same_output_pairs
-from strata_plugin.report.analysis import (
+from strata_plugin.analysis.ab_groups import ab_groups, arm_deltas, same_output_pairs
+from strata_plugin.analysis.case_summary import (
     CaseAnalysis,
     RunContext,
     analyze_run,
     request_intervals,
 )
+from strata_plugin.analysis.clocks import clock_warnings
+from strata_plugin.analysis.rules import THRESHOLDS
+from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.report import plots
 from strata_plugin.report.benchjson import benchmark_json
-from strata_plugin.report.bundle import RunBundle
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
-from strata_plugin.report.signals import profile_interval_s
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
-from strata_plugin.timeline import HW_COLUMNS, SampleStore, Window
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
 EXPECTED_SOURCES = ("proc", "cpu", "mem", "disk", "net")

@@ -135,8 +135,10 @@ class _Gpu:
 class NvmlCollector(Collector):
     source = "nvml"
 
-    def __init__(self, nvml: Any | None = None, gpm: bool = True, per_process: bool = True) -> None:
+    def __init__(self, nvml: Any | None = None, gpm: bool = True, per_process: bool = True,
+                 source: str = "nvml") -> None:
         super().__init__()
+        self.source = source  # "nvml-stub" when a test's stand-in answers instead of a GPU
         self._module = nvml
         self.gpm = gpm
         self.per_process = per_process

@@ -1,0 +1,379 @@
+"""One case, analysed: request metrics, hardware summary, energy, verdict.
+
+``summarize_case`` is what the plugin calls at a case's teardown (from the files on
+disk so far); ``write_report`` calls ``analyze_run`` for every case at the end. Both go
+through the same :func:`analyze_case`, so a case's verdict at teardown and in the
+report agree when the inputs do.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strata_plugin.analysis import rails
+from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
+from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
+from strata_plugin.analysis.run_folder import RunBundle, load_bundle
+from strata_plugin.analysis.signals import (
+    GPU_SOURCES,
+    RequestFacts,
+    build_signals,
+    profile_expects_rdma,
+    profile_link_caps,
+)
+from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples, node_clocks
+from strata_plugin.formats.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class Energy:
+    """GPU energy over a case's measured window, from NVML's energy counter."""
+
+    joules: float
+    n_gpus: int
+    j_per_output_token: float | None
+    j_per_request: float | None
+    min_coverage: float  # the least-covered GPU's share of the window
+
+
+@dataclass(frozen=True)
+class CaseAnalysis:
+    """Everything the report says about one case. (``case.CaseResult`` is the live
+    runner's result; this is the analysis of the files.)"""
+
+    case_id: str
+    name: str
+    config_id: str
+    params: dict[str, Any]
+    window: Window | None
+    metrics: CaseMetrics
+    headline: dict[str, float | int | str]
+    hw: tuple[HwStat, ...]
+    signals: WindowSignals
+    verdict: Verdict
+    energy: Energy | None
+    info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
+    rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
+
+    def user_properties(self) -> list[tuple[str, float | int | str]]:
+        """Plain scalars for the test's JUnit properties, sorted by name."""
+        v = self.verdict
+        props: dict[str, float | int | str] = dict(self.headline)
+        props["verdict"] = v.summary() or "none"
+        props["verdict_confidence"] = v.confidence
+        props["verdict_inconclusive"] = int(v.inconclusive)
+        for i, cls in enumerate(v.classes[:2], 1):
+            props[f"bottleneck_{i}"] = cls
+        if v.finer_trace:
+            props["finer_trace"] = " | ".join(v.finer_trace)
+        if self.energy is not None:
+            props["energy_j"] = self.energy.joules
+            if self.energy.j_per_output_token is not None:
+                props["energy_j_per_output_token"] = self.energy.j_per_output_token
+        return sorted(props.items())
+
+
+def _energy(hw: Sequence[HwStat], cm: CaseMetrics) -> Energy | None:
+    rows = [
+        r for r in hw if r.source in GPU_SOURCES and r.metric == "energy_mj" and r.delta is not None
+    ]
+    seen: dict[tuple[str, str], HwStat] = {}
+    for r in sorted(rows, key=lambda r: GPU_SOURCES.index(r.source)):
+        seen.setdefault((r.node, r.device), r)
+    if not seen:
+        return None
+    joules = sum(r.delta for r in seen.values()) / 1000.0
+    out_tokens = cm.total_output_tokens
+    return Energy(
+        joules=joules,
+        n_gpus=len(seen),
+        j_per_output_token=joules / out_tokens if out_tokens else None,
+        j_per_request=joules / cm.n_ok if cm.n_ok else None,
+        min_coverage=min(r.coverage for r in seen.values()),
+    )
+
+
+def _mono_window(bundle: RunBundle, case_id: str, window: Window | None) -> tuple[int, int] | None:
+    """The measured window on the monotonic clock, for throughput denominators."""
+    raw = bundle.case_info(case_id).raw.get("window_mono_ns")
+    if isinstance(raw, (list, tuple)) and len(raw) == 2:
+        return int(raw[0]), int(raw[1])
+    a = bundle.anchor
+    if window is not None and a is not None:
+        return window.start_ns - a.wall_ns + a.mono_ns, window.end_ns - a.wall_ns + a.mono_ns
+    return None
+
+
+def _window_mono(rec: RequestRecord) -> tuple[int, int]:
+    """A request's span as ``metrics.RequestMetrics`` defines it (start_ns, end_ns):
+    dispatch to the last token-bearing event, else done, else first byte. Computed here
+    without the full per-request metrics, which cost ~20x more and are not needed.
+    """
+    ends = [e.t_ns for e in rec.events if e.n_tokens > 0]
+    end_candidates = [
+        x for x in (max(ends) if ends else None, rec.done_ns, rec.first_byte_ns) if x is not None
+    ]
+    return rec.dispatched_ns, max(end_candidates, default=rec.dispatched_ns)
+
+
+def request_intervals(bundle: RunBundle, case_id: str) -> tuple[tuple[int, int], ...]:
+    """(start, end) on the harness wall clock of each measured request of a case."""
+    measured = [r for r in bundle.records.get(case_id, []) if r.phase == "measured"]
+    a = bundle.anchor
+    if a is not None:
+        return tuple(
+            (a.to_wall_ns(s), a.to_wall_ns(e)) for s, e in (_window_mono(r) for r in measured)
+        )
+    # No anchor: the request markers are on the wall clock already.
+    ids = {r.request_id for r in measured}
+    return tuple(
+        (m.start_wall_ns, m.end_wall_ns)
+        for m in bundle.markers
+        if m.kind == "request" and m.name in ids
+    )
+
+
+def _queue_share(rec: RequestRecord) -> float | None:
+    """(ttft - server prompt ms) / ttft: the share of TTFT spent outside prefill."""
+    if not rec.ok or rec.timings is None or rec.timings.prompt_ms is None:
+        return None
+    firsts = [e.t_ns for e in rec.events if e.n_tokens > 0]
+    if not firsts:
+        return None
+    ttft_ms = (min(firsts) - rec.dispatched_ns) / 1e6
+    if ttft_ms <= 0:
+        return None
+    return max(0.0, ttft_ms - rec.timings.prompt_ms) / ttft_ms
+
+
+def request_facts(
+    bundle: RunBundle, case_id: str, records: Sequence[RequestRecord], cm: CaseMetrics
+) -> RequestFacts:
+    info = bundle.case_info(case_id)
+    measured = [r for r in records if r.phase == "measured"]
+    intervals = request_intervals(bundle, case_id)
+    fracs = [f for f in (_queue_share(r) for r in measured) if f is not None]
+    conc = info.params.get("concurrency")
+    return RequestFacts(
+        intervals_wall=intervals,
+        chunk_gap_p50=cm.chunk_gap.p50,
+        chunk_gap_p99=cm.chunk_gap.p99,
+        n_chunk_gaps=cm.chunk_gap.n,
+        tpot_p50=cm.tpot.p50,
+        server_queue_frac=statistics.median(fracs) if fracs else None,
+        concurrency=int(conc) if isinstance(conc, (int, float)) else None,
+        client_bound=info.client_bound,
+        client_lateness_p99_ms=info.self_check("dispatch_lateness_p99_ms"),
+        client_cpu_fraction=info.self_check("client_cpu_cores"),
+    )
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Run-wide facts every case's signals need."""
+
+    gpu_present: bool
+    gpu_expected: bool
+    multi_node: bool
+    unavailable: tuple[tuple[str, str], ...]
+    #: (node, iface) -> bytes/s per direction, from the profile's telemetry.link_caps
+    link_caps: dict[tuple[str, str], float] = field(default_factory=dict)
+    expect_rdma: bool = False  # the profile samples rdma or sets NCCL_IB_HCA
+
+
+def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
+    sources = store.sources()
+    nodes_with_samples = {n for n, _ in sources}
+    unavailable = tuple(
+        (f"{node}/{col}", why)
+        for node in sorted(store.unavailable)
+        for col, why in sorted(store.unavailable[node].items())
+    )
+    return RunContext(
+        gpu_present=any(s in GPU_SOURCES for _, s in sources),
+        gpu_expected=bool(bundle.manifest.get("gpu_expected", False)),
+        multi_node=len(nodes_with_samples) > 1,
+        unavailable=unavailable,
+        link_caps=profile_link_caps(bundle.manifest),
+        expect_rdma=profile_expects_rdma(bundle.manifest),
+    )
+
+
+def metrics_for(bundle: RunBundle, case_id: str) -> CaseMetrics:
+    """``metrics.case_metrics`` of a case over its measured window (monotonic clock)."""
+    window = bundle.case_windows().get(case_id)
+    records = bundle.records.get(case_id, [])
+    return case_metrics(records, window_ns=_mono_window(bundle, case_id, window))
+
+
+def analyze_case(
+    bundle: RunBundle,
+    ctx: RunContext,
+    case_id: str,
+    hw: Sequence[HwStat],
+    cm: CaseMetrics | None = None,
+) -> CaseAnalysis:
+    """One case from its hardware rows; ``cm`` when the case metrics are already known."""
+    info = bundle.case_info(case_id)
+    window = bundle.case_windows().get(case_id)
+    records = bundle.records.get(case_id, [])
+    cm = cm if cm is not None else metrics_for(bundle, case_id)
+    facts = request_facts(bundle, case_id, records, cm)
+    rep = None
+    if window is not None:
+        rep = rails.analyze(
+            hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
+        )
+        sig = build_signals(
+            window=case_id,
+            duration_s=window.duration_s,
+            start_ns=window.start_ns,
+            end_ns=window.end_ns,
+            hw=hw,
+            requests=facts,
+            gpu_present=ctx.gpu_present,
+            gpu_expected=ctx.gpu_expected,
+            multi_node=ctx.multi_node,
+            unavailable=ctx.unavailable,
+            rails_report=rep,
+        )
+    else:  # no marker yet: no window to slice, so no hardware signal at all
+        sig = WindowSignals(
+            window=case_id,
+            duration_s=0.0,
+            gpu_present=ctx.gpu_present,
+            gpu_expected=ctx.gpu_expected,
+            multi_node=ctx.multi_node,
+            unavailable=ctx.unavailable,
+        )
+    return CaseAnalysis(
+        case_id=case_id,
+        name=info.name,
+        config_id=info.config_id,
+        params=dict(info.params),
+        window=window,
+        metrics=cm,
+        headline=headline(cm),
+        hw=tuple(hw),
+        signals=sig,
+        verdict=classify(sig),
+        energy=_energy(hw, cm),
+        info=dict(info.raw),
+        rails=rep,
+    )
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC while loading: parsing builds millions of small objects and no cycles,
+    and full collections triggered by them cost more than the parse (2-3x on 50k requests).
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def load_run(run_dir: Path, case_id: str | None = None) -> tuple[RunBundle, SampleStore]:
+    bundle = load_bundle(run_dir, case_id)
+    store = load_samples(bundle.run_dir, node_clocks(bundle.manifest))
+    return bundle, store
+
+
+def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
+    """The case's metrics, hardware summary and verdict from the files on disk so far.
+
+    Needs ``markers.csv`` with the case's "measured" (or "case") marker for a window;
+    ``requests.jsonl`` lines of the case; samples and ``manifest.json`` as far as
+    written. The ``cases.jsonl`` line is optional (client self-check, params).
+    """
+    from strata_plugin.analysis.timeline import summarize_window
+
+    with gc_paused():
+        bundle, store = load_run(Path(run_dir), case_id)
+        window = bundle.case_windows().get(case_id)
+        hw = summarize_window(store, window) if window is not None else []
+        return analyze_case(bundle, run_context(bundle, store), case_id, hw)
+
+
+@dataclass
+class RunAnalysis:
+    """A run read from disk and analysed: what every derived file is made from."""
+
+    bundle: RunBundle
+    store: SampleStore
+    windows: list[Window]
+    hw_by_window: dict[str, list[HwStat]]
+    ctx: RunContext
+    analyses: list[CaseAnalysis]
+
+
+#: Sample files above this size are loaded in a second process while this one parses
+#: the requests: the two halves are independent and each takes seconds on a long run.
+PARALLEL_MIN_SAMPLE_BYTES = 64 * 2**20
+
+
+def _samples_and_summaries(
+    run_dir: str, manifest: dict[str, Any], windows: list[Window]
+) -> tuple[SampleStore, dict[str, list[HwStat]]]:
+    from strata_plugin.analysis.timeline import summarize_windows
+
+    with gc_paused():
+        store = load_samples(Path(run_dir), node_clocks(manifest))
+        return store, summarize_windows(store, windows)
+
+
+def _sample_bytes(run_dir: Path) -> int:
+    return sum(p.stat().st_size for p in run_dir.glob("nodes/*/samples/*.csv"))
+
+
+def analyze_run(run_dir: Path | str, *, parallel: bool | None = None) -> RunAnalysis:
+    """Load the raw files, summarize every window, analyse every case.
+
+    ``parallel`` (default: when the sample files exceed 64 MiB and there is a second
+    core) loads and summarizes the samples in a spawned process while this one reads
+    the requests and computes the case metrics. Same result either way.
+    """
+    import os
+
+    from strata_plugin.analysis.run_folder import read_json
+    from strata_plugin.analysis.timeline import load_markers, run_windows
+
+    run_dir = Path(run_dir)
+    manifest = read_json(run_dir / "manifest.json")
+    windows = run_windows(load_markers(run_dir))
+    if parallel is None:
+        parallel = (os.cpu_count() or 1) > 1 and _sample_bytes(run_dir) > PARALLEL_MIN_SAMPLE_BYTES
+    pool = future = None
+    if parallel:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        future = pool.submit(_samples_and_summaries, str(run_dir), manifest, windows)
+    try:
+        with gc_paused():
+            bundle = load_bundle(run_dir)
+            cms = {cid: metrics_for(bundle, cid) for cid in bundle.case_ids()}
+            if future is not None:
+                store, hw_by_window = future.result()
+            else:
+                store, hw_by_window = _samples_and_summaries(str(run_dir), manifest, windows)
+            ctx = run_context(bundle, store)
+            analyses = [
+                analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid])
+                for cid in bundle.case_ids()
+            ]
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return RunAnalysis(bundle, store, windows, hw_by_window, ctx, analyses)

@@ -1,0 +1,77 @@
+"""Per-request values of one metric, for A/B tables, run comparisons and the gate.
+
+A metric is any float field of ``metrics.RequestMetrics`` (``ttft_ms``, ``tpot_ms``,
+``e2e_ms``, ``server_decode_tok_s`` ...) or one of the server-process deltas recorded
+around each request (``RequestRecord.proc``): ``proc_cpu_s``, ``proc_major_faults``,
+``proc_read_mb``. Only measured, successful requests count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import fields
+
+from strata_plugin.analysis.metrics import RequestMetrics, request_metrics
+from strata_plugin.formats.records import RequestRecord
+
+PROC_METRICS = {"proc_cpu_s": "s", "proc_major_faults": "faults", "proc_read_mb": "MB"}
+_REQUEST_FLOATS = tuple(
+    f.name
+    for f in fields(RequestMetrics)
+    if f.name.endswith(("_ms", "_tok_s")) or f.name in ("n_out", "spec_acceptance")
+)
+METRICS = _REQUEST_FLOATS + tuple(PROC_METRICS)
+
+
+def unit(metric: str) -> str:
+    if metric in PROC_METRICS:
+        return PROC_METRICS[metric]
+    if metric.endswith("_ms"):
+        return "ms"
+    if metric.endswith("_tok_s"):
+        return "tok/s"
+    return ""
+
+
+def higher_is_worse(metric: str) -> bool:
+    """Latencies and resource use get worse upwards; rates and acceptance downwards."""
+    return not (metric.endswith(("_tok_s", "_per_s")) or metric in ("spec_acceptance", "n_out"))
+
+
+def check_metric(metric: str) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"unknown request metric {metric!r}; one of: {', '.join(METRICS)}")
+
+
+def proc_value(rec: RequestRecord, metric: str) -> float | None:
+    p = rec.proc
+    if p is None:
+        return None
+    if metric == "proc_cpu_s":
+        return float(p.cpu_s)
+    if metric == "proc_major_faults":
+        return float(p.major_faults)
+    return p.read_bytes / 1e6
+
+
+def values(
+    records: Iterable[RequestRecord],
+    metric: str,
+    metrics_of: Callable[[RequestRecord], RequestMetrics] = request_metrics,
+) -> list[float]:
+    """The metric for every measured, successful request that defines it.
+
+    ``metrics_of`` lets a caller pass a memoized ``request_metrics`` (a run's bundle).
+    """
+    check_metric(metric)
+    out = []
+    for r in records:
+        if r.phase != "measured" or not r.ok:
+            continue
+        if metric in PROC_METRICS:
+            v = proc_value(r, metric)
+        else:
+            v = getattr(metrics_of(r), metric)
+        if v is not None:
+            out.append(float(v))
+    return out

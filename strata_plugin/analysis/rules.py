@@ -1,0 +1,1410 @@
+"""Rules that turn one window's signals into a verdict: what the hardware waited on.
+
+Shaped like top-down analysis: first "is the GPU busy or waiting?", then which
+kind of busy (compute, memory bandwidth, communication, PCIe copies, latency /
+low occupancy) or which kind of waiting (host CPU / launch, input-starved, disk
+I/O and page faults, waiting on a peer). Throttling is a modifier on any of them.
+Serving classes (queueing, KV-cache capacity, prefill-decode interference, the
+client itself) sit beside. A server without a GPU (llama.cpp on the CPU) gets the
+host classes from proc/cpu/mem/disk/net samples alone.
+
+Three promises, each tested:
+
+* every number a rule compares against is in :data:`THRESHOLDS`, with its source;
+* a rule whose signal was not measured does not fire and does not clear: it is
+  "unassessable", and the verdict names the missing signal and why it is missing;
+* when the evidence cannot separate two classes, or contradicts itself, the
+  verdict is inconclusive and names the finer trace that would settle it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+# --- the one threshold table -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    value: float
+    unit: str
+    source: str  # where the number comes from; "[inferred]" when it is a judgement
+
+
+R = "docs: shared/research/telemetry_attribution.md"
+THRESHOLDS: tuple[Threshold, ...] = (
+    # GPU level 1: busy or waiting
+    Threshold(
+        "sm_active_busy",
+        0.5,
+        "ratio",
+        "DCGM user guide, SM Activity: 'a value less than 0.5 likely indicates "
+        f"ineffective GPU usage' ({R} s2)",
+    ),
+    Threshold(
+        "sm_active_high",
+        0.8,
+        "ratio",
+        f"DCGM user guide: '0.8 or greater is necessary ... for effective use' ({R} s2)",
+    ),
+    Threshold(
+        "gpu_util_busy",
+        0.8,
+        "ratio",
+        f"NVML utilization.gpu: a kernel running >= 80% of the time ({R} s7 rule 4)",
+    ),
+    Threshold(
+        "gpu_idle_util_pct",
+        10.0,
+        "%",
+        "[inferred] NVML utilization below 10% counts as a hole in the GPU timeline "
+        "(seed 002: 'GPU utilization sawtooth or holes' => CPU scheduler/launch)",
+    ),
+    # GPU busy: which kind
+    Threshold(
+        "sm_active_compute",
+        0.6,
+        "ratio",
+        f"KempnerPulse 'tensor-heavy' rule: tensor >= 0.5 with SM active >= 0.6 ({R} s7 rule 2)",
+    ),
+    Threshold(
+        "tensor_active_compute",
+        0.5,
+        "ratio",
+        f"KempnerPulse 'tensor-heavy' rule ({R} s7 rule 2); tensor saturates near 0.93",
+    ),
+    Threshold(
+        "dram_active_bound",
+        0.5,
+        "ratio",
+        "KempnerPulse memory-bound DRAM >= 50%; DCGM: ~0.8 is the practical DRAM peak "
+        f"({R} s2, s7 rule 3)",
+    ),
+    Threshold(
+        "dram_active_low",
+        0.4,
+        "ratio",
+        "NCU 'both compute and memory < 60% of peak => latency', scaled to DRAM's 0.8 "
+        f"ceiling ({R} s5.2, s7 rules 8-9)",
+    ),
+    Threshold("tensor_active_low", 0.3, "ratio", f"{R} s7 rules 8-9 (latency / launch-bound)"),
+    Threshold(
+        "occupancy_low",
+        0.25,
+        "ratio",
+        f"[inferred] {R} s7 rule 9 names 'occupancy low' without a number",
+    ),
+    Threshold(
+        "comm_sm_max",
+        0.5,
+        "ratio",
+        f"NCCL kernels occupy few SMs: busy but SM active < 0.5 ({R} s7 rule 4) [inferred]",
+    ),
+    Threshold("comm_tensor_max", 0.2, "ratio", f"{R} s7 rule 4 [inferred]"),
+    Threshold(
+        "rdma_link_frac",
+        0.5,
+        "of link rate",
+        "nccl-tests #290: NDR 400 Gb/s => 46-48 GB/s per NIC; half of line rate "
+        f"= sustained collective traffic ({R} s5.7, s7 rule 4)",
+    ),
+    Threshold(
+        "nvlink_bytes_s",
+        1e11,
+        "B/s",
+        "[inferred] 100 GB/s on NVLink 4 (450 GB/s/dir line, ~370 GB/s NCCL effective, "
+        f"nccl-tests #212) = heavy intra-node collectives ({R} s5.7)",
+    ),
+    Threshold(
+        "pcie_bytes_s_cap",
+        55e9,
+        "B/s",
+        "PCIe Gen5 x16: 128 GB/s bidirectional (TransformerEngine doc) = 64 GB/s per "
+        f"direction, ~55 GB/s achievable [inferred] ({R} s5.4)",
+    ),
+    Threshold("pcie_link_frac", 0.5, "of pcie_bytes_s_cap", f"{R} s7 rule 6"),
+    Threshold(
+        "pcie_active_bytes_s",
+        1e9,
+        "B/s",
+        f"KempnerPulse I/O rule: >= 1 GB/s PCIe while SM active < 0.3 ({R} s7 rule 6)",
+    ),
+    Threshold("pcie_sm_max", 0.3, "ratio", f"KempnerPulse I/O rule ({R} s7 rule 6)"),
+    # throttling (modifier)
+    Threshold(
+        "throttle_frac",
+        0.05,
+        "of window",
+        "NVML clock-event violation ns (DCGM 1420-1424): slowed > 5% of the window "
+        f"({R} s7 rule 1)",
+    ),
+    Threshold(
+        "sm_clock_ratio_min", 0.9, "of max SM clock", f"{R} s7 rule 1: f_sm < 0.9 while busy"
+    ),
+    Threshold(
+        "sm_clock_low_frac",
+        0.2,
+        "of window",
+        "[inferred] SM clock under 0.9 x max for over a fifth of a busy window",
+    ),
+    # imbalance across GPUs / rails
+    Threshold(
+        "imbalance_cv",
+        0.15,
+        "CV",
+        f"{R} s7 rule 5 (TRT-LLM straggler verdict; HTA rank distributions) [inferred]",
+    ),
+    Threshold("imbalance_max_min", 1.2, "ratio", f"{R} s7 rule 5 [inferred]"),
+    Threshold(
+        "straggler_rel_dev",
+        0.15,
+        "of the peers' median",
+        f"{R} s7 rule 5 (TRT-LLM straggler verdict) [inferred], same as imbalance_cv",
+    ),
+    Threshold(
+        "rail_active_bytes_s",
+        1e6,
+        "B/s",
+        "[inferred] a rail under 1 MB/s carries control traffic only; it is left out of "
+        "the imbalance ratio",
+    ),
+    # RDMA rails: errors and congestion (network)
+    Threshold(
+        "rail_error_events",
+        1.0,
+        "count",
+        "IB spec PortCounters: symbol/link/receive errors, discards, timeouts and "
+        "out-of-sequence stay at 0 on a healthy link; any increase in a window is news",
+    ),
+    Threshold(
+        "rail_congestion_per_s",
+        100.0,
+        "events/s",
+        "[inferred] CNPs / ECN marks / transmit-wait ticks above 100/s mean the fabric "
+        f"is pushing back ({R} s5.7: DCQCN CNP counters)",
+    ),
+    Threshold(
+        "socket_fallback_bytes_s",
+        10e6,
+        "B/s",
+        "[inferred] HTTP, ssh, Prometheus and NCCL bootstrap stay well under 10 MB/s; "
+        "collective traffic over TCP is hundreds of MB/s",
+    ),
+    # host CPU
+    Threshold(
+        "thread_core_saturated",
+        0.9,
+        "cores",
+        f"one engine thread >= 0.9 core ({R} s7 rule 8; seed 002: 'one CPU core "
+        "continuously full')",
+    ),
+    Threshold(
+        "runq_delay_per_cpu_s",
+        0.1,
+        "s waiting / s running",
+        f"schedstat run_delay: > 0.1 of run time spent runnable but not running ({R} s3.1, "
+        "s7 rule 8; normalized by CPU time because the agent sums threads)",
+    ),
+    Threshold(
+        "psi_some_frac", 0.10, "of window", f"PSI 'some' > 10% (kernel PSI doc; {R} s7 rules 7-8)"
+    ),
+    Threshold(
+        "cores_busy_frac",
+        0.9,
+        "of cores",
+        "[inferred] USE method: 90% of all cores busy = CPU saturated",
+    ),
+    Threshold(
+        "server_cores_of_threads",
+        0.85,
+        "of min(threads, cores)",
+        "[inferred] the server uses what its threads can use: it is CPU-bound",
+    ),
+    Threshold(
+        "other_cpu_frac",
+        0.25,
+        "of cores",
+        "[inferred] other processes hold a quarter of the cores while the server runs",
+    ),
+    Threshold(
+        "involuntary_ctx_per_cpu_s",
+        50.0,
+        "1/cpu-s",
+        "[inferred] a busy thread on a free core is rarely preempted; fully contended at "
+        "4 ms CFS slices it is ~250/s",
+    ),
+    Threshold("steal_frac", 0.05, "of CPU time", "[inferred] hypervisor steal above 5%"),
+    Threshold(
+        "cgroup_throttled_frac",
+        0.05,
+        "of window",
+        f"cgroup v2 cpu.stat throttled_usec ({R} s3.1) [inferred 5%]",
+    ),
+    # I/O and page faults
+    Threshold(
+        "major_faults_per_s",
+        20.0,
+        "1/s",
+        "seed 000 A/B (off-a vs off-b, same output SHA): 2800 major faults in a 66.29 s "
+        f"request (~42/s) vs 16 in 2.75 s; set below the slow arm ({R} s7 rule 7 says "
+        "~100/s [inferred])",
+    ),
+    Threshold(
+        "read_bytes_s",
+        4e6,
+        "B/s",
+        "seed 000 A/B: 344.78 MB read in 66.29 s (~5.2 MB/s) vs 1.96 MB in 2.75 s; set "
+        f"below the slow arm ({R} s7 rule 7 uses 100 MB/s for streaming)",
+    ),
+    Threshold(
+        "disk_busy_frac",
+        0.5,
+        "of window",
+        f"/proc/diskstats io_ticks: device busy > 50% ({R} s7 rule 7)",
+    ),
+    Threshold("iowait_frac", 0.10, "of CPU time", "[inferred] CPU iowait above 10%"),
+    # memory
+    Threshold(
+        "mem_available_frac_min",
+        0.10,
+        "of MemTotal",
+        "[inferred]; seed 000 tracks MemAvailable/Cached/Mlocked and warns page cache "
+        "is not free memory",
+    ),
+    # network
+    Threshold(
+        "net_link_frac",
+        0.7,
+        "of link speed",
+        "[inferred] USE utilization; TCP goodput tops out near 90-95% of line rate",
+    ),
+    Threshold(
+        "net_wire_busy",
+        1.0,
+        "(tx + rx) / capacity",
+        "[inferred] request/response traffic (llama.cpp RPC, pipeline hops) alternates "
+        "directions, so neither fills its half of the link that limits it; measured on an "
+        "8 Mbit/s tbf-capped veth with llama.cpp RPC: busier direction 0.69-0.89, both "
+        "directions 1.15-1.37 of the cap. Both together carrying a full direction's "
+        "capacity means the wire was busy whenever one side waited",
+    ),
+    Threshold(
+        "net_drop_events",
+        1.0,
+        "count",
+        "[inferred] drops or errors on the interface that carries the traffic (reported "
+        "as a rails finding; not a classifier input)",
+    ),
+    # serving
+    Threshold(
+        "waiting_requests_mean",
+        0.5,
+        "requests",
+        f"queue ~ 0 when mean waiting < 0.5 (USE saturation; {R} s7 rule 0)",
+    ),
+    Threshold(
+        "server_queue_frac",
+        0.5,
+        "of TTFT",
+        "[inferred] the median request waited over half its TTFT outside prefill "
+        "(ttft - llama.cpp timings.prompt_ms)",
+    ),
+    Threshold(
+        "kv_usage_high", 0.95, "ratio", f"KV usage > 0.95 or preemptions > 0 ({R} s7 rule 10)"
+    ),
+    Threshold(
+        "chunk_gap_p99_p50",
+        3.0,
+        "ratio",
+        "chunk gap p99 over the decode pace (TPOT p50) > 3 with prompts arriving "
+        f"mid-decode (DistServe, Sarathi-Serve; {R} s5.5, s7 rule 10)",
+    ),
+    Threshold(
+        "inflight_frac_min",
+        0.8,
+        "of window",
+        "[inferred] the server had no request in flight for over a fifth of the window",
+    ),
+    Threshold(
+        "client_bound", 1.0, "bool", "the load generator's own self-check (loadgen.SelfCheck)"
+    ),
+    # how the verdict is put together
+    Threshold(
+        "dominance_margin",
+        0.5,
+        "score",
+        "[inferred] a class leads a conflicting one when it is well past its threshold "
+        "and the other barely past (scores 0..1: 0 at the threshold, 1 at 25% past)",
+    ),
+    Threshold(
+        "missing_penalty",
+        0.85,
+        "factor",
+        "[inferred] confidence multiplier per unmeasured collector a rule needed",
+    ),
+)
+_BY_NAME = {t.name: t for t in THRESHOLDS}
+
+
+def threshold(name: str) -> Threshold:
+    return _BY_NAME[name]
+
+
+def _v(name: str) -> float:
+    return _BY_NAME[name].value
+
+
+# --- traces that settle what counters cannot ---------------------------------------------
+
+TRACE_CUDA = (
+    "CUDA timeline of copies and kernels: nsys profile --trace=cuda,nvtx,osrt "
+    "(H2D/D2H memcpy, kernels, launch gaps, event waits)"
+)
+TRACE_GPM = "SM / DRAM / tensor activity: NVML GPM or dcgmi dmon -e 1002,1003,1004,1005 -d 100"
+TRACE_NCCL = (
+    "per-rank NCCL timeline: nsys --trace=cuda,nvtx (NCCL NVTX ranges) on every node, "
+    "aligned by the measured clock offsets"
+)
+TRACE_SCHED = (
+    "per-thread scheduling trace: perf sched record / bpftrace runqlat + offcputime "
+    "(on-CPU vs runnable vs blocked, per thread)"
+)
+TRACE_BLOCK = (
+    "per-file block I/O trace: biosnoop / blktrace with filetop, and fault addresses "
+    "(perf trace -F maj)"
+)
+TRACE_MEM = "memory reclaim trace: perf trace -e 'vmscan:*' or bpftrace on direct reclaim"
+TRACE_NET = (
+    "per-connection network trace: ss -ti (RTT, retransmits) and ethtool -S during the window"
+)
+TRACE_SERVER = "server scheduler metrics: the engine's /metrics (waiting/running, KV usage)"
+TRACE_CLOCK = (
+    "clock alignment check: re-measure node offsets and compare request markers with "
+    "the server log timestamps"
+)
+
+# --- inputs ------------------------------------------------------------------------------
+
+#: Which collector and metric each signal comes from (for "missing" messages).
+SIGNAL_SOURCES: dict[str, str] = {
+    "gpu_util": "nvml:gpu_util_pct",
+    "sm_active": "nvml:gpm_sm_activity_pct",
+    "tensor_active": "nvml:gpm_tensor_activity_pct",
+    "dram_active": "nvml:gpm_dram_bw_util_pct",
+    "sm_occupancy": "nvml:gpm_sm_occupancy_pct",
+    "sm_active_cv": "nvml:gpm_sm_activity_pct",
+    "gpu_util_max_min": "nvml:gpu_util_pct",
+    "pcie_bytes_s": "nvml:pcie_rx_bytes_s/pcie_tx_bytes_s",
+    "nvlink_bytes_s": "nvml:gpm_nvlink_tx_bytes_s/gpm_nvlink_rx_bytes_s",
+    "throttle_frac": "nvml:violation_power_ns/violation_thermal_ns/throttle_reasons",
+    "sm_clock_low_frac": "nvml:sm_clock_mhz/sm_clock_max_mhz",
+    "rdma_util": "rdma:xmit_bytes/rcv_bytes/link_rate_gbps",
+    "host_busy_cores": "cpu:busy_s",
+    "n_cores": "cpu:busy_s (per core)",
+    "iowait_frac": "cpu:iowait_s",
+    "steal_frac": "cpu:steal_s",
+    "psi_cpu_some": "cpu:psi_cpu_some_total_us",
+    "psi_io_some": "cpu:psi_io_some_total_us",
+    "psi_mem_some": "cpu:psi_memory_some_total_us",
+    "cgroup_throttled_frac": "cpu:cgroup_throttled_us",
+    "server_cpu_cores": "proc:cpu_user_s/cpu_system_s",
+    "server_threads": "proc:num_threads (or thread_cpu_s devices)",
+    "server_max_thread_cores": "proc:thread_cpu_s",
+    "runq_delay_per_cpu_s": "proc:runqueue_delay_ns",
+    "ctx_involuntary_per_cpu_s": "proc:ctx_involuntary",
+    "major_faults_per_s": "proc:major_faults",
+    "read_bytes_s": "proc:read_bytes",
+    "disk_busy_frac": "disk:busy_ms",
+    "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes",
+    "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
+    "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
+    "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
+    "rdma_rail_cv": "rdma:xmit_bytes/rcv_bytes",
+    "rdma_error_events": "rdma:symbol_error/port_rcv_errors/... (error counters)",
+    "rdma_congestion_per_s": "rdma:np_cnp_sent/rp_cnp_handled/port_xmit_wait/...",
+    "socket_fallback_bytes_s": "net:rx_bytes/tx_bytes (beside rdma:xmit_bytes/rcv_bytes)",
+    "straggler_rel_dev": "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)",
+    "waiting_mean": "prom:waiting_requests",
+    "kv_usage_max": "prom:kv_cache_usage",
+    "preemptions": "prom:num_preemptions_total",
+    "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
+    "chunk_gap_p99_p50": "requests: chunk gaps",
+    "inflight_frac": "requests: dispatched..done windows",
+    "client_bound": "cases.jsonl: client_bound (load generator self-check)",
+}
+
+
+@dataclass(frozen=True)
+class WindowSignals:
+    """One window, reduced to the numbers the rules read. None = not measured.
+
+    Built by ``strata_plugin.analysis.signals`` from the timeline summary and the case
+    metrics. GPU values are means over the GPUs of the window (ratios 0-1); byte
+    rates are the busiest device's; CPU values are for the node that runs the server.
+    """
+
+    window: str
+    duration_s: float
+    gpu_present: bool = False  # some GPU telemetry was measured
+    gpu_expected: bool = False  # the run says the server uses GPUs
+    multi_node: bool = False
+    unavailable: tuple[tuple[str, str], ...] = ()  # ("node/collector", reason)
+    # GPU
+    n_gpus: int = 0
+    gpu_util: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    sm_occupancy: float | None = None
+    sm_active_cv: float | None = None
+    gpu_util_max_min: float | None = None
+    pcie_bytes_s: float | None = None
+    nvlink_bytes_s: float | None = None
+    throttle_frac: float | None = None
+    sm_clock_low_frac: float | None = None
+    rdma_util: float | None = None
+    rdma_rail_max_min: float | None = None
+    rdma_rail_cv: float | None = None  # CV of the active rails' throughput
+    rdma_error_events: float | None = None  # error counter increases, all rails
+    rdma_congestion_per_s: float | None = None  # CNP/ECN/xmit-wait, busiest counter's rate
+    # the largest deviation from the peers' median of a GPU or node rails.py flagged as a
+    # straggler (0 when peers were compared and none was)
+    straggler_rel_dev: float | None = None
+    # host
+    n_cores: int | None = None
+    host_busy_cores: float | None = None
+    iowait_frac: float | None = None
+    steal_frac: float | None = None
+    psi_cpu_some: float | None = None
+    psi_io_some: float | None = None
+    psi_mem_some: float | None = None
+    cgroup_throttled_frac: float | None = None
+    server_cpu_cores: float | None = None
+    server_threads: int | None = None
+    server_max_thread_cores: float | None = None
+    runq_delay_per_cpu_s: float | None = None
+    ctx_involuntary_per_cpu_s: float | None = None
+    major_faults_per_s: float | None = None
+    read_bytes_s: float | None = None
+    disk_busy_frac: float | None = None
+    mem_available_frac: float | None = None
+    net_util: float | None = None  # busier direction / capacity, busiest interface
+    net_wire_busy: float | None = None  # (tx + rx) / capacity, busiest interface
+    # Ethernet bytes/s on a node that should use RDMA, where it exceeds what RDMA carried
+    # (0 when RDMA is expected and nothing fell back; None when RDMA is not expected)
+    socket_fallback_bytes_s: float | None = None
+    # serving
+    waiting_mean: float | None = None
+    kv_usage_max: float | None = None
+    preemptions: float | None = None
+    server_queue_frac: float | None = None
+    chunk_gap_p99_p50: float | None = None
+    concurrency: int | None = None
+    inflight_frac: float | None = None
+    client_bound: bool | None = None
+    client_lateness_p99_ms: float | None = None
+    client_cpu_fraction: float | None = None
+
+
+# --- outputs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One comparison a rule made: ``metric op threshold`` with the measured value."""
+
+    cls: str
+    metric: str
+    value: float
+    op: str  # ">=" | "<" | "==" ...
+    threshold: str  # name in THRESHOLDS
+    threshold_value: float
+    unit: str
+    source: str  # where the threshold comes from
+    met: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    classes: tuple[str, ...]  # one or two; ("headroom",) when nothing binds
+    evidence: tuple[Evidence, ...]
+    confidence: float  # 0..1
+    inconclusive: bool
+    finer_trace: tuple[str, ...]
+    missing_signals: tuple[str, ...]
+    modifiers: tuple[str, ...] = ()  # e.g. ("throttling",)
+    also_flagged: tuple[str, ...] = ()  # classes past threshold beyond the top two
+    notes: tuple[str, ...] = ()
+
+    @property
+    def confidence_label(self) -> str:
+        return "high" if self.confidence >= 0.75 else "medium" if self.confidence >= 0.5 else "low"
+
+    def summary(self) -> str:
+        if self.inconclusive and not self.classes:
+            return "inconclusive"
+        head = "inconclusive: " if self.inconclusive else ""
+        mods = f" (+{', '.join(self.modifiers)})" if self.modifiers else ""
+        return f"{head}{' + '.join(self.classes)}{mods}"
+
+
+#: Every class the rules can name, in the order used to break score ties.
+CLASSES = (
+    "gpu_compute",
+    "gpu_memory_bandwidth",
+    "gpu_communication",
+    "gpu_pcie_copy",
+    "gpu_latency_low_occupancy",
+    "host_cpu_launch",
+    "input_starved",
+    "io_page_faults",
+    "waiting_on_peer",
+    "cpu_compute",
+    "cpu_contention",
+    "memory_pressure",
+    "network",
+    "queueing",
+    "kv_cache_capacity",
+    "prefill_decode_interference",
+    "client_bound",
+    "throttling",
+    "headroom",
+)
+MODIFIERS = ("throttling",)
+#: Classes that describe a symptom of load rather than a resource; they accompany
+#: a resource class and never make a window "contradictory" on their own.
+SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "client_bound")
+#: Signals the load generator itself measures (its clock, its reads of the stream). When
+#: its self-check flags it, they describe the client's delays as much as the server's,
+#: so they are not trusted for that window: the rules that need them are unassessable.
+CLIENT_MEASURED = ("server_queue_frac", "inflight_frac", "chunk_gap_p99_p50")
+
+#: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
+#: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
+AMBIGUOUS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "host_cpu_launch",
+        "gpu_latency_low_occupancy",
+        TRACE_CUDA,
+        "low DRAM and tensor activity fit both slow launches and small kernels",
+    ),
+    (
+        "gpu_pcie_copy",
+        "gpu_compute",
+        TRACE_CUDA,
+        "copies and kernels may overlap or serialize; only a timeline shows which",
+    ),
+    (
+        "gpu_pcie_copy",
+        "gpu_memory_bandwidth",
+        TRACE_CUDA,
+        "copies and kernels may overlap or serialize; only a timeline shows which",
+    ),
+    (
+        "gpu_communication",
+        "waiting_on_peer",
+        TRACE_NCCL,
+        "collective time is where imbalance shows up, not where it is caused",
+    ),
+    (
+        "cpu_compute",
+        "io_page_faults",
+        f"{TRACE_SCHED}; {TRACE_BLOCK}",
+        "CPU seconds may be computing or servicing faults; on-CPU vs blocked time settles it",
+    ),
+    (
+        "cpu_compute",
+        "cpu_contention",
+        TRACE_SCHED,
+        "a saturated server and a crowded node look alike in per-process counters",
+    ),
+)
+#: Pairs that cannot both hold: when both fire the signals contradict each other, and
+#: the verdict is inconclusive whatever the scores.
+CONTRADICTIONS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "gpu_compute",
+        "input_starved",
+        TRACE_CUDA,
+        "a busy GPU with no request in flight: another process, or misaligned windows",
+    ),
+    (
+        "gpu_memory_bandwidth",
+        "input_starved",
+        TRACE_CUDA,
+        "a busy GPU with no request in flight: another process, or misaligned windows",
+    ),
+    (
+        "cpu_compute",
+        "input_starved",
+        TRACE_SCHED,
+        "a busy server CPU with no request in flight: background work, or misaligned windows",
+    ),
+    (
+        "queueing",
+        "input_starved",
+        TRACE_CLOCK,
+        "a server queue while the client had nothing in flight: the clocks disagree",
+    ),
+)
+
+
+# --- rule machinery ----------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    cls: str
+    fired: bool = False
+    assessable: bool = True
+    score: float = 0.0
+    evidence: list[Evidence] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    trace: str = ""  # the trace that would assess it, when unassessable
+
+
+#: A value this far past its threshold (relative) counts as a full margin.
+FULL_MARGIN = 0.25
+
+
+def _margin(value: float, thr: float, op: str) -> float:
+    """How far past its threshold a value is: 0 at the threshold, 1 at 25% past it."""
+    if op in (">=", ">"):
+        m = (value - thr) / abs(thr) if thr else value
+    else:
+        m = (thr - value) / abs(thr) if thr else -value
+    return max(0.0, min(1.0, m / FULL_MARGIN))
+
+
+class _Rule:
+    """Helper that records every comparison a rule makes."""
+
+    def __init__(self, cls: str, s: WindowSignals) -> None:
+        self.o = _Outcome(cls)
+        self.s = s
+
+    def need(self, *names: str) -> bool:
+        """True when every named signal was measured; else mark unassessable."""
+        missing = [n for n in names if getattr(self.s, n) is None]
+        for n in missing:
+            if n not in self.o.missing:
+                self.o.missing.append(n)
+        if missing:
+            self.o.assessable = False
+        return not missing
+
+    def cmp(
+        self,
+        signal: str,
+        op: str,
+        thr_name: str,
+        *,
+        scale: float = 1.0,
+        value: float | None = None,
+        label: str | None = None,
+    ) -> bool:
+        v = getattr(self.s, signal) if value is None else value
+        if v is None:
+            return False
+        t = threshold(thr_name)
+        thr = t.value * scale
+        met = _compare(float(v), op, thr)
+        self.o.evidence.append(
+            Evidence(
+                self.o.cls,
+                label or signal,
+                _round(float(v)),
+                op,
+                t.name,
+                _round(thr),
+                t.unit,
+                t.source,
+                met,
+            )
+        )
+        return met
+
+    def fire(self, *margins: float) -> _Outcome:
+        self.o.fired = True
+        self.o.assessable = True
+        self.o.score = _round(sum(margins) / len(margins)) if margins else 0.5
+        return self.o
+
+    def unassessable(self, trace: str) -> _Outcome:
+        self.o.assessable = False
+        self.o.trace = trace
+        return self.o
+
+
+def _compare(v: float, op: str, thr: float) -> bool:
+    return {">=": v >= thr, ">": v > thr, "<": v < thr, "<=": v <= thr, "==": v == thr}[op]
+
+
+def _round(x: float) -> float:
+    if x == 0 or not math.isfinite(x):
+        return x
+    return float(f"{x:.4g}")
+
+
+def _m(s: WindowSignals, signal: str, thr: str, op: str = ">=", scale: float = 1.0) -> float:
+    v = getattr(s, signal)
+    return _margin(float(v), _v(thr) * scale, op) if v is not None else 0.0
+
+
+# --- the rules: GPU busy -----------------------------------------------------------------
+
+
+def _gpu_busy(s: WindowSignals) -> bool | None:
+    """Level 1: SM activity when measured, else NVML utilization; None if neither."""
+    if s.sm_active is not None:
+        return s.sm_active >= _v("sm_active_busy")
+    if s.gpu_util is not None:
+        return s.gpu_util >= _v("gpu_util_busy")
+    return None
+
+
+def rule_gpu_compute(s: WindowSignals) -> _Outcome:
+    r = _Rule("gpu_compute", s)
+    if not r.need("sm_active"):
+        return r.unassessable(TRACE_GPM)
+    if s.tensor_active is None and s.dram_active is None:
+        r.need("tensor_active", "dram_active")
+        return r.unassessable(TRACE_GPM)
+    tensor = (
+        s.tensor_active is not None
+        and r.cmp("sm_active", ">=", "sm_active_compute")
+        and r.cmp("tensor_active", ">=", "tensor_active_compute")
+    )
+    if tensor:
+        return r.fire(
+            _m(s, "sm_active", "sm_active_compute"), _m(s, "tensor_active", "tensor_active_compute")
+        )
+    sm_hi = (
+        s.dram_active is not None
+        and r.cmp("sm_active", ">=", "sm_active_high")
+        and r.cmp("dram_active", "<", "dram_active_bound")
+    )
+    if sm_hi:
+        return r.fire(_m(s, "sm_active", "sm_active_high"))
+    return r.o
+
+
+def rule_gpu_memory_bandwidth(s: WindowSignals) -> _Outcome:
+    r = _Rule("gpu_memory_bandwidth", s)
+    if not r.need("dram_active"):
+        return r.unassessable(TRACE_GPM)
+    if r.cmp("dram_active", ">=", "dram_active_bound"):
+        if s.tensor_active is not None and not r.cmp("tensor_active", "<", "tensor_active_compute"):
+            # Tensor pipes busy too: compute leads, DRAM is a second, balanced load.
+            return r.fire(_m(s, "dram_active", "dram_active_bound") / 2)
+        return r.fire(_m(s, "dram_active", "dram_active_bound"))
+    return r.o
+
+
+def rule_gpu_communication(s: WindowSignals) -> _Outcome:
+    r = _Rule("gpu_communication", s)
+    if s.multi_node and not r.need("rdma_util"):
+        return r.unassessable(TRACE_NCCL)
+    link = s.rdma_util is not None and r.cmp("rdma_util", ">=", "rdma_link_frac")
+    nvl = s.nvlink_bytes_s is not None and r.cmp("nvlink_bytes_s", ">=", "nvlink_bytes_s")
+    if not r.need("gpu_util", "sm_active"):
+        if link:
+            return r.fire(_m(s, "rdma_util", "rdma_link_frac"))
+        return r.unassessable(TRACE_NCCL)
+    busy_not_computing = (
+        r.cmp("gpu_util", ">=", "gpu_util_busy")
+        and r.cmp("sm_active", "<", "comm_sm_max")
+        and (s.tensor_active is None or r.cmp("tensor_active", "<", "comm_tensor_max"))
+    )
+    if (link or nvl) and (busy_not_computing or (s.sm_active or 0) < _v("sm_active_busy")):
+        m = (
+            _m(s, "rdma_util", "rdma_link_frac")
+            if link
+            else _m(s, "nvlink_bytes_s", "nvlink_bytes_s")
+        )
+        return r.fire(m)
+    return r.o
+
+
+def rule_gpu_pcie_copy(s: WindowSignals) -> _Outcome:
+    r = _Rule("gpu_pcie_copy", s)
+    if not r.need("pcie_bytes_s"):
+        return r.unassessable(TRACE_CUDA)
+    cap = _v("pcie_bytes_s_cap")
+    if r.cmp("pcie_bytes_s", ">=", "pcie_link_frac", scale=cap):
+        return r.fire(_m(s, "pcie_bytes_s", "pcie_link_frac", scale=cap))
+    if (
+        s.sm_active is not None
+        and r.cmp("pcie_bytes_s", ">=", "pcie_active_bytes_s")
+        and r.cmp("sm_active", "<", "pcie_sm_max")
+    ):
+        return r.fire(_m(s, "sm_active", "pcie_sm_max", "<"))
+    return r.o
+
+
+def rule_gpu_latency(s: WindowSignals) -> _Outcome:
+    r = _Rule("gpu_latency_low_occupancy", s)
+    if not r.need("sm_active", "dram_active", "tensor_active"):
+        return r.unassessable(TRACE_GPM)
+    if (
+        r.cmp("sm_active", ">=", "sm_active_busy")
+        and r.cmp("dram_active", "<", "dram_active_low")
+        and r.cmp("tensor_active", "<", "tensor_active_low")
+    ):
+        occ_low = s.sm_occupancy is None or r.cmp("sm_occupancy", "<", "occupancy_low")
+        if occ_low:
+            return r.fire(
+                _m(s, "dram_active", "dram_active_low", "<"),
+                _m(s, "tensor_active", "tensor_active_low", "<"),
+            )
+    return r.o
+
+
+# --- the rules: GPU waiting --------------------------------------------------------------
+
+
+def rule_host_cpu_launch(s: WindowSignals) -> _Outcome:
+    """GPU under-fed while work is in flight, and a host CPU signal says why.
+
+    Under-fed: SM activity under 0.5, or SMs "active" but moving neither DRAM nor tensor
+    work (tiny kernels between slow launches look like that too: hence the conflict
+    with gpu_latency_low_occupancy, which only a CUDA timeline separates).
+    """
+    r = _Rule("host_cpu_launch", s)
+    busy = _gpu_busy(s)
+    if busy is None:
+        r.need("sm_active")
+        return r.unassessable(TRACE_GPM)
+    idle_pipes = (
+        busy
+        and s.dram_active is not None
+        and s.tensor_active is not None
+        and s.dram_active < _v("dram_active_low")
+        and s.tensor_active < _v("tensor_active_low")
+    )
+    if busy and not idle_pipes:
+        return r.o
+    if not r.need("inflight_frac") or not r.cmp("inflight_frac", ">=", "inflight_frac_min"):
+        return r.o
+    host = [
+        n
+        for n in ("server_max_thread_cores", "runq_delay_per_cpu_s", "psi_cpu_some")
+        if getattr(s, n) is not None
+    ]
+    if not host:
+        r.need("server_max_thread_cores", "runq_delay_per_cpu_s")
+        return r.unassessable(TRACE_SCHED)
+    margins = []
+    if s.server_max_thread_cores is not None and r.cmp(
+        "server_max_thread_cores", ">=", "thread_core_saturated"
+    ):
+        margins.append(_m(s, "server_max_thread_cores", "thread_core_saturated"))
+    if s.runq_delay_per_cpu_s is not None and r.cmp(
+        "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"
+    ):
+        margins.append(_m(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
+    if s.psi_cpu_some is not None and r.cmp("psi_cpu_some", ">=", "psi_some_frac"):
+        margins.append(_m(s, "psi_cpu_some", "psi_some_frac"))
+    if not margins:
+        return r.o
+    if idle_pipes:
+        underfed = (
+            _m(s, "dram_active", "dram_active_low", "<")
+            + _m(s, "tensor_active", "tensor_active_low", "<")
+        ) / 2
+    elif s.sm_active is not None:
+        underfed = _m(s, "sm_active", "sm_active_busy", "<")
+    else:
+        underfed = _m(s, "gpu_util", "gpu_util_busy", "<")
+    return r.fire(*margins, underfed)
+
+
+def rule_input_starved(s: WindowSignals) -> _Outcome:
+    """The server sat idle for lack of requests (GPU or CPU alike)."""
+    r = _Rule("input_starved", s)
+    if not r.need("inflight_frac"):
+        return r.unassessable("request windows (requests.jsonl)")
+    if r.cmp("inflight_frac", "<", "inflight_frac_min"):
+        return r.fire(_m(s, "inflight_frac", "inflight_frac_min", "<"))
+    return r.o
+
+
+def rule_waiting_on_peer(s: WindowSignals) -> _Outcome:
+    r = _Rule("waiting_on_peer", s)
+    if s.n_gpus < 2 and not s.multi_node:
+        return r.o  # nothing to be imbalanced against
+    peer = ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min", "rdma_rail_cv")
+    if all(getattr(s, n) is None for n in (*peer, "straggler_rel_dev")):
+        r.need("sm_active_cv")
+        return r.unassessable(TRACE_NCCL)
+    margins = []
+    for signal, thr in (
+        ("sm_active_cv", "imbalance_cv"),
+        ("gpu_util_max_min", "imbalance_max_min"),
+        ("rdma_rail_max_min", "imbalance_max_min"),  # rails.py rail_imbalance
+        ("rdma_rail_cv", "imbalance_cv"),  # rails.py rail_imbalance
+        ("straggler_rel_dev", "straggler_rel_dev"),  # rails.py gpu_/node_straggler
+    ):
+        if getattr(s, signal) is not None and r.cmp(signal, ">=", thr):
+            margins.append(_m(s, signal, thr))
+    return r.fire(*margins) if margins else r.o
+
+
+def rule_throttling(s: WindowSignals) -> _Outcome:
+    r = _Rule("throttling", s)
+    if s.throttle_frac is None and s.sm_clock_low_frac is None:
+        r.need("throttle_frac")
+        return r.unassessable("NVML clock-event reasons and violation counters")
+    if s.throttle_frac is not None and r.cmp("throttle_frac", ">=", "throttle_frac"):
+        return r.fire(_m(s, "throttle_frac", "throttle_frac"))
+    if (
+        s.sm_clock_low_frac is not None
+        and _gpu_busy(s)
+        and r.cmp("sm_clock_low_frac", ">=", "sm_clock_low_frac")
+    ):
+        return r.fire(_m(s, "sm_clock_low_frac", "sm_clock_low_frac"))
+    return r.o
+
+
+# --- the rules: host (with or without a GPU) ---------------------------------------------
+
+
+def rule_cpu_compute(s: WindowSignals) -> _Outcome:
+    """The server's own threads use the CPU it can use (CPU-only servers)."""
+    r = _Rule("cpu_compute", s)
+    if not r.need("server_cpu_cores", "n_cores"):
+        return r.unassessable(TRACE_SCHED)
+    usable = float(min(s.server_threads, s.n_cores) if s.server_threads else s.n_cores)
+    if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable):
+        return r.fire(_m(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
+    if (
+        s.host_busy_cores is not None
+        and r.cmp("host_busy_cores", ">=", "cores_busy_frac", scale=float(s.n_cores))
+        and s.server_cpu_cores is not None
+        and s.server_cpu_cores >= 0.5 * s.host_busy_cores
+    ):
+        return r.fire(_m(s, "host_busy_cores", "cores_busy_frac", scale=float(s.n_cores)))
+    return r.o
+
+
+def rule_cpu_contention(s: WindowSignals) -> _Outcome:
+    """Other work on the same cores delays the server's threads."""
+    r = _Rule("cpu_contention", s)
+    margins = []
+    if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
+        margins.append(_m(s, "steal_frac", "steal_frac"))
+    if s.cgroup_throttled_frac is not None and r.cmp(
+        "cgroup_throttled_frac", ">=", "cgroup_throttled_frac"
+    ):
+        margins.append(_m(s, "cgroup_throttled_frac", "cgroup_throttled_frac"))
+    if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
+        return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
+    other = max(0.0, s.host_busy_cores - s.server_cpu_cores) / max(s.n_cores, 1)
+    crowded = r.cmp(
+        "host_busy_cores", ">=", "other_cpu_frac", value=other, label="other_processes_cores_frac"
+    )
+    delayed = []
+    if s.runq_delay_per_cpu_s is not None and r.cmp(
+        "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"
+    ):
+        delayed.append(_m(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
+    if s.ctx_involuntary_per_cpu_s is not None and r.cmp(
+        "ctx_involuntary_per_cpu_s", ">=", "involuntary_ctx_per_cpu_s"
+    ):
+        delayed.append(_m(s, "ctx_involuntary_per_cpu_s", "involuntary_ctx_per_cpu_s"))
+    if crowded and delayed:
+        margins.append(sum(delayed) / len(delayed))
+        margins.append(_margin(other, _v("other_cpu_frac"), ">="))
+    if (
+        not crowded
+        and s.runq_delay_per_cpu_s is None
+        and s.ctx_involuntary_per_cpu_s is None
+        and not margins
+    ):
+        r.need("runq_delay_per_cpu_s")
+    return r.fire(*margins) if margins else r.o
+
+
+def rule_io_page_faults(s: WindowSignals) -> _Outcome:
+    r = _Rule("io_page_faults", s)
+    if s.major_faults_per_s is None and s.read_bytes_s is None and s.disk_busy_frac is None:
+        r.need("major_faults_per_s", "read_bytes_s")
+        return r.unassessable(TRACE_BLOCK)
+    margins = []
+    if s.major_faults_per_s is not None and r.cmp("major_faults_per_s", ">=", "major_faults_per_s"):
+        margins.append(_m(s, "major_faults_per_s", "major_faults_per_s"))
+    if s.read_bytes_s is not None and r.cmp("read_bytes_s", ">=", "read_bytes_s"):
+        margins.append(_m(s, "read_bytes_s", "read_bytes_s"))
+    if s.disk_busy_frac is not None and r.cmp("disk_busy_frac", ">=", "disk_busy_frac"):
+        margins.append(_m(s, "disk_busy_frac", "disk_busy_frac"))
+    # Corroboration raises the score but never fires the rule alone.
+    extra = []
+    if s.psi_io_some is not None and r.cmp("psi_io_some", ">=", "psi_some_frac"):
+        extra.append(_m(s, "psi_io_some", "psi_some_frac"))
+    if s.iowait_frac is not None and r.cmp("iowait_frac", ">=", "iowait_frac"):
+        extra.append(_m(s, "iowait_frac", "iowait_frac"))
+    if margins:
+        return r.fire(*margins, *extra)
+    if s.major_faults_per_s is None:
+        r.need("major_faults_per_s")
+    return r.o
+
+
+def rule_memory_pressure(s: WindowSignals) -> _Outcome:
+    r = _Rule("memory_pressure", s)
+    if s.psi_mem_some is None and s.mem_available_frac is None:
+        r.need("psi_mem_some", "mem_available_frac")
+        return r.unassessable(TRACE_MEM)
+    margins = []
+    if s.psi_mem_some is not None and r.cmp("psi_mem_some", ">=", "psi_some_frac"):
+        margins.append(_m(s, "psi_mem_some", "psi_some_frac"))
+    if s.mem_available_frac is not None and r.cmp(
+        "mem_available_frac", "<", "mem_available_frac_min"
+    ):
+        margins.append(_m(s, "mem_available_frac", "mem_available_frac_min", "<"))
+    return r.fire(*margins) if margins else r.o
+
+
+def rule_network(s: WindowSignals) -> _Outcome:
+    """An interface near its capacity (one direction, or both together for request/response
+    traffic), or the RDMA fabric erroring, congested, or bypassed (NCCL over sockets)."""
+    r = _Rule("network", s)
+    checks = (
+        ("net_util", "net_link_frac"),
+        # request/response traffic (llama.cpp RPC) alternates directions: one direction
+        # never fills the link that limits it, both together do
+        ("net_wire_busy", "net_wire_busy"),
+        ("rdma_error_events", "rail_error_events"),  # rails.py rail_errors
+        ("rdma_congestion_per_s", "rail_congestion_per_s"),  # rails.py rail_congestion
+        ("socket_fallback_bytes_s", "socket_fallback_bytes_s"),  # rails.py socket_fallback
+    )
+    if all(getattr(s, n) is None for n, _ in checks):
+        r.need("net_util")
+        return r.unassessable(TRACE_NET)
+    margins = [
+        _m(s, signal, thr)
+        for signal, thr in checks
+        if getattr(s, signal) is not None and r.cmp(signal, ">=", thr)
+    ]
+    if margins:
+        return r.fire(*margins)
+    if not r.need("net_util"):  # a link nobody measured is not cleared by rail counters
+        return r.unassessable(TRACE_NET)
+    return r.o
+
+
+# --- the rules: serving ------------------------------------------------------------------
+
+
+def rule_queueing(s: WindowSignals) -> _Outcome:
+    r = _Rule("queueing", s)
+    if s.waiting_mean is None and s.server_queue_frac is None:
+        r.need("waiting_mean")
+        return r.unassessable(TRACE_SERVER)
+    margins = []
+    if s.waiting_mean is not None and r.cmp("waiting_mean", ">=", "waiting_requests_mean"):
+        margins.append(_m(s, "waiting_mean", "waiting_requests_mean"))
+    if s.server_queue_frac is not None and r.cmp("server_queue_frac", ">=", "server_queue_frac"):
+        margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
+    return r.fire(*margins) if margins else r.o
+
+
+def rule_kv_cache(s: WindowSignals) -> _Outcome:
+    r = _Rule("kv_cache_capacity", s)
+    if s.kv_usage_max is None and s.preemptions is None:
+        r.need("kv_usage_max")
+        return r.unassessable(TRACE_SERVER)
+    margins = []
+    if s.kv_usage_max is not None and r.cmp("kv_usage_max", ">=", "kv_usage_high"):
+        margins.append(max(0.5, _m(s, "kv_usage_max", "kv_usage_high")))
+    if s.preemptions is not None and s.preemptions > 0:
+        r.o.evidence.append(
+            Evidence(
+                "kv_cache_capacity",
+                "preemptions",
+                _round(s.preemptions),
+                ">",
+                "kv_usage_high",
+                0.0,
+                "count",
+                threshold("kv_usage_high").source,
+                True,
+            )
+        )
+        margins.append(1.0)
+    return r.fire(*margins) if margins else r.o
+
+
+def rule_interference(s: WindowSignals) -> _Outcome:
+    r = _Rule("prefill_decode_interference", s)
+    if (s.concurrency or 1) < 2:
+        return r.o  # one request at a time: no prompt can arrive mid-decode
+    if not r.need("chunk_gap_p99_p50"):
+        return r.unassessable("per-request chunk gaps (requests.jsonl events)")
+    if r.cmp("chunk_gap_p99_p50", ">=", "chunk_gap_p99_p50"):
+        return r.fire(_m(s, "chunk_gap_p99_p50", "chunk_gap_p99_p50"))
+    return r.o
+
+
+def rule_client_bound(s: WindowSignals) -> _Outcome:
+    r = _Rule("client_bound", s)
+    if not r.need("client_bound"):
+        return r.unassessable("the load generator's self-check (cases.jsonl client_bound)")
+    if r.cmp("client_bound", "==", "client_bound", value=1.0 if s.client_bound else 0.0):
+        return r.fire(1.0)
+    return r.o
+
+
+GPU_RULES: tuple[Callable[[WindowSignals], _Outcome], ...] = (
+    rule_gpu_compute,
+    rule_gpu_memory_bandwidth,
+    rule_gpu_communication,
+    rule_gpu_pcie_copy,
+    rule_gpu_latency,
+    rule_host_cpu_launch,
+    rule_waiting_on_peer,
+    rule_throttling,
+)
+HOST_RULES = (
+    rule_input_starved,
+    rule_io_page_faults,
+    rule_memory_pressure,
+    rule_network,
+    rule_cpu_contention,
+)
+CPU_SERVER_RULES = (rule_cpu_compute,)
+SERVING_RULES = (rule_queueing, rule_kv_cache, rule_interference, rule_client_bound)
+#: Rules that must be assessable before a window can be called clean ("headroom").
+CORE_GPU = (
+    "host_cpu_launch",
+    "gpu_compute",
+    "gpu_memory_bandwidth",
+    "io_page_faults",
+    "memory_pressure",
+)
+CORE_CPU = ("cpu_compute", "cpu_contention", "io_page_faults", "memory_pressure")
+
+
+# --- the verdict -------------------------------------------------------------------------
+
+
+def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = ()) -> str:
+    src = SIGNAL_SOURCES.get(signal, signal)
+    if signal in distrusted:
+        return f"{signal} <- {src} (not trusted: the load generator's self-check flagged it)"
+    collector = src.split(":", 1)[0]
+    metric = src.split(":", 1)[-1]
+
+    def concerns(where: str) -> bool:
+        # where: "<node>/<collector>" or "<node>/<collector>/<device>/<metric>" (one metric)
+        parts = where.split("/")[1:] or [where]
+        return parts[0] == collector or parts[0] in metric or parts[-1] in metric
+
+    reasons = [f"{where}: {why}" for where, why in s.unavailable if concerns(where)]
+    if reasons:
+        why = f" (unavailable: {'; '.join(reasons)})"
+    elif collector in ("requests", "cases.jsonl"):
+        why = " (not recorded for this case)"
+    else:
+        why = " (no samples in the window)"
+    return f"{signal} <- {src}{why}"
+
+
+def classify(s: WindowSignals) -> Verdict:
+    """Every rule over one window, then the verdict: top classes, evidence, confidence."""
+    gpu_mode = s.gpu_present or s.gpu_expected
+    notes: list[str] = []
+    distrusted: tuple[str, ...] = ()
+    if s.client_bound:
+        distrusted = tuple(n for n in CLIENT_MEASURED if getattr(s, n) is not None)
+        s = replace(s, **dict.fromkeys(CLIENT_MEASURED))
+        notes.append(
+            "the load generator fell behind its own schedule: the server did not get the "
+            "load asked for, and request-side signals ("
+            + ", ".join(CLIENT_MEASURED)
+            + ") are not trusted for this window"
+        )
+    rules = list(HOST_RULES) + list(SERVING_RULES)
+    rules = (list(GPU_RULES) if gpu_mode else list(CPU_SERVER_RULES)) + rules
+    outcomes = {o.cls: o for o in (rule(s) for rule in rules)}
+    if not gpu_mode:
+        notes.append("no GPU telemetry and none expected: GPU classes not assessed")
+
+    fired = [o for o in outcomes.values() if o.fired]
+    modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
+    ordered = _rank([o for o in fired if o.cls not in MODIFIERS])
+
+    missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
+    unassessed = [o for o in outcomes.values() if not o.assessable]
+    missing_text = tuple(_missing_text(m, s, distrusted) for m in missing_signals)
+    penalty = threshold("missing_penalty").value ** len(
+        {SIGNAL_SOURCES.get(m, m).split(":", 1)[0] for m in missing_signals}
+    )
+
+    # Signals that contradict each other: the server used more CPU than the whole node.
+    if (
+        s.server_cpu_cores is not None
+        and s.host_busy_cores is not None
+        and s.server_cpu_cores > 1.1 * s.host_busy_cores + 0.5
+    ):
+        return Verdict(
+            classes=tuple(o.cls for o in ordered[:2]),
+            evidence=_evidence(ordered[:2]),
+            confidence=0.2,
+            inconclusive=True,
+            finer_trace=(TRACE_SCHED, TRACE_CLOCK),
+            missing_signals=missing_text,
+            modifiers=modifiers,
+            notes=(
+                *notes,
+                f"server CPU {s.server_cpu_cores:.3g} cores exceeds the node's busy "
+                f"{s.host_busy_cores:.3g} cores: proc and cpu samples disagree",
+            ),
+        )
+
+    conflict = _conflict(ordered)
+    if conflict is not None:
+        a, b, trace, why = conflict
+        pair = [outcomes[a], outcomes[b]]
+        return Verdict(
+            classes=(a, b),
+            evidence=_evidence(pair),
+            confidence=_round(min(0.4, 0.4 * penalty)),
+            inconclusive=True,
+            finer_trace=(trace,),
+            missing_signals=missing_text,
+            modifiers=modifiers,
+            also_flagged=tuple(o.cls for o in ordered if o.cls not in (a, b)),
+            notes=(*notes, f"{a} and {b} both past threshold: {why}"),
+        )
+
+    if ordered:
+        top = ordered[:2]
+        conf = max(_class_confidence(o) for o in top[:1]) * penalty
+        traces = tuple(sorted({o.trace for o in unassessed if o.trace}))
+        return Verdict(
+            classes=tuple(o.cls for o in top),
+            evidence=_evidence(top + [outcomes[c] for c in modifiers]),
+            confidence=_round(max(0.1, conf)),
+            inconclusive=False,
+            finer_trace=traces if missing_signals else (),
+            missing_signals=missing_text,
+            modifiers=modifiers,
+            also_flagged=tuple(o.cls for o in ordered[2:]),
+            notes=(*notes, *_second_slot_notes(ordered)),
+        )
+
+    if modifiers:
+        mod = outcomes[modifiers[0]]
+        return Verdict(
+            classes=modifiers,
+            evidence=_evidence([mod]),
+            confidence=_round(_class_confidence(mod) * penalty),
+            inconclusive=False,
+            finer_trace=(),
+            missing_signals=missing_text,
+            modifiers=(),
+            notes=tuple(notes),
+        )
+
+    core = CORE_GPU if gpu_mode else CORE_CPU
+    blind = [c for c in core if c in outcomes and not outcomes[c].assessable]
+    if blind:
+        traces = tuple(sorted({outcomes[c].trace for c in blind if outcomes[c].trace}))
+        return Verdict(
+            classes=(),
+            evidence=_evidence(list(outcomes.values())),
+            confidence=0.0,
+            inconclusive=True,
+            finer_trace=traces,
+            missing_signals=missing_text,
+            notes=(*notes, "nothing past threshold, but not measured: " + ", ".join(blind)),
+        )
+
+    clear = [o for o in outcomes.values() if o.assessable and o.evidence]
+    headroom_margin = _headroom_margin(clear)
+    conf = (0.5 + 0.4 * headroom_margin) * penalty
+    return Verdict(
+        classes=("headroom",),
+        evidence=_evidence(clear),
+        confidence=_round(conf),
+        inconclusive=False,
+        finer_trace=tuple(sorted({o.trace for o in unassessed if o.trace})),
+        missing_signals=missing_text,
+        notes=(*notes, "no dominant bottleneck: no rule had all its conditions met"),
+    )
+
+
+def _rank(fired: list[_Outcome]) -> list[_Outcome]:
+    """The order classes are named in: the client, a resource, a serving symptom, the rest.
+
+    A client that fell behind leads: nothing below it was measured under the load asked
+    for. Then the strongest resource class (what the hardware waited on), then the
+    strongest serving symptom (what a user of the server saw), so a queue or a full KV
+    cache is not pushed out by a second resource class; then the rest, by kind and
+    score. Score ties break by ``CLASSES`` order.
+    """
+    ranked = sorted(fired, key=lambda o: (-o.score, CLASSES.index(o.cls)))
+    client = [o for o in ranked if o.cls == "client_bound"]
+    resource = [o for o in ranked if o.cls not in SERVING]
+    serving = [o for o in ranked if o.cls in SERVING and o.cls != "client_bound"]
+    return client + resource[:1] + serving[:1] + resource[1:] + serving[1:]
+
+
+def _close_pairs(ordered: list[_Outcome], cls: str):
+    """AMBIGUOUS pairs of ``cls`` with another fired class it does not lead by the margin."""
+    names = {o.cls: o for o in ordered}
+    margin = _v("dominance_margin")
+    for a, b, trace, why in AMBIGUOUS:
+        if cls in (a, b) and a in names and b in names:
+            if abs(names[a].score - names[b].score) < margin:
+                yield a, b, trace, why
+
+
+def _conflict(ordered: list[_Outcome]) -> tuple[str, str, str, str] | None:
+    """A contradiction anywhere, or an ambiguous pair that puts the leading class in doubt.
+
+    An ambiguous pair further down (two weak classes the counters cannot separate,
+    beside a clear leader) does not make the verdict inconclusive: see
+    :func:`_second_slot_notes`.
+    """
+    names = {o.cls for o in ordered}
+    for a, b, trace, why in CONTRADICTIONS:
+        if a in names and b in names:
+            return a, b, trace, f"contradictory signals: {why}"
+    if ordered:
+        return next(_close_pairs(ordered, ordered[0].cls), None)
+    return None
+
+
+def _second_slot_notes(ordered: list[_Outcome]) -> list[str]:
+    if len(ordered) < 2:
+        return []
+    return [
+        f"{ordered[1].cls} could equally be {b if a == ordered[1].cls else a}: {why} ({trace})"
+        for a, b, trace, why in _close_pairs(ordered, ordered[1].cls)
+    ]
+
+
+def _class_confidence(o: _Outcome) -> float:
+    """0.5 at the threshold, up to 0.9 far past it; +0.1 when two signals agree."""
+    met = sum(1 for e in o.evidence if e.met)
+    return min(1.0, 0.5 + 0.4 * o.score + (0.1 if met >= 2 else 0.0))
+
+
+def _headroom_margin(clear: list[_Outcome]) -> float:
+    """How far under their thresholds the assessed signals stayed (0..1, the closest)."""
+    margins = [
+        _margin(e.value, e.threshold_value, "<" if e.op in (">=", ">") else ">=")
+        for o in clear
+        for e in o.evidence
+        if not e.met and e.op in (">=", ">")
+    ]
+    return min(margins) if margins else 0.5
+
+
+def _evidence(outcomes: list[_Outcome]) -> tuple[Evidence, ...]:
+    return tuple(e for o in outcomes for e in o.evidence)

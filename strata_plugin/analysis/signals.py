@@ -1,0 +1,411 @@
+"""From a window's telemetry summary and its requests to the classifier's inputs.
+
+The rules in ``strata_plugin.analysis.rules`` read plain numbers; this module is the one
+place that knows which metric of which collector each number comes from (the names
+are listed in docs/formats.md, "Metric names"). A signal whose metric has no sample in
+the window stays None, so the classifier treats it as unmeasured.
+
+Rail, link and GPU-peer facts come from ``strata_plugin.analysis.rails`` (``rails.analyze``,
+merged with ``rails.merge_signals``): link utilization against the profile's
+``telemetry.link_caps``, RDMA errors / congestion / socket fallback, rail imbalance
+and stragglers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from strata_plugin.analysis import rails
+from strata_plugin.analysis.rules import WindowSignals
+from strata_plugin.analysis.timeline import HwStat, inflight_fraction
+
+GPU_SOURCES = ("nvml", "dcgm")
+
+
+class HwView:
+    """Lookup over one window's ``HwStat`` rows by (node, source, device, metric)."""
+
+    def __init__(self, rows: Iterable[HwStat]) -> None:
+        self.rows = list(rows)
+        self.by_key = {(r.node, r.source, r.device, r.metric): r for r in self.rows}
+
+    def select(
+        self,
+        source: str | Sequence[str],
+        metric: str,
+        node: str | None = None,
+        device_prefix: str | None = None,
+    ) -> list[HwStat]:
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        out = [
+            r
+            for r in self.rows
+            if r.source in sources
+            and r.metric == metric
+            and (node is None or r.node == node)
+            and (device_prefix is None or r.device.startswith(device_prefix))
+        ]
+        if len(sources) > 1 and out:
+            # One source per device: the first listed source wins (nvml before dcgm).
+            seen: dict[tuple[str, str], HwStat] = {}
+            for r in sorted(out, key=lambda r: sources.index(r.source)):
+                seen.setdefault((r.node, r.device), r)
+            out = list(seen.values())
+        return sorted(out, key=lambda r: (r.node, r.device))
+
+    def nodes(self) -> list[str]:
+        return sorted({r.node for r in self.rows})
+
+    def has_source(self, source: str) -> bool:
+        return any(r.source == source for r in self.rows)
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _val(r: HwStat) -> float | None:
+    """A row's level: the rate of a counter, the mean of a gauge or fraction."""
+    return r.rate if r.kind == "counter" else r.mean
+
+
+def _per_device(
+    view: HwView, metric: str, scale: float = 1.0, sources: Sequence[str] = GPU_SOURCES
+) -> dict[tuple[str, str], float]:
+    out = {}
+    for r in view.select(tuple(sources), metric):
+        v = _val(r)
+        if v is not None:
+            out[(r.node, r.device)] = v * scale
+    return out
+
+
+def _cv(xs: Sequence[float]) -> float | None:
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    if m <= 0:
+        return None
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / m
+
+
+def _max_min(xs: Sequence[float], floor: float) -> float | None:
+    if len(xs) < 2 or max(xs) <= floor:
+        return None
+    return max(xs) / max(min(xs), floor)
+
+
+def server_node(view: HwView) -> str | None:
+    """The node that runs the server: the one whose proc collector saw the most CPU."""
+    cpu: dict[str, float] = defaultdict(float)
+    for m in ("cpu_user_s", "cpu_system_s"):
+        for r in view.select("proc", m):
+            if not r.device.startswith("tid"):
+                cpu[r.node] += r.rate or 0.0
+    if cpu:
+        return max(sorted(cpu), key=lambda n: cpu[n])
+    nodes = [n for n in view.nodes() if any(r.node == n and r.source == "cpu" for r in view.rows)]
+    return nodes[0] if nodes else (view.nodes()[0] if view.nodes() else None)
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """What the requests of the window say, for the serving rules."""
+
+    intervals_wall: tuple[tuple[int, int], ...]  # (dispatched, end) per measured request
+    chunk_gap_p50: float | None
+    chunk_gap_p99: float | None
+    n_chunk_gaps: int
+    tpot_p50: float | None  # the decode pace the gaps are compared with
+    server_queue_frac: float | None  # median of (ttft - server prompt ms) / ttft
+    concurrency: int | None
+    client_bound: bool | None
+    client_lateness_p99_ms: float | None
+    client_cpu_fraction: float | None
+
+
+def _gpu_signals(view: HwView) -> dict:
+    util = _per_device(view, "gpu_util_pct", 0.01)
+    sm = _per_device(view, "gpm_sm_activity_pct", 0.01)
+    tensor = _per_device(view, "gpm_tensor_activity_pct", 0.01)
+    dram = _per_device(view, "gpm_dram_bw_util_pct", 0.01)
+    occ = _per_device(view, "gpm_sm_occupancy_pct", 0.01)
+    pcie: dict[tuple[str, str], float] = defaultdict(float)
+    for m in (
+        "gpm_pcie_rx_bytes_s",
+        "gpm_pcie_tx_bytes_s",
+        "pcie_rx_bytes_s",
+        "pcie_tx_bytes_s",
+        "pcie_rx_bytes_total",  # counters: their window rate is bytes/s
+        "pcie_tx_bytes_total",
+    ):
+        for k, v in _per_device(view, m).items():
+            pcie[k] = max(pcie[k], v)
+    nvl: dict[tuple[str, str], float] = defaultdict(float)
+    for m in (
+        "gpm_nvlink_tx_bytes_s",
+        "gpm_nvlink_rx_bytes_s",
+        "nvlink_tx_bytes_total",
+        "nvlink_rx_bytes_total",
+    ):
+        for k, v in _per_device(view, m).items():
+            nvl[k] = max(nvl[k], v)
+    viol: dict[tuple[str, str], float] = defaultdict(float)
+    for m in ("violation_power_ns", "violation_thermal_ns"):
+        for k, v in _per_device(view, m, 1e-9).items():
+            viol[k] += v
+    for k, v in _per_device(view, "frac_throttled").items():
+        viol[k] = max(viol[k], v)
+    clock_low = _per_device(view, "frac_sm_clock_below_90pct_max")
+    devices = set(util) | set(sm)
+    return dict(
+        n_gpus=len(devices),
+        gpu_util=_mean(list(util.values())),
+        sm_active=_mean(list(sm.values())),
+        tensor_active=_mean(list(tensor.values())),
+        dram_active=_mean(list(dram.values())),
+        sm_occupancy=_mean(list(occ.values())),
+        sm_active_cv=_cv([sm[k] for k in sorted(sm)]),
+        gpu_util_max_min=_max_min([util[k] for k in sorted(util)], 0.01),
+        pcie_bytes_s=max(pcie.values()) if pcie else None,
+        nvlink_bytes_s=max(nvl.values()) if nvl else None,
+        throttle_frac=max(viol.values()) if viol else None,
+        sm_clock_low_frac=max(clock_low.values()) if clock_low else None,
+    )
+
+
+def _rdma_signals(view: HwView) -> dict:
+    per_rail: dict[tuple[str, str], float] = defaultdict(float)
+    for m in ("xmit_bytes", "rcv_bytes"):
+        for r in view.select("rdma", m):
+            if r.rate is not None:
+                per_rail[(r.node, r.device)] = max(per_rail[(r.node, r.device)], r.rate)
+    caps = {
+        (r.node, r.device): r.mean * 1e9 / 8
+        for r in view.select("rdma", "link_rate_gbps")
+        if r.mean
+    }
+    utils = [per_rail[k] / caps[k] for k in sorted(per_rail) if k in caps]
+    busy = [per_rail[k] for k in sorted(per_rail)]
+    # error and congestion counters: rails.RailsReport.signals (errors apart from congestion)
+    return dict(
+        rdma_util=max(utils) if utils else None,
+        rdma_rail_max_min=_max_min(busy, 1e6) if len(busy) >= 2 else None,
+    )
+
+
+def _rate(
+    view: HwView,
+    source: str,
+    metric: str,
+    node: str | None,
+    device: str | None = None,
+    exclude_tid: bool = True,
+) -> float | None:
+    rows = [
+        r
+        for r in view.select(source, metric, node)
+        if (device is None or r.device == device)
+        and not (exclude_tid and r.device.startswith("tid"))
+    ]
+    if source == "proc" and any(r.device == "" for r in rows):
+        # The process tree ("") already sums its processes (pid<N>): count it once.
+        rows = [r for r in rows if r.device == ""]
+    vals = [r.rate for r in rows if r.rate is not None]
+    return sum(vals) if vals else None
+
+
+def _psi(view: HwView, kind: str, node: str | None) -> float | None:
+    total = _rate(view, "cpu", f"psi_{kind}_some_total_us", node)
+    if total is not None:
+        return total / 1e6
+    avg = [r.mean for r in view.select("cpu", f"psi_{kind}_some_avg10", node) if r.mean is not None]
+    return max(avg) / 100.0 if avg else None
+
+
+def _host_signals(view: HwView, node: str | None) -> dict:
+    cores = [r for r in view.select("cpu", "busy_s", node) if r.device.startswith("cpu")]
+    n_cores = len(cores) or None
+    total = _rate(view, "cpu", "busy_s", node, device="")
+    if total is None and cores:
+        total = sum(r.rate or 0.0 for r in cores)
+    iowait = _rate(view, "cpu", "iowait_s", node, device="")
+    steal = _rate(view, "cpu", "steal_s", node, device="")
+    throttled = _rate(view, "cpu", "cgroup_throttled_us", node)
+    user = _rate(view, "proc", "cpu_user_s", node)
+    system = _rate(view, "proc", "cpu_system_s", node)
+    server_cpu = None if user is None and system is None else (user or 0.0) + (system or 0.0)
+    threads_rows = [
+        r for r in view.select("proc", "thread_cpu_s", node) if r.device.startswith("tid")
+    ]
+    n_threads = [r.max for r in view.select("proc", "num_threads", node) if r.max is not None]
+    server_threads = int(max(n_threads)) if n_threads else (len(threads_rows) or None)
+    max_thread = max((r.rate for r in threads_rows if r.rate is not None), default=None)
+    if max_thread is None:  # the agent's own gauge: the busiest thread's share of a core
+        top = [
+            r.mean for r in view.select("proc", "top_thread_cpu_frac", node) if r.mean is not None
+        ]
+        max_thread = max(top) if top else None
+    runq = _rate(view, "proc", "runqueue_delay_ns", node)
+    invol = _rate(view, "proc", "ctx_involuntary", node)
+    busy_cpu = server_cpu if server_cpu and server_cpu > 0.01 else None
+    disk = [r.rate / 1000.0 for r in view.select("disk", "busy_ms", node) if r.rate is not None]
+    avail = [r for r in view.select("mem", "mem_available_bytes", node) if r.min is not None]
+    total_mem = [r.mean for r in view.select("mem", "mem_total_bytes", node) if r.mean]
+    mem_frac = avail[0].min / total_mem[0] if avail and total_mem else None
+    return dict(
+        n_cores=n_cores,
+        host_busy_cores=total,
+        iowait_frac=iowait / n_cores if iowait is not None and n_cores else None,
+        steal_frac=steal / n_cores if steal is not None and n_cores else None,
+        psi_cpu_some=_psi(view, "cpu", node),
+        psi_io_some=_psi(view, "io", node),
+        psi_mem_some=_psi(view, "memory", node),
+        cgroup_throttled_frac=throttled / 1e6 if throttled is not None else None,
+        server_cpu_cores=server_cpu,
+        server_threads=server_threads,
+        server_max_thread_cores=max_thread,
+        runq_delay_per_cpu_s=(runq / 1e9 / busy_cpu)
+        if runq is not None and busy_cpu
+        else (0.0 if runq is not None else None),
+        ctx_involuntary_per_cpu_s=(invol / busy_cpu)
+        if invol is not None and busy_cpu
+        else (0.0 if invol is not None else None),
+        major_faults_per_s=_rate(view, "proc", "major_faults", node),
+        read_bytes_s=_rate(view, "proc", "read_bytes", node),
+        disk_busy_frac=max(disk) if disk else None,
+        mem_available_frac=mem_frac,
+    )
+
+
+# Ethernet links (net_util, net_wire_busy): rails.RailsReport.signals, which honours the
+# profile's link_caps.
+
+
+def _profile(manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+    p = manifest.get("profile")
+    return p if isinstance(p, Mapping) else {}
+
+
+def _table(d: Any, key: str) -> Mapping[str, Any]:
+    v = d.get(key) if isinstance(d, Mapping) else None
+    return v if isinstance(v, Mapping) else {}
+
+
+def profile_link_caps(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """``profile.telemetry.link_caps`` ("node/iface" -> bits/s) as rails wants it:
+    (node, iface) -> bytes/s per direction. Entries that do not parse are skipped."""
+    out = {}
+    for key, bits in _table(_table(_profile(manifest), "telemetry"), "link_caps").items():
+        node, sep, iface = str(key).rpartition("/")
+        try:
+            bps = float(bits)
+        except (TypeError, ValueError):
+            continue
+        if sep and node and iface and math.isfinite(bps) and bps > 0:
+            out[(node, iface)] = bps / 8.0
+    return out
+
+
+def profile_expects_rdma(manifest: Mapping[str, Any]) -> bool:
+    """The deployment should move its collectives over RDMA: the profile samples the
+    ``rdma`` collector, or sets NCCL_IB_HCA in the server's env (or a config's)."""
+    p = _profile(manifest)
+    collectors = _table(p, "telemetry").get("collectors")
+    if isinstance(collectors, (list, tuple)) and "rdma" in collectors:
+        return True
+    server = _table(p, "server")
+    envs = [_table(server, "env")]
+    envs += [_table(c, "env") for c in _table(server, "configs").values()]
+    return any("NCCL_IB_HCA" in env for env in envs)
+
+
+def profile_interval_s(manifest: Mapping[str, Any], default: float = 0.5) -> float:
+    """The profile's sampling interval (``telemetry.interval_s``; the config default)."""
+    v = _table(_profile(manifest), "telemetry").get("interval_s", default)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return default
+    return x if math.isfinite(x) and x > 0 else default
+
+
+def _prom_signals(view: HwView) -> dict:
+    waiting = [r.mean for r in view.select("prom", "waiting_requests") if r.mean is not None]
+    kv = [r.max for r in view.select("prom", "kv_cache_usage") if r.max is not None]
+    pre = [
+        r.delta
+        for r in view.rows
+        if r.source == "prom"
+        and r.delta is not None
+        and ("preempt" in r.metric or "retract" in r.metric)
+    ]
+    return dict(
+        waiting_mean=sum(waiting) if waiting else None,
+        kv_usage_max=max(kv) if kv else None,
+        preemptions=sum(pre) if pre else None,
+    )
+
+
+def build_signals(
+    *,
+    window: str,
+    duration_s: float,
+    start_ns: int,
+    end_ns: int,
+    hw: Iterable[HwStat],
+    requests: RequestFacts | None,
+    gpu_present: bool,
+    gpu_expected: bool,
+    multi_node: bool,
+    unavailable: Sequence[tuple[str, str]],
+    link_caps: Mapping[tuple[str, str], float] | None = None,
+    expect_rdma: bool = False,
+    rails_report: rails.RailsReport | None = None,
+) -> WindowSignals:
+    """``link_caps`` ((node, iface) -> bytes/s) and ``expect_rdma`` go to ``rails.analyze``;
+    pass ``rails_report`` instead when it is already computed for these rows."""
+    view = HwView(hw)
+    node = server_node(view)
+    fields: dict = {}
+    fields.update(_gpu_signals(view))
+    fields.update(_rdma_signals(view))
+    fields.update(_host_signals(view, node))
+    fields.update(_prom_signals(view))
+    if rails_report is None:
+        rails_report = rails.analyze(
+            view.rows, window=window, link_caps=link_caps, expect_rdma=expect_rdma
+        )
+    fields = rails.merge_signals(fields, rails_report)
+    if requests is not None:
+        gap = None
+        # p99 gap over the typical decode pace. TPOT, not only the median gap: tokens that
+        # arrive several to a read (speculative decoding, batched SSE) make the median gap
+        # near zero and the ratio meaningless.
+        pace = max(requests.tpot_p50 or 0.0, requests.chunk_gap_p50 or 0.0)
+        if requests.n_chunk_gaps >= 20 and pace > 0 and requests.chunk_gap_p99:
+            gap = requests.chunk_gap_p99 / pace
+        fields.update(
+            inflight_frac=inflight_fraction(requests.intervals_wall, start_ns, end_ns)
+            if requests.intervals_wall
+            else None,
+            chunk_gap_p99_p50=gap,
+            server_queue_frac=requests.server_queue_frac,
+            concurrency=requests.concurrency,
+            client_bound=requests.client_bound,
+            client_lateness_p99_ms=requests.client_lateness_p99_ms,
+            client_cpu_fraction=requests.client_cpu_fraction,
+        )
+    return WindowSignals(
+        window=window,
+        duration_s=duration_s,
+        gpu_present=gpu_present,
+        gpu_expected=gpu_expected,
+        multi_node=multi_node,
+        unavailable=tuple(unavailable),
+        **fields,
+    )

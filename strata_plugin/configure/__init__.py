@@ -1,0 +1,1 @@
+"""Configure: profiles and options become one frozen config; server parameters and A/B blocks."""

@@ -1,0 +1,1 @@
+"""The embedded default target: llama-server built from source and generated models."""

@@ -1,0 +1,1 @@
+"""Load: workloads, exact prompts, the streaming client, the load generator, one case."""

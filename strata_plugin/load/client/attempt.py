@@ -1,0 +1,194 @@
+"""One request's life outside the body: build, send, wait for headers, make the record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Mapping
+
+import requests
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    MaxRetryError,
+    NewConnectionError,
+    ProtocolError,
+)
+
+from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client.core import StreamCore
+from strata_plugin.load.client.errors import StreamError
+from strata_plugin.load.client.flavours import flavour, merge_body
+from strata_plugin.load.client.spec import RequestSpec, Timeouts
+
+_ERROR_BODY_BYTES = 64 * 1024  # how much of a non-2xx body is read
+
+_BASE_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "text/event-stream",
+    # A compressed stream is decoded in blocks, which would delay events.
+    "Accept-Encoding": "identity",
+}
+
+
+class Attempt:
+    """Mutable state of one request while it runs; frozen into a record at the end.
+
+    Building the body raises ValueError for a spec the API cannot express (a
+    harness bug); everything after that ends up in ``error`` instead.
+    """
+
+    def __init__(
+        self,
+        session: requests.Session,
+        base_url: str,
+        api: str,
+        spec: RequestSpec,
+        scheduled_ns: int,
+        timeouts: Timeouts,
+        headers: Mapping[str, str] | None,
+    ) -> None:
+        f = flavour(api)
+        body = merge_body(f.body(spec), spec.extra_body)
+        hdrs = dict(_BASE_HEADERS)
+        hdrs.update(headers or {})
+        self.secrets = [v for v in (headers or {}).values() if v]
+        self.prep = session.prepare_request(
+            requests.Request(
+                "POST",
+                base_url.rstrip("/") + f.path,
+                data=json.dumps(body, separators=(",", ":")).encode(),
+                headers=hdrs,
+            )
+        )
+        self.session = session
+        self.spec = spec
+        self.api = api
+        self.scheduled_ns = scheduled_ns
+        self.t = timeouts
+        self.core = StreamCore(f.parser(), timeouts.max_event_bytes)
+        self.dispatched_ns = 0
+        self.deadline_ns: int | None = None
+        self.first_byte_ns: int | None = None
+        self.http_status: int | None = None
+        self.error: StreamError | None = None
+
+    def open(self) -> requests.Response | None:
+        """Send and wait for the response headers; None (with ``error`` set) on failure."""
+        t = self.t
+        head_s = t.read_s if t.total_s is None else min(t.read_s, t.total_s)
+        self.dispatched_ns = time.monotonic_ns()
+        if t.total_s is not None:
+            self.deadline_ns = self.dispatched_ns + int(t.total_s * 1e9)
+        try:
+            resp = self.session.send(
+                self.prep, stream=True, timeout=(t.connect_s, head_s), allow_redirects=False
+            )
+        except requests.exceptions.RequestException as e:
+            self.error = send_error(e, t)
+            return None
+        except Exception as e:  # a client bug must still come back as a record
+            self.error = StreamError("client", f"{type(e).__name__}: {e}")
+            return None
+        self.first_byte_ns = time.monotonic_ns()
+        self.http_status = resp.status_code
+        if not 200 <= resp.status_code < 300:
+            self.error = StreamError(
+                "http_status",
+                f"HTTP {resp.status_code}: {_error_body(resp)}",
+                http_status=resp.status_code,
+            )
+            resp.close()
+            return None
+        return resp
+
+    def record(self) -> RequestRecord:
+        core, p = self.core, self.core.parser
+        text = p.output_text
+        extra = dict(p.extra)
+        extra["n_sse_events"] = p.n_events
+        extra["n_bytes"] = core.n_bytes
+        if core.first_ns is not None:
+            extra["first_body_ns"] = core.first_ns
+        if self.http_status is not None:
+            extra["http_status"] = self.http_status
+        if p.reasoning_parts:
+            extra["reasoning_text"] = p.reasoning_text
+        err = None
+        if self.error is not None:
+            self.error.message = scrub(self.error.message, self.secrets)
+            err = self.error.to_record()
+        return RequestRecord(
+            request_id=self.spec.request_id,
+            case_id=self.spec.case_id,
+            phase=self.spec.phase,
+            api=self.api,
+            scheduled_ns=self.scheduled_ns,
+            dispatched_ns=self.dispatched_ns,
+            first_byte_ns=self.first_byte_ns,
+            events=tuple(core.events),
+            done_ns=core.done_ns if core.done_ns is not None else core.eof_ns,
+            usage=p.usage,
+            timings=p.timings,
+            finish_reason=p.finish_reason,
+            output_text=text,
+            output_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            error=err,
+            isl=self.spec.isl,
+            osl=self.spec.max_tokens,
+            extra=extra,
+        )
+
+
+def send_error(e: requests.exceptions.RequestException, t: Timeouts) -> StreamError:
+    """Map what requests raised before any response into an error class."""
+    if isinstance(e, requests.exceptions.ConnectTimeout):
+        return StreamError("timeout", f"connect timed out after {t.connect_s:g} s")
+    if isinstance(e, requests.exceptions.ReadTimeout):
+        return StreamError("timeout", "no response headers within the read timeout")
+    if isinstance(e, requests.exceptions.ConnectionError):
+        reason = e.args[0] if e.args else None
+        if isinstance(reason, MaxRetryError):
+            reason = reason.reason
+        if isinstance(reason, NewConnectionError):  # before its base class ConnectTimeoutError
+            return StreamError("connect", f"could not connect: {_short(reason)}")
+        if isinstance(reason, ConnectTimeoutError):
+            return StreamError("timeout", f"connect timed out after {t.connect_s:g} s")
+        if isinstance(reason, ProtocolError):
+            return StreamError("reset", f"connection closed before a response: {_short(reason)}")
+        return StreamError("connect", f"connection failed: {_short(e)}")
+    return StreamError("client", f"{type(e).__name__}: {_short(e)}")
+
+
+def _short(e: object) -> str:
+    return str(e)[:300]
+
+
+def _error_body(resp: requests.Response) -> str:
+    """The start of a non-2xx body: at most 64 KiB, for at most a few seconds."""
+    raw, got, n = resp.raw, [], 0
+    end = time.monotonic() + 5.0
+    try:
+        while n < _ERROR_BODY_BYTES and time.monotonic() < end:
+            chunk = raw.read1(_ERROR_BODY_BYTES - n)
+            if not chunk:
+                break
+            got.append(chunk)
+            n += len(chunk)
+    except Exception as e:  # the status is the error; the body is a bonus
+        if not got:
+            return f"(body unreadable: {type(e).__name__})"
+    return b"".join(got).decode("utf-8", "replace")[:500]
+
+
+_USERINFO = re.compile(r"//[^/@\s]+@")
+
+
+def scrub(msg: str, secrets: list[str]) -> str:
+    """Drop URL credentials and any header value from an error message."""
+    msg = _USERINFO.sub("//***@", msg)
+    for s in secrets:
+        if len(s) >= 4:
+            msg = msg.replace(s, "***")
+    return msg

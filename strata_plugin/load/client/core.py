@@ -1,0 +1,111 @@
+"""From body bytes to token events: split at event boundaries, parse, stamp.
+
+Both drivers (the blocking reader and the multiplexing loop) push each read
+here with its arrival time. Only complete events are handed to sseclient, so
+each event is stamped with the read that completed it, and an unfinished
+event is held as a list of parts whose size is bounded by ``max_event_bytes``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sseclient import SSEClient
+
+from strata_plugin.formats.records import TokenEvent
+from strata_plugin.load.client.errors import StreamError
+from strata_plugin.load.client.parse_base import BaseParser
+
+
+def last_boundary(buf: bytes) -> int:
+    """Index just past the last blank line (an SSE event end) in ``buf``, or -1.
+
+    The same three line-ending pairs sseclient splits on.
+    """
+    i = buf.rfind(b"\n\n")
+    j = buf.rfind(b"\r\n\r\n")
+    k = buf.rfind(b"\r\r")
+    return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1, k + 2 if k >= 0 else -1)
+
+
+class StreamCore:
+    """The parse state of one response body."""
+
+    def __init__(self, parser: BaseParser, max_event_bytes: int) -> None:
+        self.parser = parser
+        self.max_event_bytes = max_event_bytes
+        # Made here, one by one (~1 us each), so that finishing a record is
+        # cheap when hundreds of fixed-length streams end at the same moment.
+        self.events: list[TokenEvent] = []
+        self.first_ns: int | None = None  # first body byte
+        self.done_ns: int | None = None  # terminal event (or EOF after a finish reason)
+        self.eof_ns: int | None = None  # the body ended (cleanly), complete or not
+        self.n_bytes = 0
+        self._parts: list[bytes] = []  # the unfinished event
+        self._plen = 0
+        self._tail = b""  # its last 3 bytes, to find a boundary split across reads
+
+    @property
+    def done(self) -> bool:
+        return self.done_ns is not None
+
+    def feed(self, chunk: bytes, t_ns: int) -> None:
+        """One read of body bytes that arrived at ``t_ns``."""
+        if self.first_ns is None:
+            self.first_ns = t_ns
+        self.n_bytes += len(chunk)
+        if self.done_ns is not None:
+            return  # after the terminal event nothing counts
+        probe = self._tail + chunk
+        end = last_boundary(probe)
+        if end < 0:
+            self._hold(chunk)
+            self._tail = probe[-3:]
+            return
+        cut = end - len(self._tail)
+        block = b"".join((*self._parts, chunk[:cut])) if self._parts else chunk[:cut]
+        rest = chunk[cut:]
+        self._parts, self._plen, self._tail = [], 0, b""
+        self._parse(block, t_ns)
+        if rest and self.done_ns is None:
+            self._hold(rest)
+            self._tail = rest[-3:]
+
+    def _hold(self, part: bytes) -> None:
+        self._parts.append(part)
+        self._plen += len(part)
+        if self._plen > self.max_event_bytes:
+            raise StreamError(
+                "event_too_large",
+                f"an event grew past max_event_bytes={self.max_event_bytes} without ending",
+            )
+
+    def _parse(self, block: bytes, t_ns: int) -> None:
+        """The hot path: parse, stamp, append. Nothing else happens per event."""
+        parser = self.parser
+        append = self.events.append
+        for ev in SSEClient((block,)).events():
+            if ev.event == "error":
+                raise StreamError("http_status", f"server error event: {ev.data[:300]}")
+            toks = parser.feed(ev.data)
+            if toks:
+                h = time.monotonic_ns()
+                for n, kind in toks:
+                    append(TokenEvent(t_ns, n, kind, h))
+            if parser.done:
+                self.done_ns = t_ns
+                return
+
+    def end_of_body(self, eof_ns: int) -> None:
+        """The body ended cleanly at ``eof_ns``: complete, or truncated?"""
+        self.eof_ns = eof_ns
+        if self.done_ns is not None:
+            return
+        if any(p.strip() for p in self._parts):
+            raise StreamError("truncated_stream", "the stream ended inside an event")
+        if not self.parser.saw_finish:
+            raise StreamError(
+                "truncated_stream",
+                f"the stream ended without its terminal event after {self.parser.n_events} events",
+            )
+        self.done_ns = eof_ns

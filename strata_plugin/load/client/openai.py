@@ -1,0 +1,125 @@
+"""OpenAI-compatible /v1/chat/completions and /v1/completions (vLLM, SGLang, llama.cpp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata_plugin.formats.records import Usage
+from strata_plugin.load.client.parse_base import (
+    NO_TOKENS,
+    BaseParser,
+    as_int,
+    split_tokens,
+    timings_of,
+)
+from strata_plugin.load.client.spec import RequestSpec
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def _common(spec: RequestSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "stream": True,
+        # continuous_usage_stats gives a cumulative completion_tokens on every
+        # chunk (vLLM, SGLang), so multi-token chunks are counted exactly.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if spec.model is not None:
+        body["model"] = spec.model
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = spec.max_tokens
+    return body
+
+
+def chat_body(spec: RequestSpec) -> dict[str, Any]:
+    if spec.prompt is None:
+        raise ValueError("the chat API takes a text prompt, not prompt_token_ids")
+    body = _common(spec)
+    body["messages"] = [{"role": "user", "content": spec.prompt}]
+    return body
+
+
+def completions_body(spec: RequestSpec) -> dict[str, Any]:
+    body = _common(spec)
+    body["prompt"] = spec.prompt if spec.prompt is not None else list(spec.prompt_token_ids or ())
+    return body
+
+
+class OpenAIParser(BaseParser):
+    """Counts the growth of per-chunk usage when every text chunk has one, else one
+    token per non-empty delta (a usage arriving only with the last text chunk, as
+    llama.cpp sends it, is a total, not a count for that chunk).
+
+    The role-only first chunk and the usage-only last chunk carry no token.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # True while every chunk with text also carried a cumulative usage
+        # (continuous_usage_stats): then tokens per chunk = growth of the count.
+        self._per_chunk_usage = True
+        self._count = 0  # last cumulative completion_tokens seen on a chunk
+        self._kind = "content"  # kind of the last text seen
+
+    def feed(self, data: str) -> tuple[tuple[int, str], ...]:
+        if data == "[DONE]":
+            self.done = True
+            return NO_TOKENS
+        obj = self.load(data)
+        has_r = has_c = False
+        for ch in obj.get("choices") or ():
+            delta = ch.get("delta")
+            if delta is not None:
+                r = delta.get("reasoning_content") or delta.get("reasoning")
+                c = delta.get("content")
+            else:
+                r, c = None, ch.get("text")
+            if r:
+                self.reasoning_parts.append(r)
+                has_r = True
+            if c:
+                self.text_parts.append(c)
+                has_c = True
+            fr = ch.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
+                self.saw_finish = True
+        if "timings" in obj:  # llama.cpp adds its timings to the last chunk
+            self.timings = timings_of(obj["timings"])
+        fallback = self._kind
+        if has_c:
+            self._kind = "content"
+        elif has_r:
+            self._kind = "reasoning"
+        usage = obj.get("usage")
+        total = None
+        if isinstance(usage, dict) and usage:
+            self._take_usage(usage)
+            total = as_int(usage.get("completion_tokens"))
+        if (has_r or has_c) and total is None:
+            self._per_chunk_usage = False  # this server does not count per chunk
+        if total is not None and self._per_chunk_usage and obj.get("choices"):
+            n, self._count = total - self._count, max(total, self._count)
+            return split_tokens(n, has_r, has_c, fallback)
+        if has_r or has_c:
+            return split_tokens(int(has_r) + int(has_c), has_r, has_c)
+        return NO_TOKENS
+
+    def _take_usage(self, u: dict[str, Any]) -> None:
+        details = u.get("prompt_tokens_details") or {}
+        cached = as_int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        self.usage = Usage(
+            prompt_tokens=as_int(u.get("prompt_tokens")),
+            completion_tokens=as_int(u.get("completion_tokens")),
+            cached_tokens=cached,
+            source="usage",
+        )
+        cdet = u.get("completion_tokens_details")
+        if isinstance(cdet, dict) and as_int(cdet.get("reasoning_tokens")) is not None:
+            self.extra["reasoning_tokens"] = cdet["reasoning_tokens"]

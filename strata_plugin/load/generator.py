@@ -1,0 +1,176 @@
+"""The load generator: closed and open loops, with a self-check of the client.
+
+A benchmark client can itself be the bottleneck. Each run measures the client's
+own CPU use, how late each request was dispatched against its schedule, and how
+long after arrival each stream event was handled; a run where these exceed the
+thresholds below is flagged ``client_bound`` rather than blamed on the server.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import requests
+
+from strata_plugin.analysis.stats import percentile
+from strata_plugin.formats.records import ProcDelta, RequestRecord
+from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.load.client.mux import StreamMux
+
+#: Client self-check thresholds (the client is suspect above these).
+#: 5 ms of dispatch lateness is a fraction of any TTFT worth measuring on a GPU
+#: server; 0.85 of a core means the Python client has no headroom left.
+CLIENT_LATENESS_P99_MS = 5.0
+CLIENT_HANDLING_LAG_P99_MS = 5.0
+CLIENT_CPU_CORES = 0.85
+#: The client's own delays limit a run only when they are a real part of the requests'
+#: lives: summed dispatch lateness must also reach this share of the summed time from
+#: schedule to end, and summed handling lag this share of the summed time from dispatch
+#: to end. Measured on the local fault suite (dispatch): a load generator capped at 2%
+#: of a core 0.085-0.23; every other arm, hypervisor steal and 3x oversubscribed slots
+#: included, 0.001-0.011. (Handling lag: 12 streams on 2 busy cores, 15 of 1,152 events
+#: 10 ms late, 0.6%.) A p99 over a few dozen requests is their maximum, so without the
+#: share one scheduling hiccup would flag the client.
+CLIENT_DELAY_SHARE = 0.05
+
+Counters = Callable[[], tuple[float, int, int]]  # (cpu_s, major_faults, read_bytes)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    client_cpu_cores: float  # client CPU seconds / wall seconds
+    dispatch_lateness_p99_ms: float
+    handling_lag_p99_ms: float
+    client_bound: bool
+    reasons: tuple[str, ...]
+    late_requests: int = 0  # dispatched more than CLIENT_LATENESS_P99_MS after schedule
+    late_events: int = 0  # handled more than CLIENT_HANDLING_LAG_P99_MS after arrival
+    dispatch_delay_share: float = 0.0  # summed lateness / summed schedule-to-end time
+    handling_lag_share: float = 0.0  # summed handling lag / summed dispatch-to-end time
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    records: tuple[RequestRecord, ...]
+    start_ns: int
+    end_ns: int
+    self_check: SelfCheck
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: RequestSpec
+    offset_s: float | None = None  # open loop: send this long after the start
+
+
+class Progress:
+    """Thread-safe counters that a reporter can poll while the load runs."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.errors, self.tokens = total, 0, 0, 0
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+
+    def add(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self.done += 1
+            self.errors += 0 if rec.ok else 1
+            self.tokens += sum(e.n_tokens for e in rec.events)
+
+    def line(self) -> str:
+        with self._lock:
+            dt = max(1e-9, time.monotonic() - self.t0)
+            return (f"{self.done}/{self.total} requests, {self.errors} errors, "
+                    f"{self.tokens / dt:.1f} output tok/s")
+
+
+def run_load(
+    jobs: Sequence[Job],
+    *,
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str] | None = None,
+    counters: Counters | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    progress: Progress | None = None,
+) -> LoadResult:
+    """Send every job, at most ``concurrency`` in flight, and return their records."""
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    start_ns = time.monotonic_ns()
+    local = threading.local()
+    shared = concurrency > 1
+    # One connection per request: a kept-alive connection that the server closed while
+    # idle (llama-server: after 5 s) fails the next request before it is sent.
+    headers = {**(headers or {}), "Connection": "close"}
+
+    def session() -> requests.Session:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
+        return local.s
+
+    def one(job: Job) -> RequestRecord:
+        if job.offset_s is None:
+            scheduled = time.monotonic_ns()
+        else:
+            scheduled = start_ns + int(job.offset_s * 1e9)
+            delay = (scheduled - time.monotonic_ns()) / 1e9
+            if delay > 0:
+                time.sleep(delay)
+        before = counters() if counters else None
+        rec = mux.send_streaming(session(), base_url, api, job.spec, scheduled_ns=scheduled,
+                                 timeouts=timeouts, headers=headers)
+        if before is not None and counters is not None:
+            after = counters()
+            rec = replace(rec, proc=ProcDelta(cpu_s=after[0] - before[0],
+                                              major_faults=after[1] - before[1],
+                                              read_bytes=after[2] - before[2], shared=shared))
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.add(rec)
+        return rec
+
+    # Caller threads send and wait; one selector loop reads and stamps every stream
+    # (a thread per stream pays ~3x the CPU per event and falls behind past ~100 streams).
+    with StreamMux() as mux, ThreadPoolExecutor(max_workers=concurrency,
+                                                thread_name_prefix="strata-load") as pool:
+        records = tuple(pool.map(one, jobs))
+    end_ns = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return LoadResult(records, start_ns, end_ns,
+                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)))
+
+
+def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> SelfCheck:
+    lateness = [max(0, r.dispatched_ns - r.scheduled_ns) / 1e6 for r in records]
+    lags = [max(0, e.handled_ns - e.t_ns) / 1e6 for r in records for e in r.events if e.handled_ns]
+    lived_ms = sum(max(0, (r.done_ns or r.dispatched_ns) - r.dispatched_ns) / 1e6
+                   for r in records)
+    late_p99 = percentile(lateness, 99) if lateness else 0.0
+    lag_p99 = percentile(lags, 99) if lags else 0.0
+    late_ms = sum(lateness)
+    late_share = late_ms / (late_ms + lived_ms) if late_ms else 0.0
+    lag_share = sum(lags) / lived_ms if lived_ms else 0.0
+    n_late = sum(x > CLIENT_LATENESS_P99_MS for x in lateness)
+    n_lag = sum(x > CLIENT_HANDLING_LAG_P99_MS for x in lags)
+    reasons = []
+    if late_p99 > CLIENT_LATENESS_P99_MS and late_share >= CLIENT_DELAY_SHARE:
+        reasons.append(f"dispatch lateness p99 {late_p99:.2f} ms > {CLIENT_LATENESS_P99_MS} ms, "
+                       f"{late_share:.1%} of the requests' time ({n_late} of {len(lateness)} "
+                       "requests late)")
+    if lag_p99 > CLIENT_HANDLING_LAG_P99_MS and lag_share >= CLIENT_DELAY_SHARE:
+        reasons.append(f"event handling lag p99 {lag_p99:.2f} ms > {CLIENT_HANDLING_LAG_P99_MS} "
+                       f"ms, {lag_share:.1%} of the streams' time ({n_lag} of {len(lags)} "
+                       "events late)")
+    if client_cpu_cores > CLIENT_CPU_CORES:
+        reasons.append(f"client CPU {client_cpu_cores:.2f} cores > {CLIENT_CPU_CORES}")
+    return SelfCheck(client_cpu_cores, late_p99, lag_p99, bool(reasons), tuple(reasons),
+                     n_late, n_lag, late_share, lag_share)

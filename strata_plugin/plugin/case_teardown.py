@@ -1,0 +1,85 @@
+"""What happens when a case's test ends: analysis, JUnit properties, the gates.
+
+Runs in the ``strata`` fixture's teardown, so the properties land in the
+teardown report, which is the one JUnit XML reads them from.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from strata_plugin.load.case_runner import CaseRunner
+    from strata_plugin.run.server import Server
+    from strata_plugin.run.session import StrataSession
+
+
+def _outcome(item: pytest.Item) -> str:
+    from strata_plugin.plugin.state import phase_reports_key
+
+    reports = item.stash.get(phase_reports_key, {})
+    for when in ("setup", "call"):
+        rep = reports.get(when)
+        if rep is not None and not rep.passed:
+            return rep.outcome
+    return "passed" if "call" in reports else "not run"
+
+
+def case_properties(sess: StrataSession, runner: CaseRunner) -> list[tuple[str, object]]:
+    """Headline metrics plus the verdict of every case the test ran, as plain scalars."""
+    from strata_plugin.report import summarize_case
+
+    props: list[tuple[str, object]] = []
+    many = len(runner.results) > 1
+    for result in runner.results:
+        prefix = f"{result.case_id}." if many else ""
+        try:
+            values = dict(summarize_case(sess.run_dir, result.case_id).user_properties())
+        except Exception as exc:  # the metrics stand without the hardware analysis
+            values = dict(result.headline, analysis_error=f"{type(exc).__name__}: {exc}")
+        props += [(prefix + k, v) for k, v in sorted(values.items())]
+    return props
+
+
+def regressions(sess: StrataSession, runner: CaseRunner) -> list[str]:
+    """Metrics worse than the baseline run by more than the margin, with statistical support."""
+    if sess.cfg.baseline_dir is None or not runner.results:
+        return []
+    from strata_plugin.report import regression_check
+
+    by_case = {r.case_id: r.records for r in runner.results}
+    out = []
+    for metric in sess.cfg.regression_metrics:
+        found = regression_check(by_case, sess.cfg.baseline_dir, metric=metric,
+                                 max_worse_pct=sess.cfg.max_regression_pct)
+        out += [r.message() for r in found]
+    return out
+
+
+def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
+                runner: CaseRunner) -> None:
+    outcome = _outcome(item)
+    for line in runner.case_lines.values():
+        sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid})
+    item.user_properties.extend(case_properties(sess, runner))
+    item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
+    item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))
+    item.user_properties.append(("strata_config", server.config_id))
+    if not server.alive():
+        from strata_plugin.run.server import log_tail
+
+        pytest.fail(f"server {server.config_id} died during the case (exit "
+                    f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}",
+                    pytrace=False)
+    dead = sess.dead_workers(server)
+    if dead:
+        from strata_plugin.run.server import log_tail
+
+        pytest.fail("\n".join(f"worker {w.node} of server {server.config_id} died during the "
+                              f"case (exit {w.exit_code()})\n--- log tail ---\n"
+                              f"{log_tail(w.log_path)}" for w in dead), pytrace=False)
+    worse = regressions(sess, runner)
+    if worse:
+        pytest.fail("regression against the baseline run:\n" + "\n".join(worse), pytrace=False)

@@ -1,0 +1,104 @@
+"""Strata's pytest hooks. Thin: each reads the run state and calls a plain module.
+
+Inert until used: a hook touches the profile only for a test that asks for a Strata
+fixture, and registers only Strata's own markers (the workload markers such as
+``prefill`` belong to the repository's ``pytest.ini``, next to its cases).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from strata_plugin.plugin.options import add_options
+from strata_plugin.plugin.state import phase_reports_key, run_state
+
+#: The markers of Strata's own API (docs/writing-cases.md).
+MARKERS = {
+    "strata_configs(*ids)": "run this test only against these server configurations",
+    "strata_blocks(*ids, repeats=2)": "counterbalanced A/B blocks: A B B A ..., one boot each",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize the session server by configuration, so each boots once per block.
+
+    A test that names configurations its profile lacks is skipped with the reason (a
+    llama.cpp sweep on a vLLM profile), never a collection error for the whole run.
+    """
+    if "strata_server" not in metafunc.fixturenames:
+        return
+    from strata_plugin.configure.blocks import MissingConfigs, server_params
+
+    state = run_state(metafunc.config)
+    try:
+        cfg = state.config
+    except pytest.UsageError as exc:
+        state.usage_error = exc
+        return
+    try:
+        ids = server_params(
+            [c.config_id for c in cfg.profile.server.configs],
+            metafunc.definition.get_closest_marker("strata_configs"),
+            metafunc.definition.get_closest_marker("strata_blocks"),
+            attached=bool(cfg.server_url))
+    except MissingConfigs as exc:
+        reason = f"profile {cfg.profile.name} has {exc} for this test"
+        metafunc.parametrize("strata_server", [pytest.param("-", marks=pytest.mark.skip(
+            reason=reason))], ids=["missing-config"], indirect=True, scope="session")
+        return
+    except ValueError as exc:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: {exc}") from None
+    metafunc.parametrize("strata_server", ids, indirect=True, scope="session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from strata_plugin.configure.blocks import group_by_server
+
+    error = run_state(config).usage_error
+    if error is not None:
+        raise error  # pytest prints it as "ERROR: bad Strata profile: ..." and exits 4
+
+    group_by_server(items)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Keep each phase's report of a Strata test, so its teardown knows the outcome."""
+    report = yield
+    if "strata" in getattr(item, "fixturenames", ()):
+        item.stash.setdefault(phase_reports_key, {})[report.when] = report
+    return report
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    # Called before session teardown: the run is then written as incomplete.
+    from strata_plugin.run.reaper import INTERRUPTED
+
+    INTERRUPTED.set()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    sess = run_state(terminalreporter.config).session
+    if sess is None:
+        return
+    cfg = sess.cfg
+    terminalreporter.write_sep("-", "strata")
+    target = cfg.server_url or "launched by Strata"
+    terminalreporter.write_line(f"profile: {cfg.profile.name} ({cfg.profile.path}), "
+                                f"server: {target}")
+    terminalreporter.write_line(f"run folder: {sess.run_dir}")
+    report = sess.run_dir / "report.md"
+    if report.exists():
+        terminalreporter.write_line(f"report: {report}")
+    if sess.incomplete_reason:
+        terminalreporter.write_line(f"run incomplete: {sess.incomplete_reason}")

@@ -1,0 +1,66 @@
+"""Command-line options and their ``pytest.ini`` twins (the option wins) -> StrataConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from strata_plugin.configure.profile import StrataConfig, load_profile, resolve_profile
+
+OPTIONS = (
+    # (option, ini, help, default)
+    ("--strata-profile", "strata_profile",
+     "deployment profile: a TOML path (relative to the rootdir) or a packaged name", "local"),
+    ("--strata-server-url", "strata_server_url",
+     "attach to a running server at URL instead of launching one", ""),
+    ("--strata-reports-dir", "strata_reports_dir", "where run folders go", "reports"),
+    ("--strata-run-id", "strata_run_id", "run id (default: UTC time + random suffix)", ""),
+    ("--strata-baseline", "strata_baseline",
+     "a previous run folder to gate regressions against", ""),
+    ("--strata-max-regression", "strata_max_regression",
+     "percent a metric may worsen vs the baseline before a test fails", "10"),
+    ("--strata-regression-metrics", "strata_regression_metrics",
+     "comma-separated request metrics the baseline gate checks", "ttft_ms,tpot_ms"),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("strata", "Strata LLM-serving benchmarks")
+    for opt, ini, help_text, default in OPTIONS:
+        group.addoption(opt, dest=ini, default=None, help=f"{help_text} (ini: {ini})")
+        parser.addini(ini, help_text, default=default)
+    group.addoption("--strata-dry-run", action="store_true", dest="strata_dry_run",
+                    help="write every command that would run into the run folder; start nothing")
+
+
+def _value(config: pytest.Config, ini: str) -> str:
+    """Command-line option wins over pytest.ini."""
+    opt = config.getoption(ini)
+    return str(opt) if opt is not None else str(config.getini(ini))
+
+
+def build_config(config: pytest.Config) -> StrataConfig:
+    """Options + ini + profile, resolved against the invoking repository's rootdir."""
+    from strata_plugin.run.run_folder import new_run_id
+
+    root = Path(config.rootpath)
+    try:
+        max_reg = float(_value(config, "strata_max_regression"))
+    except ValueError:
+        raise pytest.UsageError("--strata-max-regression: expected a number (percent)") from None
+    baseline = _value(config, "strata_baseline")
+    reports = Path(_value(config, "strata_reports_dir"))
+    return StrataConfig(
+        profile=load_profile(resolve_profile(_value(config, "strata_profile"), root)),
+        reports_dir=reports if reports.is_absolute() else root / reports,
+        run_id=_value(config, "strata_run_id") or new_run_id(),
+        server_url=_value(config, "strata_server_url"),
+        dry_run=bool(config.getoption("strata_dry_run")),
+        baseline_dir=Path(baseline) if baseline else None,
+        max_regression_pct=max_reg,
+        regression_metrics=tuple(m.strip() for m in
+                                 _value(config, "strata_regression_metrics").split(",")
+                                 if m.strip()),
+        rootdir=root,
+    )

@@ -1,0 +1,1 @@
+"""Run: the live session, server lifetimes, nodes and their agents, the run folder."""

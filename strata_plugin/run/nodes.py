@@ -1,0 +1,109 @@
+"""Glue between the run and the sampling agents: which agents, with what arguments.
+
+The agent itself (``strata_plugin.agent``) knows nothing of profiles or pytest;
+this module turns a profile and a live server into agent command lines, starts
+one agent per node for a server's lifetime, and records clock offsets.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from strata_plugin.run.server import Server
+    from strata_plugin.run.session import StrataSession
+
+
+def _local_argv(sess: StrataSession, node: str, server_pid: int | None,
+                log_file: str | None, prom_url: str | None) -> list[str]:
+    from strata_plugin.agent.handle import agent_argv
+
+    t = sess.cfg.profile.telemetry
+    return agent_argv(
+        node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
+        pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
+        log_patterns=dict(t.log_patterns), collectors=list(t.collectors),
+        python=sys.executable)
+
+
+def agent_commands(sess: StrataSession, server_pid: int | None,
+                   server: Server | None = None) -> dict[str, list[str]]:
+    """The agent command for every node of the profile (ssh-prefixed for remote ones)."""
+    out = {}
+    log_file = str(server.log_path) if server is not None and server.log_path else None
+    prom_url = f"{server.base_url}/metrics" if server is not None else None
+    for node in sess.cfg.profile.nodes:
+        argv = _local_argv(sess, node.name, server_pid if node.role == "head" else None,
+                           log_file if node.role == "head" else None,
+                           prom_url if node.role == "head" else None)
+        if node.ssh_host:
+            from strata_plugin.run.remote import remote_agent_argv
+
+            # The agent package travels over the connection: the node needs only python3.
+            argv = remote_agent_argv(node.ssh_host, argv)
+        out[node.name] = argv
+    return out
+
+
+def start_agents(sess: StrataSession, server: Server) -> list:
+    """One agent per node for this server's lifetime; clock offsets measured at start."""
+    from strata_plugin.agent.handle import AgentHandle
+    from strata_plugin.analysis.clocks import fit
+    from strata_plugin.run.remote import on_agent_exit
+
+    handles = []
+    nodes = dict(sess.recorder.manifest.get("nodes", {}))
+    for name, argv in agent_commands(sess, server.pid, server).items():
+        out_dir = sess.run_dir / "nodes" / name
+        h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+        handles.append(h)
+        nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+    sess.recorder.update_manifest(nodes=nodes)
+    return handles
+
+
+def stop_agents(sess: StrataSession, handles: list) -> None:
+    """Measure each clock again (for drift), then stop the agents; deaths are recorded."""
+    from strata_plugin.analysis.clocks import fit
+
+    nodes = dict(sess.recorder.manifest.get("nodes", {}))
+    failed: list[tuple[str, BaseException]] = []
+    for h in handles:  # every agent is stopped, whatever one of them does
+        try:
+            if h.alive and h.offsets:
+                end = h.measure_clock_offset()
+                nodes[h.node] = fit(h.node, h.offsets[0], end).manifest()
+        except Exception as exc:  # the start-of-run offset still aligns this node
+            nodes.setdefault(h.node, {})["clock_end_error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            h.stop(5.0)
+        except Exception as exc:
+            failed.append((h.node, exc))
+        if h.exit_info and not h.exit_info.expected:
+            nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info.reason)
+    sess.recorder.update_manifest(nodes=nodes)
+    if failed:
+        raise RuntimeError("could not stop the agent on " + "; ".join(
+            f"{node}: {type(exc).__name__}: {exc}" for node, exc in failed)) from failed[0][1]
+
+
+def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | None:
+    """Per-request counters of the server's process tree (launched servers only)."""
+    if server.pid is None:
+        return None
+    from strata_plugin.agent.procfs import process_tree, read_process_counters
+
+    root = server.pid
+    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
+    tree = [process_tree(root)]
+
+    def read() -> tuple[float, int, int]:
+        c = read_process_counters(tree[0])
+        if c.n_missing:
+            tree[0] = process_tree(root)
+            c = read_process_counters(tree[0])
+        return (c.cpu_s, c.major_faults, c.read_bytes)
+
+    return read

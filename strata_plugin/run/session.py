@@ -1,0 +1,401 @@
+"""The live run: its folder, its servers, and cleanup on every path.
+
+One ``StrataSession`` per pytest session, created the first time a test asks
+for a Strata fixture (so ``pytest tests/`` of the harness itself creates no run
+folder). Every process it starts is registered for teardown, which runs on a
+normal end, on errors, on Ctrl-C and on SIGTERM (turned into KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from strata_plugin.configure.profile import StrataConfig, expand_placeholders
+from strata_plugin.formats.records import ClockAnchor
+from strata_plugin.load.case_runner import CaseRunner, CaseSetup
+from strata_plugin.load.workload import TokenSpace
+from strata_plugin.run import reaper
+from strata_plugin.run.nodes import process_counters, start_agents, stop_agents
+from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
+from strata_plugin.run.server import LaunchSpec, Server, free_port, write_command
+
+
+def case_id_from(nodeid: str) -> str:
+    """A file-name-safe case id from a pytest node id (``cases/x.py::test_a[p]``)."""
+    name = nodeid.split("::", 1)[-1]
+    return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in name)
+
+
+class RunFolderError(OSError):
+    """The run folder could not be written (a full or vanished results disk)."""
+
+
+def _drop_derived(run_dir: Path, since: float) -> None:
+    """Remove derived files a failed report attempt left behind (they may be half-written)."""
+    from strata_plugin.analysis.run_folder import DERIVED, DERIVED_DIRS
+
+    paths = [run_dir / n for n in DERIVED]
+    for d in DERIVED_DIRS:
+        paths += sorted((run_dir / d).glob("*"))
+    for p in paths:
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_mtime >= since - 1:
+                p.unlink()
+
+
+class ServerDown(RuntimeError):
+    """A server that died earlier and was not restarted: the tests that need it cannot run."""
+
+
+class PreflightFailed(RuntimeError):
+    """The run cannot start: a port, tool, node or GPU is not ready."""
+
+
+@dataclass
+class Block:
+    server: Server
+    agents: list = field(default_factory=list)
+
+
+def _ssh_probe(host: str):
+    def probe() -> bool | str:
+        import subprocess
+
+        from strata_plugin.run.remote import ssh_options_from_env
+
+        # The same ssh config (STRATA_SSH_CONFIG) the agents and workers will use.
+        argv = ["ssh", *ssh_options_from_env(), "-o", "BatchMode=yes", "-o",
+                "ConnectTimeout=5", host, "true"]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return True if out.returncode == 0 else (out.stderr.strip() or f"exit {out.returncode}")
+
+    return probe
+
+
+def public_profile(cfg: StrataConfig) -> dict:
+    """The profile as recorded in the manifest: names of secret env vars, never values."""
+    return dict(cfg.profile.raw, _path=str(cfg.profile.path))
+
+
+class StrataSession:
+    def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
+        self.cfg = cfg
+        self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id)
+        self.anchor = ClockAnchor.now()
+        self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
+            run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
+        self.started_ns = time.monotonic_ns()
+        # Tells the attribution whether missing GPU telemetry is a gap or just a CPU server.
+        self.recorder.update_manifest(gpu_expected=cfg.profile.server.engine in ("vllm", "sglang"))
+        self.servers: dict[str, Server] = {}
+        self.workers: dict[str, list] = {}  # remote worker processes by block id
+        self.history: dict[str, list] = {}  # A/B results by group, across blocks
+        self.incomplete_reason = ""
+        self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
+
+    # --- servers -------------------------------------------------------------------------
+
+    def placeholder_values(self, port: int) -> dict[str, str]:
+        p = self.cfg.profile
+        values = {k: os.path.expanduser(v) for k, v in p.vars}
+        values.update(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
+                      python=sys.executable, root=str(self.cfg.rootdir))
+        return values
+
+    def launch_spec(self, config_id: str, block_id: str = "") -> LaunchSpec:
+        p = self.cfg.profile
+        conf = next(c for c in p.server.configs if c.config_id == config_id)
+        port = p.server.port or free_port(p.server.host)
+        values = self.placeholder_values(port)
+        argv = expand_placeholders(conf.argv, values)
+        env = tuple((k, v.format_map(values)) for k, v in conf.env)
+        return LaunchSpec(
+            config_id=config_id, argv=tuple(argv), env=env,
+            base_url=f"http://{p.server.host}:{port}", health_path=p.server.health_path,
+            health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
+            log_path=self.run_dir / "service" / (block_id or config_id) / "server.log")
+
+    def start_server(self, config_id: str, block_id: str = "") -> Server:
+        """Launch (or attach to) the server of one configuration for one block."""
+        block_id = block_id or config_id
+        if self.cfg.server_url:
+            server = Server(None, self.cfg.server_url)
+            server.wait_healthy(self.cfg.profile.server.health_timeout_s)
+        else:
+            spec = self.launch_spec(config_id, block_id)
+            write_command(self.run_dir / "commands", f"server-{block_id}", spec.to_json())
+            server = Server(spec, spec.base_url)
+            # Workers first: a multi-node engine's head waits for them to join.
+            self.workers[block_id] = self.start_workers(spec, block_id)
+            reaper.register(server)
+            try:
+                server.start()
+            except BaseException:
+                self.stop_workers(block_id)
+                raise
+        server.block_id = block_id
+        self.servers[block_id] = server
+        self.recorder.update_manifest(servers={
+            bid: {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
+                  "startup_s": s.startup_s, "restarts": s.restarts}
+            for bid, s in self.servers.items()})
+        return server
+
+    def start_workers(self, spec: LaunchSpec, block_id: str) -> list:
+        """The profile's worker command on every remote worker node, tied to its ssh session."""
+        p = self.cfg.profile
+        remote = [n for n in p.nodes if n.role == "worker" and n.ssh_host]
+        if not p.server.worker_argv or not remote:
+            return []
+        from strata_plugin.run.remote import RemoteProcess
+
+        port = int(spec.base_url.rsplit(":", 1)[1])
+        argv = expand_placeholders(p.server.worker_argv, self.placeholder_values(port))
+        workers = []
+        for node in remote:
+            log = self.run_dir / "service" / block_id / f"{node.name}.log"
+            write_command(self.run_dir / "commands", f"worker-{block_id}-{node.name}",
+                          {"argv": argv, "node": node.name, "ssh_host": node.ssh_host,
+                           "env_names": sorted(k for k, _ in spec.env), "log": str(log)})
+            w = RemoteProcess.start(node.name, node.ssh_host, argv, log, env=dict(spec.env),
+                                    grace_s=p.server.stop_timeout_s)
+            reaper.register(w)
+            workers.append(w)
+        return workers
+
+    def stop_workers(self, block_id: str) -> None:
+        for w in self.workers.pop(block_id, []):
+            w.stop()
+            reaper.unregister(w)
+
+    def stop_server(self, server: Server) -> None:
+        """Stop the server and its workers, then confirm the GPU memory was released."""
+        pid = server.pid
+        server.stop()
+        reaper.unregister(server)
+        self.stop_workers(server.block_key)
+        if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
+            return
+        from strata_plugin.run.gpu_release import require_gpu_release, wait_gpu_release
+
+        result = wait_gpu_release([pid], timeout_s=30.0)
+        releases = dict(self.recorder.manifest.get("gpu_release", {}))
+        releases[server.block_key] = {
+            "ok": result.ok, "skipped": result.skipped, "detail": result.detail,
+            "waited_s": round(result.waited_s, 3)}
+        self.recorder.update_manifest(gpu_release=releases)
+        require_gpu_release(result)
+
+    # --- before anything starts ---------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Ports, tools, nodes and idle GPUs, checked before any server is launched."""
+        from strata_plugin.run.preflight import PreflightError, preflight, require_preflight
+
+        p = self.cfg.profile
+        tools: list[str] = []
+        if not self.cfg.server_url:
+            values = self.placeholder_values(p.server.port or 0)
+            for conf in p.server.configs:
+                argv = expand_placeholders(conf.argv, values)
+                if argv:
+                    tools.append(argv[0])
+        remote = [n for n in p.nodes if n.ssh_host]
+        if remote:
+            tools.append("ssh")
+        nodes = {n.name: _ssh_probe(n.ssh_host) for n in remote}
+        checks = preflight(ports=[p.server.port] if p.server.port and not self.cfg.server_url
+                           else [], tools=tools, nodes=nodes,
+                           gpus="nvml" in p.telemetry.collectors, host=p.server.host)
+        self.recorder.update_manifest(preflight=[c.__dict__ for c in checks])
+        try:
+            require_preflight(checks)
+        except PreflightError as exc:
+            hint = (f"\n(the profile's setup command builds what it needs: "
+                    f"{' '.join(p.setup_argv)})" if p.setup_argv else "")
+            raise PreflightFailed(f"{exc}{hint}") from None
+
+    # --- blocks: one server configuration's lifetime ------------------------------------
+
+    def begin_block(self, server: Server) -> Block:
+        """Start the telemetry agents on this server, then hold the idle baseline."""
+        block = Block(server=server, agents=start_agents(self, server))
+        self.blocks[server.block_key] = block
+        t0 = time.monotonic_ns()
+        try:
+            time.sleep(self.cfg.profile.telemetry.baseline_s)
+        except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
+            stop_agents(self, block.agents)
+            raise
+        self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
+                           time.monotonic_ns())
+        return block
+
+    def end_block(self, block: Block) -> None:
+        """Hold the cooldown window, stop the agents, stop the server. Always runs."""
+        try:
+            if block.server.alive() and not reaper.INTERRUPTED.is_set():
+                t0 = time.monotonic_ns()
+                time.sleep(self.cfg.profile.telemetry.cooldown_s)
+                self.recorder.mark("cooldown", f"cooldown:{block.server.config_id}", "", t0,
+                                   time.monotonic_ns())
+        finally:
+            try:
+                stop_agents(self, block.agents)
+            finally:  # an agent that died (e.g. its files hit a full disk) must not keep
+                self.stop_server(block.server)  # the server running
+
+    def dead_workers(self, server: Server) -> list:
+        """The remote workers of this server's block that have exited."""
+        return [w for w in self.workers.get(server.block_key, [])
+                if not w.alive()]
+
+    def ensure_alive(self, server: Server) -> Server:
+        """A server (or a worker of it) that died in an earlier case is restarted once,
+        head and workers together, else the test skips with the reason."""
+        dead = self.dead_workers(server)
+        if server.alive() and not dead:
+            return server
+        what = ", ".join([*([f"head exit {server.exit_code()}"] if not server.alive() else []),
+                          *(f"worker {w.node} exit {w.exit_code()}" for w in dead)])
+        if self.cfg.server_url or server.restarts >= 1:
+            raise ServerDown(f"server {server.config_id} is down ({what}) and was not restarted")
+        restart = {f"restart_{server.config_id}": server.exit_code()}
+        if dead:
+            restart[f"restart_{server.config_id}_workers"] = {w.node: w.exit_code() for w in dead}
+        self.recorder.update_manifest(**restart)
+        server.restarts += 1
+        # A multi-node engine whose worker died cannot finish a collective: restart the
+        # whole group, workers first (the head waits for them to join).
+        server.stop()
+        self.stop_workers(server.block_key)
+        if server.spec is not None:
+            self.workers[server.block_key] = self.start_workers(server.spec, server.block_key)
+        server.start()
+        self.retrack(server)
+        return server
+
+    def retrack(self, server: Server) -> None:
+        """Point the block's agents at a restarted server's new PID (else they lose it)."""
+        block = self.blocks.get(server.block_key)
+        if block is None or server.pid is None:
+            return
+        heads = {n.name for n in self.cfg.profile.nodes if n.role == "head"}
+        for h in block.agents:
+            if h.alive and h.node in heads:
+                h.track_pids([server.pid])
+
+    def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
+        from strata_plugin.load.client import Timeouts
+
+        p = self.cfg.profile
+        headers = {}
+        if p.server.api_key_env:
+            key = os.environ.get(p.server.api_key_env)
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+        lo, hi = p.server.token_id_range
+        setup = CaseSetup(
+            base_url=server.base_url, api=p.server.api, config_id=server.config_id,
+            block_id=server.block_id, startup_s=server.startup_s,
+            token_space=TokenSpace(lo, hi),
+            timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
+            salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
+        return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
+                          add_case=self.recorder.add_case, counters=process_counters(server),
+                          progress_line=progress, default_case_id=case_id_from(nodeid),
+                          history=self.history)
+
+    # --- end -----------------------------------------------------------------------------
+
+    def pull_prometheus(self) -> None:
+        """Case windows from the profile's Prometheus, as samples beside the agents'."""
+        spec = self.cfg.profile.prometheus
+        if not spec.jobs or self.cfg.dry_run:
+            return
+        from strata_plugin.run.prometheus import Job, PromClient, pull
+
+        headers = {}
+        if spec.auth_env and os.environ.get(spec.auth_env):
+            headers["Authorization"] = f"Bearer {os.environ[spec.auth_env]}"
+        windows = [(m.start_wall_ns, m.end_wall_ns) for m in self.recorder.markers
+                   if m.kind in ("case", "baseline", "cooldown")]
+        try:
+            res = pull(self.run_dir, PromClient(spec.url, headers=headers),
+                       [Job(job, kind) for job, kind in spec.jobs], windows,
+                       spec.step_s or self.cfg.profile.telemetry.interval_s)
+            self.recorder.update_manifest(prometheus={
+                "url": spec.url, "samples": res.samples, "nodes": list(res.nodes),
+                "clock_offset_ns": res.clock.offset_ns if res.clock else None,
+                "clock_uncertainty_ns": res.clock.uncertainty_ns if res.clock else None})
+        except Exception as exc:  # the agents' data stands; say what is missing
+            self.recorder.update_manifest(prometheus={"url": spec.url,
+                                                      "error": f"{type(exc).__name__}: {exc}"})
+
+    def finish(self, *, interrupted: bool) -> Path | None:
+        """Stop what runs, then write the report; an interrupted run says so in both."""
+        for server in list(self.servers.values()):
+            self.stop_server(server)
+        try:
+            self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
+            if not interrupted:
+                self.pull_prometheus()
+            if interrupted:
+                self.incomplete_reason = self.incomplete_reason or "interrupted"
+            self.recorder.update_manifest(
+                incomplete_reason=self.incomplete_reason,
+                finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            # Complete only once the report is on disk: a run cut short while writing it
+            # is not.
+            self.recorder.write_manifest(complete=False)
+        except OSError as exc:
+            # A full or vanished results disk: the manifest on disk keeps complete=false
+            # (written first, replaced atomically), and no report is attempted.
+            self.incomplete_reason = f"could not write the run folder {self.run_dir}: {exc}"
+            with contextlib.suppress(OSError):
+                self.recorder.close()
+            raise RunFolderError(self.incomplete_reason) from exc
+        try:
+            return self._write_report(complete=not interrupted)
+        finally:
+            with contextlib.suppress(OSError):
+                self.recorder.close()
+
+    def _write_report(self, *, complete: bool) -> Path | None:
+        from strata_plugin.report import write_report
+
+        modules = set(sys.modules)
+        started = time.time()
+        try:
+            report = write_report(self.run_dir)
+        except KeyboardInterrupt:
+            # Ctrl-C / SIGTERM while the report was being written: say so, write it once
+            # more (a second signal stops that too), and let pytest see the interrupt.
+            # Modules whose import was cut short are dropped so the retry imports them whole.
+            for name in set(sys.modules) - modules:
+                sys.modules.pop(name, None)
+            self.incomplete_reason = "; ".join(
+                x for x in (self.incomplete_reason, "interrupted while writing the report") if x)
+            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            try:
+                write_report(self.run_dir)
+            except Exception as exc:  # the raw data is safe; say why there is no report
+                self.incomplete_reason += f"; report failed: {type(exc).__name__}: {exc}"
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            raise
+        except Exception as exc:  # the raw data is safe on disk; say why there is no report
+            self.incomplete_reason = f"report failed: {type(exc).__name__}: {exc}"
+            _drop_derived(self.run_dir, since=started)  # no half-written report stays
+            with contextlib.suppress(OSError):  # complete=false is on disk already
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            return None
+        self.recorder.write_manifest(complete=complete)
+        return report
