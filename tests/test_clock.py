@@ -7,7 +7,8 @@ import pytest
 
 from strata_plugin.agent.handle import ClockOffset
 from strata_plugin.analysis import clocks as clock
-from strata_plugin.analysis.timeline import NodeClock, load_samples, node_clocks
+from strata_plugin.analysis.clocks import NodeClock, node_clocks
+from strata_plugin.analysis.timeline import load_samples
 
 T0 = 1_800_000_000_000_000_000  # harness wall ns at the start measurement
 SPAN = 60_000_000_000  # 60 s between the start and end measurements
@@ -61,7 +62,7 @@ def test_align_holds_the_offset_outside_the_measured_span():
 
 
 def test_the_timeline_applies_the_same_numbers_from_the_manifest(tmp_path):
-    """fit().manifest() uses the names timeline.node_clocks reads, and the timeline's
+    """fit().manifest() uses the names clocks.node_clocks reads, and the timeline's
     NodeClock gives exactly what align() gives."""
     harness, node = recorded_samples()
     fit = clock.fit("gpu-b", measured(T0, 700_000), measured(T0 + SPAN, -900_000))

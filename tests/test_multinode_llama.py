@@ -22,9 +22,10 @@ from netlab import lab_fixture
 from strata_plugin.agent.handle import AgentHandle, agent_argv
 from strata_plugin.analysis import clocks as clock
 from strata_plugin.analysis import rails
+from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.rules import WindowSignals, classify
 from strata_plugin.analysis.signals import build_signals
-from strata_plugin.analysis.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.analysis.timeline import Window, load_samples, summarize_window
 from strata_plugin.run import remote
 from strata_plugin.run.server import LaunchSpec, Server, free_port
 

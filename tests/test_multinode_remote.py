@@ -25,7 +25,8 @@ from strata_plugin.agent.handle import AgentHandle, agent_argv
 from strata_plugin.agent.procfs import process_tree
 from strata_plugin.analysis import clocks as clock
 from strata_plugin.analysis import rails
-from strata_plugin.analysis.timeline import Window, load_samples, node_clocks, summarize_window
+from strata_plugin.analysis.clocks import node_clocks
+from strata_plugin.analysis.timeline import Window, load_samples, summarize_window
 from strata_plugin.run import remote
 from strata_plugin.run.server import LaunchSpec, Server, free_port
 

@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from strata_plugin.analysis.clocks import NodeClock, node_clocks
 from strata_plugin.analysis.timeline import (
-    NodeClock,
     Window,
     case_windows,
     inflight_fraction,
     load_samples,
     merge_intervals,
-    node_clocks,
     run_windows,
     summarize_series,
     summarize_window,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis import rails
+from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
@@ -27,7 +28,7 @@ from strata_plugin.analysis.signals import (
     profile_expects_rdma,
     profile_link_caps,
 )
-from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples, node_clocks
+from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples
 from strata_plugin.formats.records import RequestRecord
 
 

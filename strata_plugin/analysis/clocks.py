@@ -3,14 +3,14 @@
 Why a module of its own: the agent handle measures an offset at a node's start and at
 its end (NTP-style, the round trip with the smallest RTT wins); between the two the
 node's clock is taken to drift linearly. Everything here is a pure function, so the
-live run (``agents.py`` writes the manifest), the timeline (``NodeClock`` applies it)
+live run (``run/nodes.py`` writes the manifest), the timeline (``NodeClock`` applies it)
 and the report (warnings) agree on one arithmetic, and it can be checked on recorded
 data with a known offset.
 
 Convention, as in ``agent/handle.py``: ``offset = node_wall - harness_wall``, so
 ``harness_wall_ns = node_wall_ns - offset_ns``. The anchors ``t_start``/``t_end`` are
 on the *node* clock (the harness midpoint of the best round trip plus its offset),
-which is what ``timeline.NodeClock`` interpolates over; outside them the offset is held
+which is what ``NodeClock`` interpolates over; outside them the offset is held
 at the nearer end, as the timeline does.
 """
 
@@ -44,9 +44,14 @@ def offset_at(
     t = np.asarray(t_node_ns, dtype=np.int64)
     if offset_end == offset_start or t_end <= t_start or len(t) == 0:
         return np.full(t.shape, int(offset_start), dtype=np.int64)
-    frac = (t - t_start).astype(np.float64) / float(t_end - t_start)
+    # In place, one float pass: the timeline runs this over every sample of a node.
+    frac = (t - t_start).astype(np.float64)
+    frac *= 1.0 / (t_end - t_start)
     np.clip(frac, 0.0, 1.0, out=frac)
-    return (frac * float(offset_end - offset_start)).astype(np.int64) + int(offset_start)
+    frac *= float(offset_end - offset_start)
+    off = frac.astype(np.int64)  # truncation: < 1 ns from the exact line
+    off += int(offset_start)
+    return off
 
 
 def align(
@@ -114,6 +119,64 @@ def fit(node: str, start: Any, end: Any | None = None) -> ClockFit:
         int(max(start.uncertainty_ns, end.uncertainty_ns)),
         drift,
     )
+
+
+@dataclass(frozen=True)
+class NodeClock:
+    """A node's clock as the timeline applies it: offset = node clock - harness clock.
+
+    Measured at agent start and stop; in between the drift is taken as linear. When
+    ``start_wall_ns``/``end_wall_ns`` are unknown, the span of the node's own samples
+    stands in for them (the agent measures its offset as it starts and stops).
+    """
+
+    node: str
+    offset_start_ns: int = 0
+    offset_end_ns: int = 0
+    start_wall_ns: int | None = None
+    end_wall_ns: int | None = None
+    uncertainty_ns: int | None = None
+    measured: bool = False
+
+    def _span(self, node_wall_ns: np.ndarray) -> tuple[int, int]:
+        if len(node_wall_ns) == 0:
+            return 0, 0
+        t0 = self.start_wall_ns if self.start_wall_ns is not None else int(node_wall_ns.min())
+        t1 = self.end_wall_ns if self.end_wall_ns is not None else int(node_wall_ns.max())
+        return t0, t1
+
+    def offsets(self, node_wall_ns: np.ndarray) -> np.ndarray:
+        return offset_at(node_wall_ns, self.offset_start_ns, self.offset_end_ns,
+                         *self._span(node_wall_ns))
+
+    def to_harness(self, node_wall_ns: np.ndarray) -> np.ndarray:
+        """Node wall-clock ns -> harness wall-clock ns (monotone, so order is kept)."""
+        return align(node_wall_ns, self.offset_start_ns, self.offset_end_ns,
+                     *self._span(node_wall_ns))
+
+
+def node_clocks(manifest: Mapping[str, Any]) -> dict[str, NodeClock]:
+    """Clocks from ``manifest["nodes"][<node>]``; a node without offsets gets offset 0."""
+    out = {}
+    for node, d in sorted((manifest.get("nodes") or {}).items()):
+        if not isinstance(d, dict):
+            continue
+        base = d.get("offset_start_ns", d.get("clock_offset_ns"))
+        end = d.get("offset_end_ns", base)
+        out[node] = NodeClock(
+            node=node,
+            offset_start_ns=int(base or 0),
+            offset_end_ns=int(end if end is not None else (base or 0)),
+            start_wall_ns=_int_or_none(d.get("start_wall_ns")),
+            end_wall_ns=_int_or_none(d.get("end_wall_ns")),
+            uncertainty_ns=_int_or_none(d.get("clock_uncertainty_ns")),
+            measured=base is not None,
+        )
+    return out
+
+
+def _int_or_none(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
 def _node_anchor(off: Any) -> int | None:

@@ -17,8 +17,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from strata_plugin.analysis.clocks import NodeClock
 from strata_plugin.formats.windows import Marker, read_markers
 
 if TYPE_CHECKING:
@@ -142,73 +143,6 @@ def run_windows(markers: Sequence[Marker]) -> list[Window]:
 def load_markers(run_dir: Path) -> list[Marker]:
     path = run_dir / "markers.csv"
     return read_markers(path) if path.exists() else []
-
-
-# --- node clocks -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeClock:
-    """A node's clock against the harness: offset = node clock - harness clock.
-
-    Measured at agent start and stop; in between the drift is taken as linear. When
-    ``start_wall_ns``/``end_wall_ns`` are unknown, the span of the node's own samples
-    stands in for them (the agent measures its offset as it starts and stops).
-    """
-
-    node: str
-    offset_start_ns: int = 0
-    offset_end_ns: int = 0
-    start_wall_ns: int | None = None
-    end_wall_ns: int | None = None
-    uncertainty_ns: int | None = None
-    measured: bool = False
-
-    def offsets(self, node_wall_ns: np.ndarray) -> np.ndarray:
-        import numpy as np
-
-        if self.offset_end_ns == self.offset_start_ns or len(node_wall_ns) == 0:
-            return np.full(len(node_wall_ns), self.offset_start_ns, dtype=np.int64)
-        t0 = self.start_wall_ns if self.start_wall_ns is not None else int(node_wall_ns.min())
-        t1 = self.end_wall_ns if self.end_wall_ns is not None else int(node_wall_ns.max())
-        if t1 <= t0:
-            return np.full(len(node_wall_ns), self.offset_start_ns, dtype=np.int64)
-        # In place, one float pass: this runs over every sample of the node.
-        frac = (node_wall_ns - t0).astype(np.float64)
-        frac *= 1.0 / (t1 - t0)
-        np.clip(frac, 0.0, 1.0, out=frac)
-        frac *= float(self.offset_end_ns - self.offset_start_ns)
-        off = frac.astype(np.int64)  # truncation: < 1 ns from the exact line
-        off += self.offset_start_ns
-        return off
-
-    def to_harness(self, node_wall_ns: np.ndarray) -> np.ndarray:
-        """Node wall-clock ns -> harness wall-clock ns (monotone, so order is kept)."""
-        return node_wall_ns - self.offsets(node_wall_ns)
-
-
-def node_clocks(manifest: dict[str, Any]) -> dict[str, NodeClock]:
-    """Clocks from ``manifest["nodes"][<node>]``; a node without offsets gets offset 0."""
-    out = {}
-    for node, d in sorted((manifest.get("nodes") or {}).items()):
-        if not isinstance(d, dict):
-            continue
-        base = d.get("offset_start_ns", d.get("clock_offset_ns"))
-        end = d.get("offset_end_ns", base)
-        out[node] = NodeClock(
-            node=node,
-            offset_start_ns=int(base or 0),
-            offset_end_ns=int(end if end is not None else (base or 0)),
-            start_wall_ns=_int_or_none(d.get("start_wall_ns")),
-            end_wall_ns=_int_or_none(d.get("end_wall_ns")),
-            uncertainty_ns=_int_or_none(d.get("clock_uncertainty_ns")),
-            measured=base is not None,
-        )
-    return out
-
-
-def _int_or_none(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 # --- samples -----------------------------------------------------------------------------
