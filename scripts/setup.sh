@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${STRATA_PYTHON:-python3}"
+# pip's download cache beside the build cache: setup writes nothing else outside the repo.
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-${STRATA_CACHE:-$HOME/.cache/strata}/pip}"
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi

@@ -255,6 +255,7 @@ def render(
     requests: Sequence[Span] = (),
 ) -> None:
     """Draw the panels into one PNG; same inputs, same bytes."""
+    _matplotlib_cache_in_strata_cache()
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -354,3 +355,16 @@ def request_spans(
         gap = max(1, gap * 2) if gap else max(1, (end - start) // (max_spans * 4))
         merged = merge_intervals(inside, gap)
     return [Span((a - t0) / 1e9, (b - t0) / 1e9) for a, b in merged]
+
+
+def _matplotlib_cache_in_strata_cache() -> None:
+    """Matplotlib's font cache under Strata's cache (unless the user chose a place), so a run
+    writes nothing outside the repository, its virtualenv and ``~/.cache/strata``."""
+    import os
+
+    if "MPLCONFIGDIR" not in os.environ:
+        from strata_plugin.embedded.llama_setup import cache_root
+
+        path = cache_root() / "matplotlib"
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ["MPLCONFIGDIR"] = str(path)
