@@ -121,8 +121,12 @@ def _repo(tmp: Path) -> Path:
     return repo
 
 
-def _pytest(py: Path, repo: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
+def _pytest(py: Path, repo: Path, *args: str, home: Path | None = None
+            ) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "MPLCONFIGDIR", "STRATA_CACHE")}
+    if home is not None:
+        env["HOME"] = str(home)
     return subprocess.run([str(py), "-m", "pytest", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -157,10 +161,12 @@ def test_an_unrelated_suite_is_untouched(installed, tmp_path):
 def test_their_case_runs_against_their_server(installed, tmp_path):
     repo = _repo(tmp_path)
     xml = repo / "junit.xml"
+    home = tmp_path / "home"
+    home.mkdir()
     with ScriptServer(completions_reply) as srv:
         run = _pytest(installed, repo, "benchmarks", "-k", "short", "-m", "latency",
                       f"--strata-server-url={srv.url}", f"--junitxml={xml}",
-                      "--strata-run-id=theirs")
+                      "--strata-run-id=theirs", home=home)
         prompts = [s.json["prompt"] for s in srv.seen if s.method == "POST"]
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed, 1 deselected" in run.stdout
@@ -172,3 +178,6 @@ def test_their_case_runs_against_their_server(installed, tmp_path):
     run_dir = repo / "reports" / "theirs"
     assert (run_dir / "report.md").read_text().startswith("#")
     assert json.loads((run_dir / "manifest.json").read_text())["complete"] is True
+    # Outside their repository, only Strata's cache was written (matplotlib's font cache).
+    written = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+    assert written and all(w.startswith(".cache/strata/") for w in written), written

@@ -104,10 +104,17 @@ class StrataSession:
     # --- servers -------------------------------------------------------------------------
 
     def placeholder_values(self, port: int) -> dict[str, str]:
+        """Built-in placeholders, then the profile's [vars] (which may use the built-ins,
+        e.g. ``{strata_cache}``, the cache ``python -m strata_plugin setup`` builds into)."""
+        from strata_plugin.embedded.llama_setup import cache_root
+
         p = self.cfg.profile
-        values = {k: os.path.expanduser(v) for k, v in p.vars}
-        values.update(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
-                      python=sys.executable, root=str(self.cfg.rootdir))
+        builtins = dict(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
+                        python=sys.executable, root=str(self.cfg.rootdir),
+                        strata_cache=str(cache_root()))
+        values = {k: os.path.expanduser(v.format_map(builtins) if "{" in v else v)
+                  for k, v in p.vars}
+        values.update(builtins)
         return values
 
     def launch_spec(self, config_id: str, block_id: str = "") -> LaunchSpec:
@@ -206,7 +213,7 @@ class StrataSession:
             values = self.placeholder_values(p.server.port or 0)
             for conf in p.server.configs:
                 argv = expand_placeholders(conf.argv, values)
-                if argv:
+                if argv and argv[0] not in tools:
                     tools.append(argv[0])
         remote = [n for n in p.nodes if n.ssh_host]
         if remote:
@@ -220,7 +227,8 @@ class StrataSession:
             require_preflight(checks)
         except PreflightError as exc:
             hint = (f"\n(the profile's setup command builds what it needs: "
-                    f"{' '.join(p.setup_argv)})" if p.setup_argv else "")
+                    f"{' '.join(expand_placeholders(p.setup_argv, self.placeholder_values(0)))})"
+                    if p.setup_argv else "")
             raise PreflightFailed(f"{exc}{hint}") from None
 
     # --- blocks: one server configuration's lifetime ------------------------------------
