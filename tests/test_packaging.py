@@ -68,8 +68,13 @@ def test_other_case(strata):
 """
 
 UNRELATED = """
+import signal
+
 def test_arithmetic():
     assert 1 + 1 == 2
+
+def test_no_signal_handler_was_installed():
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 """
 
 
@@ -148,7 +153,7 @@ def test_an_unrelated_suite_is_untouched(installed, tmp_path):
     run = _pytest(installed, repo, "test_unrelated.py", "-v")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "plugins:" in run.stdout and "strata-" in run.stdout  # loaded, through the entry point
-    assert "1 passed" in run.stdout
+    assert "2 passed" in run.stdout
     assert not (repo / "reports").exists()
     # a broken profile is not even read when no Strata fixture is used
     (repo / "profiles" / "their-vllm.toml").write_text("this is not toml = = =")
