@@ -13,8 +13,7 @@ from strata_plugin.configure.profile import load_profile, packaged_profiles
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup, check_case
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
-from strata_plugin.run.nodes import process_counters
-from strata_plugin.run.server import LaunchSpec, Server, free_port
+from strata_plugin.run.server import LaunchSpec, Server, free_port, process_counters
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration

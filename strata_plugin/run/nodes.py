@@ -8,7 +8,6 @@ one agent per node for a server's lifetime, and records clock offsets.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -87,23 +86,3 @@ def stop_agents(sess: StrataSession, handles: list) -> None:
     if failed:
         raise RuntimeError("could not stop the agent on " + "; ".join(
             f"{node}: {type(exc).__name__}: {exc}" for node, exc in failed)) from failed[0][1]
-
-
-def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | None:
-    """Per-request counters of the server's process tree (launched servers only)."""
-    if server.pid is None:
-        return None
-    from strata_plugin.agent.procfs import process_tree, read_process_counters
-
-    root = server.pid
-    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
-    tree = [process_tree(root)]
-
-    def read() -> tuple[float, int, int]:
-        c = read_process_counters(tree[0])
-        if c.n_missing:
-            tree[0] = process_tree(root)
-            c = read_process_counters(tree[0])
-        return (c.cpu_s, c.major_faults, c.read_bytes)
-
-    return read

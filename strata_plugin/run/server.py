@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,3 +187,23 @@ def write_command(commands_dir: Path, name: str, payload: dict) -> Path:
     path = commands_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | None:
+    """Per-request counters of the server's process tree (launched servers only)."""
+    if server.pid is None:
+        return None
+    from strata_plugin.agent.procfs import process_tree, read_process_counters
+
+    root = server.pid
+    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
+    tree = [process_tree(root)]
+
+    def read() -> tuple[float, int, int]:
+        c = read_process_counters(tree[0])
+        if c.n_missing:
+            tree[0] = process_tree(root)
+            c = read_process_counters(tree[0])
+        return (c.cpu_s, c.major_faults, c.read_bytes)
+
+    return read

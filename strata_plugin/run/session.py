@@ -20,9 +20,15 @@ from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
-from strata_plugin.run.nodes import process_counters, start_agents, stop_agents
+from strata_plugin.run.nodes import start_agents, stop_agents
 from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
-from strata_plugin.run.server import LaunchSpec, Server, free_port, write_command
+from strata_plugin.run.server import (
+    LaunchSpec,
+    Server,
+    free_port,
+    process_counters,
+    write_command,
+)
 
 
 def case_id_from(nodeid: str) -> str:
