@@ -39,7 +39,7 @@ from strata_plugin.testing import faults
 #: Classes a fault scenario can inject; a run may name one only when it happened.
 FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queueing",
                  "client_bound", "network")
-#: Ground-truth thresholds: the same numbers the attribution uses (attribution.THRESHOLDS),
+#: Ground-truth thresholds: the same numbers the attribution uses (analysis/thresholds.py),
 #: applied to the independent host watch.
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
          "io_page_faults": 20.0, "read_bytes_s": 4e6,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,6 @@ from hypothesis import strategies as st
 
 from strata_plugin.analysis.rules import (
     CLASSES,
-    THRESHOLDS,
     TRACE_BLOCK,
     TRACE_CUDA,
     TRACE_GPM,
@@ -19,8 +19,10 @@ from strata_plugin.analysis.rules import (
     Verdict,
     WindowSignals,
     classify,
-    threshold,
 )
+from strata_plugin.analysis.thresholds import THRESHOLDS, threshold
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: A CPU-only window where every signal is measured and nothing binds.
 CPU_CLEAN = WindowSignals(
@@ -97,6 +99,17 @@ def test_thresholds_are_one_table_with_sources():
         assert math.isfinite(t.value)
         with pytest.raises(dataclasses.FrozenInstanceError):
             t.value = 0  # type: ignore[misc]
+
+
+def test_threshold_sources_can_be_opened_by_a_user():
+    # A public document with its section, or [inferred]; never a file outside the
+    # repository (a seed, a research note, a run folder).
+    for t in THRESHOLDS:
+        assert "shared/" not in t.source and "seed 0" not in t.source, t
+        assert "reports/" not in t.source, t
+        in_repo = [w for w in t.source.replace(",", " ").split() if w.startswith("docs/")]
+        for path in in_repo:
+            assert (ROOT / path.rstrip(".;:)")).is_file(), (t.name, path)
 
 
 def test_every_evidence_names_a_threshold_of_the_table():

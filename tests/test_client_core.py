@@ -59,9 +59,42 @@ def test_core_stamps_each_event_with_the_read_that_completed_it(eol: bytes) -> N
         core.feed(stream[:cut], 100)
         core.feed(stream[cut:], 200)
         stamps = [e.t_ns for e in core.events]
-        first_end = len(_llama(0)) + 2 * len(eol)
-        assert stamps == ([100, 200] if cut >= first_end else [200, 200]), cut
+        # an event is complete once the empty line's first byte is in
+        first_end = len(_llama(0)) + len(eol) + 1
+        second_end = len(stream) - len(eol) + 1
+        want = [100 if cut >= first_end else 200, 100 if cut >= second_end else 200]
+        assert stamps == want, cut
         assert core.parser.output_text == "t0t1"
+
+
+#: Every way to end a line and then the empty line that ends an event (the SSE spec:
+#: a line ends in CRLF, LF or CR). CR then LF is one CRLF, so it is not a pair.
+EOLS = (b"\n", b"\r\n", b"\r")
+BLANKS = [(a, b) for a in EOLS for b in EOLS if not (a == b"\r" and b.startswith(b"\n"))]
+
+
+@pytest.mark.parametrize(("eol", "blank"), BLANKS, ids=[repr(a + b) for a, b in BLANKS])
+def test_core_splits_events_at_every_line_ending_the_spec_allows(eol: bytes, blank: bytes) -> None:
+    # e.g. "data: ...\n\r\n": the line ends in LF, the empty line in CRLF.
+    stream = _llama(0) + eol + blank + _llama(1) + eol + blank
+    # An event is complete once the empty line's first byte is in.
+    first_end = len(_llama(0)) + len(eol) + 1
+    second_end = len(stream) - len(blank) + 1
+    for cut in range(1, len(stream)):
+        core = StreamCore(LlamaCppParser(), 1 << 20)
+        core.feed(stream[:cut], 100)
+        core.feed(stream[cut:], 200)
+        stamps = [e.t_ns for e in core.events]
+        want = [100 if cut >= first_end else 200, 100 if cut >= second_end else 200]
+        assert stamps == want, cut
+        assert core.parser.output_text == "t0t1", cut
+        assert core.n_bytes == len(stream)
+
+
+def test_core_keeps_the_first_event_raw() -> None:
+    core = StreamCore(LlamaCppParser(), 1 << 20)
+    core.feed(_llama(0) + b"\n\n" + _llama(1) + b"\n\n", 1)
+    assert core.first_event == _llama(0)[len(b"data: ") :].decode()
 
 
 def test_core_bounds_an_event_that_never_ends() -> None:

@@ -64,6 +64,33 @@ def test_non_json_event_is_malformed(send: Send) -> None:
     assert len(rec.events) == 1  # what came before the bad event is kept
 
 
+def test_stream_of_another_api_is_named_not_silently_empty(send: Send) -> None:
+    # An OpenAI-compatible server attached with api = "llamacpp": every event parses as
+    # JSON, none as a llama.cpp token.
+    chunk = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": " x"}]}
+    items = [(0, sse(chunk))] * 3 + [(0, sse("[DONE]"))]
+    with ScriptServer(Reply(items=items)) as srv:
+        rec, _ = _send(send, srv.url, api="llamacpp")
+    assert _error(rec) == "no_tokens"
+    assert rec.error is not None
+    msg = rec.error.message
+    assert msg.startswith(
+        "3 SSE events, 0 tokens parsed as llamacpp; does the server speak llamacpp?"
+    ), msg
+    assert '"object":"text_completion"' in msg  # the raw first event, as sent
+    # The same stream read as what it is works.
+    with ScriptServer(Reply(items=items)) as srv:
+        ok, _ = _send(send, srv.url, api="completions")
+    assert ok.ok and ok.events, ok.error
+
+
+def test_a_stream_that_finished_without_tokens_is_not_an_api_mismatch(send: Send) -> None:
+    # llama.cpp stopping at once (an EOS first) sends a finish and no token: not no_tokens.
+    with ScriptServer(Reply(items=[(0, END)])) as srv:
+        rec, _ = _send(send, srv.url)
+    assert rec.error is None or rec.error.cls != "no_tokens", rec.error
+
+
 @pytest.mark.parametrize(("framing", "cls"), [("chunked", "reset"), ("close", "truncated_stream")])
 def test_stream_cut_mid_event(send: Send, framing: str, cls: str) -> None:
     # Chunked: the connection closes without the last chunk (the framing breaks: reset).
@@ -266,3 +293,27 @@ def test_mux_close_ends_open_streams() -> None:
         within(5, mux.close)
         t.join(5)
     assert box and _error(box[0]) == "client" and len(box[0].events) == 1
+
+
+@pytest.mark.parametrize("warmups", [1, 0])
+def test_a_case_against_a_server_of_another_api_fails_with_the_clients_words(
+    warmups: int,
+) -> None:
+    # The case fails where it starts, with the client's message, not later with a
+    # TypeError on metrics that were never measured; every request is still recorded.
+    from strata_plugin.load.case_runner import CaseRunner, CaseSetup, NoTokens
+    from strata_plugin.load.workload import TokenSpace, Workload
+
+    chunk = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": " x"}]}
+    items = [(0, sse(chunk))] * 5 + [(0, sse("[DONE]"))]
+    recorded: list[RequestRecord] = []
+    with ScriptServer(Reply(items=items)) as srv:
+        setup = CaseSetup(srv.url, "llamacpp", "c", TokenSpace(10, 100), Timeouts(read_s=5))
+        runner = CaseRunner(setup, record=recorded.append, mark=lambda *a: None,
+                            add_case=lambda line: None)
+        w = Workload("w", isl=8, osl=4, concurrency=1, requests=2, warmups=warmups)
+        with pytest.raises(NoTokens, match=r"^5 SSE events, 0 tokens parsed as llamacpp; "
+                           r"does the server speak llamacpp\? first event: \{"):
+            runner.run(w, scale=False)
+    assert len(recorded) == (1 if warmups else 2)  # a warm-up stops it before the measured load
+    assert all(r.error is not None and r.error.cls == "no_tokens" for r in recorded)

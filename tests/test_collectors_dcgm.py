@@ -29,6 +29,16 @@ def test_parser_on_saved_output() -> None:
     assert p.parse("Error: Unable to connect to host engine.") is None
 
 
+def test_violation_times_are_microseconds_turned_into_ns() -> None:
+    # DCGM_FI_DEV_POWER_VIOLATION / THERMAL_VIOLATION (240/241) count microseconds; the
+    # agent's names end in _ns and match NVML's, so the throttle signal reads either.
+    p = DmonParser((240, 241))
+    assert p.parse("GPU 0   1500   2") == [
+        ("gpu0", "violation_power_ns", 1_500_000.0, "counter"),
+        ("gpu0", "violation_thermal_ns", 2_000.0, "counter"),
+    ]
+
+
 def fake_tool(tmp_path: Path, name: str, body: str) -> str:
     path = tmp_path / name
     path.write_text(f"#!{sys.executable}\n{body}")

@@ -18,6 +18,8 @@ PROFILES = sorted((ROOT / "fixtures" / "profiles").glob("*.toml")) + sorted(
 
 GOOD = """
 name = "t"
+[vars]
+llama_server = "/opt/llama-server"
 [server]
 engine = "llamacpp"
 api = "llamacpp"
@@ -98,6 +100,11 @@ def test_link_caps_and_prometheus(tmp_path):
 url = "http://127.0.0.1:9090"
 jobs = { node = "node", dcgm = "dcgm" }
 auth_env = "PROM_TOKEN"
+[[nodes]]
+name = "head"
+[[nodes]]
+name = "worker"
+role = "worker"
 """)
     prof = load_profile(p)
     assert dict(prof.telemetry.link_caps) == {"worker/eth0": 8e6}

@@ -64,6 +64,9 @@ def test_report_has_every_section(cpu_report, gpu_report):
             assert section in text, (run.name, section)
         assert "llama-server -m model.gguf --port 8080" in text
         assert "test-profile" in text
+        # every source the report prints is one a reader can open
+        for name in ("report.md", "summary.json"):
+            assert "shared/" not in (run / name).read_text(), (run.name, name)
 
 
 def test_cpu_run_states_its_limits(cpu_report):

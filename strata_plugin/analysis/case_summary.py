@@ -12,7 +12,7 @@ import gc
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from strata_plugin.analysis.signals import (
     profile_link_caps,
 )
 from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples
+from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
 
 
@@ -225,6 +226,10 @@ def analyze_case(
     window = bundle.case_windows().get(case_id)
     records = bundle.records.get(case_id, [])
     cm = cm if cm is not None else metrics_for(bundle, case_id)
+    lost = agents_lost(bundle.manifest, case_id)
+    if lost:  # every signal of that node is named after the lost agent, not "no samples"
+        ctx = replace(ctx, unavailable=ctx.unavailable + tuple(
+            (f"{node}/{col}", why) for node, why in lost for col in COLLECTORS))
     facts = request_facts(bundle, case_id, records, cm)
     rep = None
     if window is not None:
@@ -253,6 +258,11 @@ def analyze_case(
             multi_node=ctx.multi_node,
             unavailable=ctx.unavailable,
         )
+    verdict = classify(sig)
+    if lost:
+        verdict = replace(verdict, notes=verdict.notes + tuple(
+            f"{why}: this node's signals are missing or cover part of the window"
+            for _, why in lost))
     return CaseAnalysis(
         case_id=case_id,
         name=info.name,
@@ -263,11 +273,22 @@ def analyze_case(
         headline=headline(cm),
         hw=tuple(hw),
         signals=sig,
-        verdict=classify(sig),
+        verdict=verdict,
         energy=_energy(hw, cm),
         info=dict(info.raw),
         rails=rep,
     )
+
+
+def agents_lost(manifest: dict[str, Any], case_id: str) -> list[tuple[str, str]]:
+    """(node, why) for each sampling agent that was lost during the case (the manifest's
+    ``agents_lost``, written by the run when it found an agent gone)."""
+    out = []
+    for e in manifest.get("agents_lost") or ():
+        if isinstance(e, dict) and case_id in (e.get("cases") or ()):
+            node = str(e.get("node", "?"))
+            out.append((node, f"agent on {node} lost during this case ({e.get('reason', '')})"))
+    return out
 
 
 @contextmanager

@@ -28,7 +28,7 @@ classifier's rules read (``rdma_rail_max_min``/``rdma_rail_cv`` and
 ``straggler_rel_dev`` -> waiting_on_peer; ``rdma_error_events``,
 ``rdma_congestion_per_s``, ``socket_fallback_bytes_s``, ``net_util`` and
 ``net_wire_busy`` -> network; ``rdma_util`` -> gpu_communication), compared against the
-same rows of ``attribution.THRESHOLDS``.
+same rows of ``thresholds.THRESHOLDS``.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from strata_plugin.analysis.rules import Threshold, threshold
+from strata_plugin.analysis.thresholds import Threshold, threshold
 from strata_plugin.analysis.timeline import HwStat
 
 #: The names of the numbers only this module compares against. The table itself is
-#: attribution.THRESHOLDS (one table, each number with its source); the shared ones
+#: thresholds.THRESHOLDS (one table, each number with its source); the shared ones
 #: (rdma_link_frac, net_link_frac, imbalance_cv, imbalance_max_min) are there too.
 RAIL_THRESHOLD_NAMES = (
     "rail_error_events",
@@ -89,7 +89,7 @@ GPU_METRICS = ("gpu_util_pct", "gpm_sm_activity_pct", "power_w")
 
 
 def rule(name: str) -> Threshold:
-    """A threshold by name, from ``attribution.THRESHOLDS``."""
+    """A threshold by name, from ``thresholds.THRESHOLDS``."""
     return threshold(name)
 
 

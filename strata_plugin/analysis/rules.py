@@ -10,7 +10,8 @@ host classes from proc/cpu/mem/disk/net samples alone.
 
 Three promises, each tested:
 
-* every number a rule compares against is in :data:`THRESHOLDS`, with its source;
+* every number a rule compares against is in the one table
+  (:mod:`strata_plugin.analysis.thresholds`), with its source;
 * a rule whose signal was not measured does not fire and does not clear: it is
   "unassessable", and the verdict names the missing signal and why it is missing;
 * when the evidence cannot separate two classes, or contradicts itself, the
@@ -23,339 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-# --- the one threshold table -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Threshold:
-    name: str
-    value: float
-    unit: str
-    source: str  # where the number comes from; "[inferred]" when it is a judgement
-
-
-R = "docs: shared/research/telemetry_attribution.md"
-THRESHOLDS: tuple[Threshold, ...] = (
-    # GPU level 1: busy or waiting
-    Threshold(
-        "sm_active_busy",
-        0.5,
-        "ratio",
-        "DCGM user guide, SM Activity: 'a value less than 0.5 likely indicates "
-        f"ineffective GPU usage' ({R} s2)",
-    ),
-    Threshold(
-        "sm_active_high",
-        0.8,
-        "ratio",
-        f"DCGM user guide: '0.8 or greater is necessary ... for effective use' ({R} s2)",
-    ),
-    Threshold(
-        "gpu_util_busy",
-        0.8,
-        "ratio",
-        f"NVML utilization.gpu: a kernel running >= 80% of the time ({R} s7 rule 4)",
-    ),
-    Threshold(
-        "gpu_idle_util_pct",
-        10.0,
-        "%",
-        "[inferred] NVML utilization below 10% counts as a hole in the GPU timeline "
-        "(seed 002: 'GPU utilization sawtooth or holes' => CPU scheduler/launch)",
-    ),
-    # GPU busy: which kind
-    Threshold(
-        "sm_active_compute",
-        0.6,
-        "ratio",
-        f"KempnerPulse 'tensor-heavy' rule: tensor >= 0.5 with SM active >= 0.6 ({R} s7 rule 2)",
-    ),
-    Threshold(
-        "tensor_active_compute",
-        0.5,
-        "ratio",
-        f"KempnerPulse 'tensor-heavy' rule ({R} s7 rule 2); tensor saturates near 0.93",
-    ),
-    Threshold(
-        "dram_active_bound",
-        0.5,
-        "ratio",
-        "KempnerPulse memory-bound DRAM >= 50%; DCGM: ~0.8 is the practical DRAM peak "
-        f"({R} s2, s7 rule 3)",
-    ),
-    Threshold(
-        "dram_active_low",
-        0.4,
-        "ratio",
-        "NCU 'both compute and memory < 60% of peak => latency', scaled to DRAM's 0.8 "
-        f"ceiling ({R} s5.2, s7 rules 8-9)",
-    ),
-    Threshold("tensor_active_low", 0.3, "ratio", f"{R} s7 rules 8-9 (latency / launch-bound)"),
-    Threshold(
-        "occupancy_low",
-        0.25,
-        "ratio",
-        f"[inferred] {R} s7 rule 9 names 'occupancy low' without a number",
-    ),
-    Threshold(
-        "comm_sm_max",
-        0.5,
-        "ratio",
-        f"NCCL kernels occupy few SMs: busy but SM active < 0.5 ({R} s7 rule 4) [inferred]",
-    ),
-    Threshold("comm_tensor_max", 0.2, "ratio", f"{R} s7 rule 4 [inferred]"),
-    Threshold(
-        "rdma_link_frac",
-        0.5,
-        "of link rate",
-        "nccl-tests #290: NDR 400 Gb/s => 46-48 GB/s per NIC; half of line rate "
-        f"= sustained collective traffic ({R} s5.7, s7 rule 4)",
-    ),
-    Threshold(
-        "nvlink_bytes_s",
-        1e11,
-        "B/s",
-        "[inferred] 100 GB/s on NVLink 4 (450 GB/s/dir line, ~370 GB/s NCCL effective, "
-        f"nccl-tests #212) = heavy intra-node collectives ({R} s5.7)",
-    ),
-    Threshold(
-        "pcie_bytes_s_cap",
-        55e9,
-        "B/s",
-        "PCIe Gen5 x16: 128 GB/s bidirectional (TransformerEngine doc) = 64 GB/s per "
-        f"direction, ~55 GB/s achievable [inferred] ({R} s5.4)",
-    ),
-    Threshold("pcie_link_frac", 0.5, "of pcie_bytes_s_cap", f"{R} s7 rule 6"),
-    Threshold(
-        "pcie_active_bytes_s",
-        1e9,
-        "B/s",
-        f"KempnerPulse I/O rule: >= 1 GB/s PCIe while SM active < 0.3 ({R} s7 rule 6)",
-    ),
-    Threshold("pcie_sm_max", 0.3, "ratio", f"KempnerPulse I/O rule ({R} s7 rule 6)"),
-    # throttling (modifier)
-    Threshold(
-        "throttle_frac",
-        0.05,
-        "of window",
-        "NVML clock-event violation ns (DCGM 1420-1424): slowed > 5% of the window "
-        f"({R} s7 rule 1)",
-    ),
-    Threshold(
-        "sm_clock_ratio_min", 0.9, "of max SM clock", f"{R} s7 rule 1: f_sm < 0.9 while busy"
-    ),
-    Threshold(
-        "sm_clock_low_frac",
-        0.2,
-        "of window",
-        "[inferred] SM clock under 0.9 x max for over a fifth of a busy window",
-    ),
-    # imbalance across GPUs / rails
-    Threshold(
-        "imbalance_cv",
-        0.15,
-        "CV",
-        f"{R} s7 rule 5 (TRT-LLM straggler verdict; HTA rank distributions) [inferred]",
-    ),
-    Threshold("imbalance_max_min", 1.2, "ratio", f"{R} s7 rule 5 [inferred]"),
-    Threshold(
-        "straggler_rel_dev",
-        0.15,
-        "of the peers' median",
-        f"{R} s7 rule 5 (TRT-LLM straggler verdict) [inferred], same as imbalance_cv",
-    ),
-    Threshold(
-        "rail_active_bytes_s",
-        1e6,
-        "B/s",
-        "[inferred] a rail under 1 MB/s carries control traffic only; it is left out of "
-        "the imbalance ratio",
-    ),
-    # RDMA rails: errors and congestion (network)
-    Threshold(
-        "rail_error_events",
-        1.0,
-        "count",
-        "IB spec PortCounters: symbol/link/receive errors, discards, timeouts and "
-        "out-of-sequence stay at 0 on a healthy link; any increase in a window is news",
-    ),
-    Threshold(
-        "rail_congestion_per_s",
-        100.0,
-        "events/s",
-        "[inferred] CNPs / ECN marks / transmit-wait ticks above 100/s mean the fabric "
-        f"is pushing back ({R} s5.7: DCQCN CNP counters)",
-    ),
-    Threshold(
-        "socket_fallback_bytes_s",
-        10e6,
-        "B/s",
-        "[inferred] HTTP, ssh, Prometheus and NCCL bootstrap stay well under 10 MB/s; "
-        "collective traffic over TCP is hundreds of MB/s",
-    ),
-    # host CPU
-    Threshold(
-        "thread_core_saturated",
-        0.9,
-        "cores",
-        f"one engine thread >= 0.9 core ({R} s7 rule 8; seed 002: 'one CPU core "
-        "continuously full')",
-    ),
-    Threshold(
-        "runq_delay_per_cpu_s",
-        0.1,
-        "s waiting / s running",
-        f"schedstat run_delay: > 0.1 of run time spent runnable but not running ({R} s3.1, "
-        "s7 rule 8; normalized by CPU time because the agent sums threads)",
-    ),
-    Threshold(
-        "psi_some_frac", 0.10, "of window", f"PSI 'some' > 10% (kernel PSI doc; {R} s7 rules 7-8)"
-    ),
-    Threshold(
-        "cores_busy_frac",
-        0.9,
-        "of cores",
-        "[inferred] USE method: 90% of all cores busy = CPU saturated",
-    ),
-    Threshold(
-        "server_cores_of_threads",
-        0.85,
-        "of min(threads, cores)",
-        "[inferred] the server uses what its threads can use: it is CPU-bound",
-    ),
-    Threshold(
-        "other_cpu_frac",
-        0.25,
-        "of cores",
-        "[inferred] other processes hold a quarter of the cores while the server runs",
-    ),
-    Threshold(
-        "involuntary_ctx_per_cpu_s",
-        50.0,
-        "1/cpu-s",
-        "[inferred] a busy thread on a free core is rarely preempted; fully contended at "
-        "4 ms CFS slices it is ~250/s",
-    ),
-    Threshold("steal_frac", 0.05, "of CPU time", "[inferred] hypervisor steal above 5%"),
-    Threshold(
-        "cgroup_throttled_frac",
-        0.05,
-        "of window",
-        f"cgroup v2 cpu.stat throttled_usec ({R} s3.1) [inferred 5%]",
-    ),
-    # I/O and page faults
-    Threshold(
-        "major_faults_per_s",
-        20.0,
-        "1/s",
-        "seed 000 A/B (off-a vs off-b, same output SHA): 2800 major faults in a 66.29 s "
-        f"request (~42/s) vs 16 in 2.75 s; set below the slow arm ({R} s7 rule 7 says "
-        "~100/s [inferred])",
-    ),
-    Threshold(
-        "read_bytes_s",
-        4e6,
-        "B/s",
-        "seed 000 A/B: 344.78 MB read in 66.29 s (~5.2 MB/s) vs 1.96 MB in 2.75 s; set "
-        f"below the slow arm ({R} s7 rule 7 uses 100 MB/s for streaming)",
-    ),
-    Threshold(
-        "disk_busy_frac",
-        0.5,
-        "of window",
-        f"/proc/diskstats io_ticks: device busy > 50% ({R} s7 rule 7)",
-    ),
-    Threshold("iowait_frac", 0.10, "of CPU time", "[inferred] CPU iowait above 10%"),
-    # memory
-    Threshold(
-        "mem_available_frac_min",
-        0.10,
-        "of MemTotal",
-        "[inferred]; seed 000 tracks MemAvailable/Cached/Mlocked and warns page cache "
-        "is not free memory",
-    ),
-    # network
-    Threshold(
-        "net_link_frac",
-        0.7,
-        "of link speed",
-        "[inferred] USE utilization; TCP goodput tops out near 90-95% of line rate",
-    ),
-    Threshold(
-        "net_wire_busy",
-        1.0,
-        "(tx + rx) / capacity",
-        "[inferred] request/response traffic (llama.cpp RPC, pipeline hops) alternates "
-        "directions, so neither fills its half of the link that limits it; measured on an "
-        "8 Mbit/s tbf-capped veth with llama.cpp RPC: busier direction 0.69-0.89, both "
-        "directions 1.15-1.37 of the cap. Both together carrying a full direction's "
-        "capacity means the wire was busy whenever one side waited",
-    ),
-    Threshold(
-        "net_drop_events",
-        1.0,
-        "count",
-        "[inferred] drops or errors on the interface that carries the traffic (reported "
-        "as a rails finding; not a classifier input)",
-    ),
-    # serving
-    Threshold(
-        "waiting_requests_mean",
-        0.5,
-        "requests",
-        f"queue ~ 0 when mean waiting < 0.5 (USE saturation; {R} s7 rule 0)",
-    ),
-    Threshold(
-        "server_queue_frac",
-        0.5,
-        "of TTFT",
-        "[inferred] the median request waited over half its TTFT outside prefill "
-        "(ttft - llama.cpp timings.prompt_ms)",
-    ),
-    Threshold(
-        "kv_usage_high", 0.95, "ratio", f"KV usage > 0.95 or preemptions > 0 ({R} s7 rule 10)"
-    ),
-    Threshold(
-        "chunk_gap_p99_p50",
-        3.0,
-        "ratio",
-        "chunk gap p99 over the decode pace (TPOT p50) > 3 with prompts arriving "
-        f"mid-decode (DistServe, Sarathi-Serve; {R} s5.5, s7 rule 10)",
-    ),
-    Threshold(
-        "inflight_frac_min",
-        0.8,
-        "of window",
-        "[inferred] the server had no request in flight for over a fifth of the window",
-    ),
-    Threshold(
-        "client_bound", 1.0, "bool", "the load generator's own self-check (loadgen.SelfCheck)"
-    ),
-    # how the verdict is put together
-    Threshold(
-        "dominance_margin",
-        0.5,
-        "score",
-        "[inferred] a class leads a conflicting one when it is well past its threshold "
-        "and the other barely past (scores 0..1: 0 at the threshold, 1 at 25% past)",
-    ),
-    Threshold(
-        "missing_penalty",
-        0.85,
-        "factor",
-        "[inferred] confidence multiplier per unmeasured collector a rule needed",
-    ),
-)
-_BY_NAME = {t.name: t for t in THRESHOLDS}
-
-
-def threshold(name: str) -> Threshold:
-    return _BY_NAME[name]
-
-
-def _v(name: str) -> float:
-    return _BY_NAME[name].value
-
+from strata_plugin.analysis.thresholds import threshold
+from strata_plugin.analysis.thresholds import value as _v
 
 # --- traces that settle what counters cannot ---------------------------------------------
 
@@ -520,7 +190,7 @@ class Evidence:
     metric: str
     value: float
     op: str  # ">=" | "<" | "==" ...
-    threshold: str  # name in THRESHOLDS
+    threshold: str  # name in thresholds.THRESHOLDS
     threshold_value: float
     unit: str
     source: str  # where the threshold comes from
@@ -666,17 +336,13 @@ class _Outcome:
     trace: str = ""  # the trace that would assess it, when unassessable
 
 
-#: A value this far past its threshold (relative) counts as a full margin.
-FULL_MARGIN = 0.25
-
-
 def _margin(value: float, thr: float, op: str) -> float:
-    """How far past its threshold a value is: 0 at the threshold, 1 at 25% past it."""
+    """How far past its threshold a value is: 0 at the threshold, 1 at ``full_margin``."""
     if op in (">=", ">"):
         m = (value - thr) / abs(thr) if thr else value
     else:
         m = (thr - value) / abs(thr) if thr else -value
-    return max(0.0, min(1.0, m / FULL_MARGIN))
+    return max(0.0, min(1.0, m / _v("full_margin")))
 
 
 class _Rule:
@@ -983,8 +649,13 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
     if (
         s.host_busy_cores is not None
         and r.cmp("host_busy_cores", ">=", "cores_busy_frac", scale=float(s.n_cores))
-        and s.server_cpu_cores is not None
-        and s.server_cpu_cores >= 0.5 * s.host_busy_cores
+        and r.cmp(
+            "server_cpu_cores",
+            ">=",
+            "cpu_compute_server_share",
+            value=s.server_cpu_cores / max(s.host_busy_cores, 1e-9),
+            label="server_share_of_busy_cores",
+        )
     ):
         return r.fire(_m(s, "host_busy_cores", "cores_busy_frac", scale=float(s.n_cores)))
     return r.o
@@ -1120,20 +791,7 @@ def rule_kv_cache(s: WindowSignals) -> _Outcome:
     margins = []
     if s.kv_usage_max is not None and r.cmp("kv_usage_max", ">=", "kv_usage_high"):
         margins.append(max(0.5, _m(s, "kv_usage_max", "kv_usage_high")))
-    if s.preemptions is not None and s.preemptions > 0:
-        r.o.evidence.append(
-            Evidence(
-                "kv_cache_capacity",
-                "preemptions",
-                _round(s.preemptions),
-                ">",
-                "kv_usage_high",
-                0.0,
-                "count",
-                threshold("kv_usage_high").source,
-                True,
-            )
-        )
+    if s.preemptions is not None and r.cmp("preemptions", ">", "preemptions_max"):
         margins.append(1.0)
     return r.fire(*margins) if margins else r.o
 
@@ -1248,7 +906,9 @@ def classify(s: WindowSignals) -> Verdict:
     if (
         s.server_cpu_cores is not None
         and s.host_busy_cores is not None
-        and s.server_cpu_cores > 1.1 * s.host_busy_cores + 0.5
+        and s.server_cpu_cores
+        > _v("cpu_samples_disagree_factor") * s.host_busy_cores
+        + _v("cpu_samples_disagree_slack_cores")
     ):
         return Verdict(
             classes=tuple(o.cls for o in ordered[:2]),

@@ -21,6 +21,7 @@ from typing import Any
 
 from strata_plugin.analysis import rails
 from strata_plugin.analysis.rules import WindowSignals
+from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.analysis.timeline import HwStat, inflight_fraction
 
 GPU_SOURCES = ("nvml", "dcgm")
@@ -387,7 +388,8 @@ def build_signals(
         # arrive several to a read (speculative decoding, batched SSE) make the median gap
         # near zero and the ratio meaningless.
         pace = max(requests.tpot_p50 or 0.0, requests.chunk_gap_p50 or 0.0)
-        if requests.n_chunk_gaps >= 20 and pace > 0 and requests.chunk_gap_p99:
+        enough = requests.n_chunk_gaps >= threshold_value("chunk_gaps_min")
+        if enough and pace > 0 and requests.chunk_gap_p99:
             gap = requests.chunk_gap_p99 / pace
         fields.update(
             inflight_frac=inflight_fraction(requests.intervals_wall, start_ns, end_ns)

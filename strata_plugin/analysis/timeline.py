@@ -414,7 +414,7 @@ class FractionRule:
 
 def fraction_rules() -> tuple[FractionRule, ...]:
     """The window fractions worth reporting; their numbers come from the one table."""
-    from strata_plugin.analysis.rules import threshold
+    from strata_plugin.analysis.thresholds import threshold
 
     return (
         FractionRule(

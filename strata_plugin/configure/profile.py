@@ -9,6 +9,8 @@ what was expected, before anything is launched.
 from __future__ import annotations
 
 import os
+import re
+import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,13 @@ ENGINES = ("llamacpp", "vllm", "sglang", "other")
 COLLECTORS = (
     "proc", "cpu", "mem", "disk", "net", "rdma", "nvml", "dcgm", "prom", "log", "perf", "numa",
 )
+
+
+#: The ``[scale]`` keys a profile may set (``Workload.scaled``'s factors).
+SCALE_KEYS = ("context", "output", "concurrency")
+#: Placeholders the harness fills in every argv and env value besides ``[vars]``
+#: (``run/session.py``, ``placeholder_values``).
+BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root")
 
 
 class ProfileError(ValueError):
@@ -308,10 +317,52 @@ def load_profile(path: Path | str) -> Profile:
         nr.reject_unknown()
 
     sc = top.sub("scale")
+    for k in sc.table:
+        if k not in SCALE_KEYS:
+            raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
     scale = tuple((k, sc.number(k, 1.0, lo=1e-6, hi=1e6)) for k in list(sc.table))
     top.reject_unknown()
+    _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
+    _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
     return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
                    setup_argv, prometheus, raw=data)
+
+
+def _check_link_caps(path: Path, caps: tuple[tuple[str, float], ...], nodes: list[str]) -> None:
+    """Each ``"node/iface"`` names a node of the profile (a typo would silently measure
+    the link against its nominal speed)."""
+    for key, _ in caps:
+        node, sep, iface = key.rpartition("/")
+        if not sep or not iface or node not in nodes:
+            raise ProfileError(path, f"telemetry.link_caps.{key}",
+                               f'"<node>/<interface>" with <node> one of {nodes}')
+
+
+_FIELD_BASE = re.compile(r"[.\[]")
+
+
+def _check_placeholders(path: Path, data: dict[str, Any], known: set[str]) -> None:
+    """Every ``{name}`` in argv lists and env values is one the harness will fill."""
+    server = data.get("server", {})
+    where: list[tuple[str, Any]] = [("setup_argv", data.get("setup_argv", []))]
+    where += [("server.argv", server.get("argv", [])),
+              ("server.worker_argv", server.get("worker_argv", []))]
+    where += [(f"server.env.{k}", v) for k, v in server.get("env", {}).items()]
+    for cid, c in server.get("configs", {}).items():
+        where.append((f"server.configs.{cid}.args", c.get("args", [])))
+        where += [(f"server.configs.{cid}.env.{k}", v) for k, v in c.get("env", {}).items()]
+    expected = f"placeholders from {sorted(known)} (or {{{{ }}}} for a literal brace)"
+    for key, value in where:
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(
+            value, list) else [(key, value)]
+        for k, text in items:
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+            except ValueError as exc:
+                raise ProfileError(path, k, f"{expected}: {exc}", text) from None
+            for f in fields:
+                if _FIELD_BASE.split(f, maxsplit=1)[0] not in known:
+                    raise ProfileError(path, k, expected, text)
 
 
 # --- run-time options ---------------------------------------------------------------------

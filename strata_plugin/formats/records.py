@@ -24,6 +24,7 @@ ERROR_CLASSES = (
     "malformed_event",  # an SSE event whose data is not the JSON expected
     "truncated_stream",  # the stream ended without its terminal event
     "event_too_large",  # one event exceeded the size bound
+    "no_tokens",  # events arrived but none parsed as a token: the server speaks another API
     "client",  # a bug or unexpected exception in the client itself
 )
 

@@ -20,6 +20,20 @@ from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, r
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 
+class NoTokens(RuntimeError):
+    """Every stream of a phase sent events and none parsed as a token: the profile's
+    ``server.api`` is not what the server speaks. The message is the client's, with the
+    raw first event."""
+
+
+def no_tokens(records: tuple[RequestRecord, ...]) -> NoTokens | None:
+    """The phase's error when no request got a token and one said why (``no_tokens``)."""
+    if not records or any(r.events for r in records):
+        return None
+    why = next((r.error for r in records if r.error and r.error.cls == "no_tokens"), None)
+    return NoTokens(why.message) if why else None
+
+
 @dataclass(frozen=True)
 class CaseSetup:
     """What a case needs from the session: where to send, how, and where to record."""
@@ -204,6 +218,8 @@ class CaseRunner:
         t_warm_end = time.monotonic_ns()
         if warm_res:
             self._mark("warmup", case_id, case_id, t_case, t_warm_end)
+            if (err := no_tokens(warm_res.records)) is not None:
+                raise err  # the warm-ups already show it: no measured load is sent
 
         specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body)
         offsets = arrival_offsets_s(w, len(specs))
@@ -253,6 +269,8 @@ class CaseRunner:
         self.results.append(result)
         if ab is not None:
             self.history.setdefault(ab.group, []).append(result)
+        if (err := no_tokens(res.records)) is not None:
+            raise err
         return result
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:

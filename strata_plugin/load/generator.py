@@ -18,16 +18,18 @@ from dataclasses import dataclass, replace
 import requests
 
 from strata_plugin.analysis.stats import percentile
+from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ProcDelta, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.client.mux import StreamMux
 
-#: Client self-check thresholds (the client is suspect above these).
+#: Client self-check thresholds (the client is suspect above these), from the one table
+#: (analysis/thresholds.py, with their sources).
 #: 5 ms of dispatch lateness is a fraction of any TTFT worth measuring on a GPU
 #: server; 0.85 of a core means the Python client has no headroom left.
-CLIENT_LATENESS_P99_MS = 5.0
-CLIENT_HANDLING_LAG_P99_MS = 5.0
-CLIENT_CPU_CORES = 0.85
+CLIENT_LATENESS_P99_MS = threshold_value("client_lateness_p99_ms")
+CLIENT_HANDLING_LAG_P99_MS = threshold_value("client_handling_lag_p99_ms")
+CLIENT_CPU_CORES = threshold_value("client_cpu_cores")
 #: The client's own delays limit a run only when they are a real part of the requests'
 #: lives: summed dispatch lateness must also reach this share of the summed time from
 #: schedule to end, and summed handling lag this share of the summed time from dispatch
@@ -36,7 +38,7 @@ CLIENT_CPU_CORES = 0.85
 #: included, 0.001-0.011. (Handling lag: 12 streams on 2 busy cores, 15 of 1,152 events
 #: 10 ms late, 0.6%.) A p99 over a few dozen requests is their maximum, so without the
 #: share one scheduling hiccup would flag the client.
-CLIENT_DELAY_SHARE = 0.05
+CLIENT_DELAY_SHARE = threshold_value("client_delay_share")
 
 Counters = Callable[[], tuple[float, int, int]]  # (cpu_s, major_faults, read_bytes)
 

@@ -87,11 +87,19 @@ def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[ob
         server = sess.ensure_alive(strata_server)
     except ServerDown as exc:
         pytest.skip(str(exc))
+    for line in sess.recover_agents(server):  # lost since the last case ended
+        _warn(request, line)
     runner = sess.case_runner(server, request.node.nodeid, _progress_writer(request))
     yield runner
     from strata_plugin.plugin.case_teardown import finish_case
 
     finish_case(request.node, sess, server, runner)
+
+
+def _warn(request: pytest.FixtureRequest, line: str) -> None:
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"  [strata] {line}")
 
 
 def _progress_writer(request: pytest.FixtureRequest):

@@ -15,8 +15,9 @@ from strata_plugin.analysis.ab_groups import ArmDelta, ShaPair
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
 from strata_plugin.analysis.metrics import PERCENTILE_METHOD
 from strata_plugin.analysis.rails import RailsReport
-from strata_plugin.analysis.rules import THRESHOLDS, Verdict
+from strata_plugin.analysis.rules import Verdict
 from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
@@ -479,7 +480,7 @@ def run_timeline(d: ReportData) -> str:
 def thresholds_section() -> str:
     return (
         "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/analysis/rules.py`, `THRESHOLDS`).\n\n"
+        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`).\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],

@@ -21,9 +21,9 @@ from strata_plugin.analysis.case_summary import (
     request_intervals,
 )
 from strata_plugin.analysis.clocks import clock_warnings
-from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.report import plots
 from strata_plugin.report.benchjson import benchmark_json

@@ -63,6 +63,22 @@ def start_agents(sess: StrataSession, server: Server) -> list:
     return handles
 
 
+def restart_agent(sess: StrataSession, server: Server, node: str):
+    """A fresh agent for ``node`` (one that was lost), appending to the same folder; its
+    clock offset is measured again. Raises AgentStartError when it cannot start."""
+    from strata_plugin.agent.handle import AgentHandle
+    from strata_plugin.analysis.clocks import fit
+    from strata_plugin.run.remote import on_agent_exit
+
+    argv = agent_commands(sess, server.pid, server)[node]
+    out_dir = sess.run_dir / "nodes" / node
+    h = AgentHandle.start(node, out_dir, argv, on_exit=on_agent_exit(out_dir))
+    nodes = dict(sess.recorder.manifest.get("nodes", {}))
+    nodes[node] = fit(node, h.measure_clock_offset()).manifest()
+    sess.recorder.update_manifest(nodes=nodes)
+    return h
+
+
 def stop_agents(sess: StrataSession, handles: list) -> None:
     """Measure each clock again (for drift), then stop the agents; deaths are recorded."""
     from strata_plugin.analysis.clocks import fit

@@ -180,9 +180,9 @@ DCGM_EXPORTER: tuple[PromMetric, ...] = (
     _m("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm", "energy_mj", "counter", "gpu{gpu}"),
     _m("DCGM_FI_DEV_FB_USED", "dcgm", "fb_used_mib", "gauge", "gpu{gpu}"),
     # violation times are in microseconds in DCGM; the agent's names are in ns
-    _m("DCGM_FI_DEV_POWER_VIOLATION", "dcgm", "power_violation_ns", "counter", "gpu{gpu}", "",
+    _m("DCGM_FI_DEV_POWER_VIOLATION", "dcgm", "violation_power_ns", "counter", "gpu{gpu}", "",
        1e3),
-    _m("DCGM_FI_DEV_THERMAL_VIOLATION", "dcgm", "thermal_violation_ns", "counter", "gpu{gpu}",
+    _m("DCGM_FI_DEV_THERMAL_VIOLATION", "dcgm", "violation_thermal_ns", "counter", "gpu{gpu}",
        "", 1e3),
     _m("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "dcgm", "gr_engine_active", "gauge", "gpu{gpu}"),
     _m("DCGM_FI_PROF_SM_ACTIVE", "dcgm", "sm_active", "gauge", "gpu{gpu}"),

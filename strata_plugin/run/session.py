@@ -20,7 +20,7 @@ from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
-from strata_plugin.run.nodes import start_agents, stop_agents
+from strata_plugin.run.nodes import restart_agent, start_agents, stop_agents
 from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
 from strata_plugin.run.server import (
     LaunchSpec,
@@ -106,6 +106,7 @@ class StrataSession:
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""
         self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
+        self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
 
     # --- servers -------------------------------------------------------------------------
 
@@ -297,6 +298,40 @@ class StrataSession:
         self.retrack(server)
         return server
 
+    def recover_agents(self, server: Server, cases: tuple[str, ...] = ()) -> list[str]:
+        """Agents of this server's block that ended without being asked: each is recorded
+        (the run is then incomplete; ``cases`` lacked its signals) and started again for
+        the next case. Returns one line per lost agent, for the terminal."""
+        block = self.blocks.get(server.block_key)
+        if block is None:
+            return []
+        lines = []
+        for i, h in enumerate(list(block.agents)):
+            if h.alive:
+                continue
+            with contextlib.suppress(Exception):
+                h.stop(2.0)  # collect its exit and close its files
+            info = h.exit_info
+            reason = info.reason if info is not None else "ended"
+            entry = {"node": h.node, "reason": reason, "cases": list(cases),
+                     "detected_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            try:
+                block.agents[i] = restart_agent(self, server, h.node)
+                entry["restarted"] = True
+            except Exception as exc:  # the run goes on without this node's telemetry
+                entry["restarted"] = False
+                entry["restart_error"] = f"{type(exc).__name__}: {exc}"
+            self.agents_lost.append(entry)
+            during = f"during {', '.join(cases)}" if cases else "between cases"
+            again = ("restarted" if entry["restarted"]
+                     else f"not restarted: {entry['restart_error']}")
+            lines.append(f"agent on {h.node} lost {during} ({reason}); {again}")
+        if lines:
+            self.recorder.update_manifest(agents_lost=self.agents_lost)
+            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, *lines) if x)
+            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+        return lines
+
     def retrack(self, server: Server) -> None:
         """Point the block's agents at a restarted server's new PID (else they lose it)."""
         block = self.blocks.get(server.block_key)
@@ -378,7 +413,7 @@ class StrataSession:
                 self.recorder.close()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
-            return self._write_report(complete=not interrupted)
+            return self._write_report(complete=not interrupted and not self.agents_lost)
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()

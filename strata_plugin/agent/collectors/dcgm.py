@@ -32,8 +32,8 @@ FIELD_NAMES = {
     156: ("energy_mj", "counter"),
     203: ("gpu_util_pct", "gauge"),
     204: ("mem_copy_util_pct", "gauge"),
-    240: ("power_violation_ns", "counter"),
-    241: ("thermal_violation_ns", "counter"),
+    240: ("violation_power_ns", "counter"),
+    241: ("violation_thermal_ns", "counter"),
     252: ("fb_used_mib", "gauge"),
     1001: ("gr_engine_active", "gauge"),
     1002: ("sm_active", "gauge"),
@@ -48,6 +48,11 @@ FIELD_NAMES = {
     1011: ("nvlink_tx_bytes_per_s", "gauge"),
     1012: ("nvlink_rx_bytes_per_s", "gauge"),
 }
+#: field id -> factor to the metric's unit. DCGM reports the violation times 240/241 in
+#: microseconds (DCGM API reference, Field Identifiers: DCGM_FI_DEV_POWER_VIOLATION,
+#: "Throttling duration due to power constraints in us"); the agent's names, shared with
+#: nvml, are in ns, so the throttle signal reads either source the same way.
+FIELD_SCALE = {240: 1e3, 241: 1e3}
 
 
 def dmon_argv(dcgmi: str, fields: tuple[int, ...], interval_ms: int) -> list[str]:
@@ -60,6 +65,7 @@ class DmonParser:
     def __init__(self, fields: tuple[int, ...]) -> None:
         self.fields = fields
         self.metrics = [FIELD_NAMES.get(f, (f"f{f}", "gauge")) for f in fields]
+        self.scales = [FIELD_SCALE.get(f, 1.0) for f in fields]
 
     def parse(self, line: str) -> list[tuple[str, str, float, str]] | None:
         """Values of a data row; None for headers, units and unrecognised lines."""
@@ -71,11 +77,11 @@ class DmonParser:
             return None
         device = f"gpu{ident}" if group == "GPU" else f"{group.lower()}{ident}"
         out = []
-        for (metric, kind), text in zip(self.metrics, values, strict=False):
+        for (metric, kind), scale, text in zip(self.metrics, self.scales, values, strict=False):
             if text == "N/A":
                 continue
             try:
-                out.append((device, metric, float(text), kind))
+                out.append((device, metric, float(text) * scale, kind))
             except ValueError:
                 continue
         return out

@@ -115,6 +115,13 @@ class Attempt:
             extra["http_status"] = self.http_status
         if p.reasoning_parts:
             extra["reasoning_text"] = p.reasoning_text
+        if (
+            not core.events
+            and p.n_events
+            and not p.saw_finish
+            and (self.error is None or self.error.cls == "truncated_stream")
+        ):
+            self.error = no_tokens_error(p.n_events, self.api, core.first_event)
         err = None
         if self.error is not None:
             self.error.message = scrub(self.error.message, self.secrets)
@@ -139,6 +146,16 @@ class Attempt:
             osl=self.spec.max_tokens,
             extra=extra,
         )
+
+
+def no_tokens_error(n_events: int, api: str, first_event: str | None) -> StreamError:
+    """Events came but none parsed as a token, and no finish: another API's stream."""
+    first = (first_event or "")[:500]
+    return StreamError(
+        "no_tokens",
+        f"{n_events} SSE events, 0 tokens parsed as {api}; does the server speak {api}? "
+        f"first event: {first}",
+    )
 
 
 def send_error(e: requests.exceptions.RequestException, t: Timeouts) -> StreamError:

@@ -4,6 +4,11 @@ Both drivers (the blocking reader and the multiplexing loop) push each read
 here with its arrival time. Only complete events are handed to sseclient, so
 each event is stamped with the read that completed it, and an unfinished
 event is held as a list of parts whose size is bounded by ``max_event_bytes``.
+
+Lines may end in CRLF, LF or CR (the SSE spec, "Event stream interpretation"), and
+an event ends at an empty line, so ``\n\r\n`` or ``\r\n\n`` end one too; sseclient
+splits only on three same-kind pairs. Line ends are therefore made LF here first; when
+a read ends in CR, an LF that starts the next read is the rest of that CRLF.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class StreamCore:
         self._parts: list[bytes] = []  # the unfinished event
         self._plen = 0
         self._tail = b""  # its last 3 bytes, to find a boundary split across reads
+        self._cr = False  # the last read ended in CR: an LF first in the next is its pair
+        self.first_event: str | None = None  # the raw data of the first event, for errors
 
     @property
     def done(self) -> bool:
@@ -56,6 +63,17 @@ class StreamCore:
         self.n_bytes += len(chunk)
         if self.done_ns is not None:
             return  # after the terminal event nothing counts
+        if self._cr:  # the last read ended in CR: an LF here completes that CRLF
+            self._cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            self._cr = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        self._take(chunk, t_ns)
+
+    def _take(self, chunk: bytes, t_ns: int) -> None:
+        """LF-only bytes: parse every complete event, hold the rest."""
         probe = self._tail + chunk
         end = last_boundary(probe)
         if end < 0:
@@ -87,6 +105,8 @@ class StreamCore:
         for ev in SSEClient((block,)).events():
             if ev.event == "error":
                 raise StreamError("http_status", f"server error event: {ev.data[:300]}")
+            if self.first_event is None:
+                self.first_event = ev.data
             toks = parser.feed(ev.data)
             if toks:
                 h = time.monotonic_ns()

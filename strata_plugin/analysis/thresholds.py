@@ -1,0 +1,493 @@
+"""The one threshold table: every number a verdict depends on, with where it comes from.
+
+The rules (``analysis/rules.py``), the rail and link findings (``analysis/rails.py``),
+the window fractions (``analysis/timeline.py``), the classifier's inputs
+(``analysis/signals.py``) and the load generator's self-check (``load/generator.py``)
+read their numbers from here, by name, so a report can print the table it was judged
+by and a test can generate its cases from it.
+
+A source is something a user can open: a public document with its section, or
+``[inferred]`` (a judgement) with the measurement in this repository that set or
+checked it (``docs/validation.md``, with the section). ``[inferred]`` rows that no
+measurement here has checked say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    value: float
+    unit: str
+    source: str  # where the number comes from; "[inferred]" when it is a judgement
+
+
+# Public documents, named once (title, then the section each row cites).
+DCGM = "NVIDIA DCGM User Guide, Feature Overview > Profiling Metrics"
+KEMPNER = (
+    "KempnerPulse classification rules "
+    "(github.com/KempnerInstitute/kempnerpulse/blob/main/docs/classification.md)"
+)
+NCU = "Nsight Compute Profiling Guide, Speed Of Light section rules"
+NVML_FIELDS = "NVML API Reference, Field Value Enums (NVML_FI_DEV_CLOCKS_EVENT_REASON_*)"
+PSI = "Linux kernel docs, accounting/psi.rst"
+SCHEDSTAT = "Linux kernel docs, scheduler/sched-stats.rst (/proc/<pid>/schedstat run_delay)"
+CGROUP_V2 = "Linux kernel docs, admin-guide/cgroup-v2.rst, CPU Interface Files (cpu.stat)"
+CGROUP_V1 = "Linux kernel docs, scheduler/sched-bwc.rst, Statistics (cpu.stat)"
+IOSTATS = "Linux kernel docs, admin-guide/iostats.rst, field 10 (io_ticks)"
+USE = "Brendan Gregg, The USE Method (brendangregg.com/usemethod.html)"
+VAL = "docs/validation.md"
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    # GPU level 1: busy or waiting
+    Threshold(
+        "sm_active_busy",
+        0.5,
+        "ratio",
+        f"{DCGM}, SM Activity: 'a value less than 0.5 likely indicates ineffective GPU "
+        "usage'",
+    ),
+    Threshold(
+        "sm_active_high",
+        0.8,
+        "ratio",
+        f"{DCGM}, SM Activity: '0.8 or greater is necessary, but not sufficient, for "
+        "effective use of the GPU'",
+    ),
+    Threshold(
+        "gpu_util_busy",
+        0.8,
+        "ratio",
+        "[inferred] NVML API Reference, nvmlUtilization_t.gpu (share of time a kernel "
+        "ran): >= 80% counts as busy, the same cut as SM Activity's 0.8; not yet checked "
+        "on a GPU in this repository",
+    ),
+    Threshold(
+        "gpu_idle_util_pct",
+        10.0,
+        "%",
+        "[inferred] NVML utilization below 10% counts as a hole in the GPU timeline; "
+        "not yet checked on a GPU in this repository",
+    ),
+    # GPU busy: which kind
+    Threshold(
+        "sm_active_compute",
+        0.6,
+        "ratio",
+        f"{KEMPNER}, 'tensor-heavy': tensor active >= 0.5 with SM active >= 0.6",
+    ),
+    Threshold(
+        "tensor_active_compute",
+        0.5,
+        "ratio",
+        f"{KEMPNER}, 'tensor-heavy'; {DCGM}, Tensor Activity",
+    ),
+    Threshold(
+        "dram_active_bound",
+        0.5,
+        "ratio",
+        f"{KEMPNER}, memory-bound: DRAM active >= 50%; {DCGM}, Memory BW Utilization: "
+        "'in practice a peak of ~0.8 (80%) is the maximum achievable'",
+    ),
+    Threshold(
+        "dram_active_low",
+        0.4,
+        "ratio",
+        f"{NCU}: 'compute throughput and/or memory bandwidth below 60.0% of peak "
+        f"typically indicate latency issues'; 0.6 x DCGM's practical DRAM peak of 0.8 "
+        "= 0.48, rounded down [inferred]",
+    ),
+    Threshold(
+        "tensor_active_low",
+        0.3,
+        "ratio",
+        f"[inferred] {NCU}, latency-bound ('both compute and memory low'); well under "
+        "KempnerPulse's 0.5 tensor-heavy cut",
+    ),
+    Threshold(
+        "occupancy_low",
+        0.25,
+        "ratio",
+        f"[inferred] {DCGM}, SM Occupancy (no number given); not yet checked on a GPU "
+        "in this repository",
+    ),
+    Threshold(
+        "comm_sm_max",
+        0.5,
+        "ratio",
+        "[inferred] NCCL kernels occupy few SMs: 'busy' by NVML but SM active under "
+        f"{DCGM}'s 0.5; not yet checked on a GPU in this repository",
+    ),
+    Threshold(
+        "comm_tensor_max",
+        0.2,
+        "ratio",
+        "[inferred] collectives use no tensor pipes; not yet checked on a GPU in this "
+        "repository",
+    ),
+    Threshold(
+        "rdma_link_frac",
+        0.5,
+        "of link rate",
+        "NVIDIA nccl-tests issue #290: NDR 400 Gb/s gives 46-48 GB/s per NIC; half of "
+        "the line rate is sustained collective traffic [inferred]",
+    ),
+    Threshold(
+        "nvlink_bytes_s",
+        1e11,
+        "B/s",
+        "[inferred] 100 GB/s on NVLink 4 (NVIDIA nccl-tests issue #212: 450 GB/s line "
+        "rate per direction, ~370 GB/s effective) = heavy intra-node collectives",
+    ),
+    Threshold(
+        "pcie_bytes_s_cap",
+        55e9,
+        "B/s",
+        "PCI Express Base Specification 5.0: 32 GT/s per lane, 128b/130b encoding = "
+        "63 GB/s per direction on x16; ~55 GB/s achievable after TLP overhead [inferred]",
+    ),
+    Threshold(
+        "pcie_link_frac",
+        0.5,
+        "of pcie_bytes_s_cap",
+        f"[inferred] half the achievable PCIe rate sustained; {KEMPNER}, I/O rule",
+    ),
+    Threshold(
+        "pcie_active_bytes_s",
+        1e9,
+        "B/s",
+        f"{KEMPNER}, I/O rule: >= 1 GB/s PCIe while SM active < 0.3",
+    ),
+    Threshold("pcie_sm_max", 0.3, "ratio", f"{KEMPNER}, I/O rule"),
+    # throttling (modifier)
+    Threshold(
+        "throttle_frac",
+        0.05,
+        "of window",
+        f"{NVML_FIELDS}: cumulative ns the clocks were held down, over the window; "
+        "> 5% of the window [inferred]",
+    ),
+    Threshold(
+        "sm_clock_ratio_min",
+        0.9,
+        "of max SM clock",
+        "[inferred] SM clock under 90% of its maximum while busy (NVML API Reference, "
+        "nvmlDeviceGetClockInfo / nvmlDeviceGetMaxClockInfo)",
+    ),
+    Threshold(
+        "sm_clock_low_frac",
+        0.2,
+        "of window",
+        "[inferred] SM clock under 0.9 x max for over a fifth of a busy window",
+    ),
+    # imbalance across GPUs / rails
+    Threshold(
+        "imbalance_cv",
+        0.15,
+        "CV",
+        "[inferred] ranks of one tensor-parallel group do the same work; a CV over "
+        "0.15 is more than run-to-run noise. Not yet checked on GPUs in this repository",
+    ),
+    Threshold(
+        "imbalance_max_min",
+        1.2,
+        "ratio",
+        "[inferred] busiest over idlest rank or rail > 1.2; not yet checked on GPUs in "
+        "this repository",
+    ),
+    Threshold(
+        "straggler_rel_dev",
+        0.15,
+        "of the peers' median",
+        "[inferred] same cut as imbalance_cv",
+    ),
+    Threshold(
+        "rail_active_bytes_s",
+        1e6,
+        "B/s",
+        "[inferred] a rail under 1 MB/s carries control traffic only; it is left out of "
+        "the imbalance ratio",
+    ),
+    # RDMA rails: errors and congestion (network)
+    Threshold(
+        "rail_error_events",
+        1.0,
+        "count",
+        "InfiniBand Architecture Specification Vol. 1, PortCounters attribute: symbol, "
+        "link and receive errors, discards stay at 0 on a healthy link; any increase in "
+        "a window is news (Linux kernel docs, ABI/stable/sysfs-class-infiniband)",
+    ),
+    Threshold(
+        "rail_congestion_per_s",
+        100.0,
+        "events/s",
+        "[inferred] CNPs / ECN marks / transmit-wait ticks above 100/s mean the fabric "
+        "is pushing back (DCQCN, Zhu et al., SIGCOMM 2015: CNPs throttle the sender)",
+    ),
+    Threshold(
+        "socket_fallback_bytes_s",
+        10e6,
+        "B/s",
+        "[inferred] HTTP, ssh, Prometheus and NCCL bootstrap stay well under 10 MB/s; "
+        "collective traffic over TCP is hundreds of MB/s",
+    ),
+    # host CPU
+    Threshold(
+        "thread_core_saturated",
+        0.9,
+        "cores",
+        "[inferred] one engine thread >= 0.9 of a core is a serial bottleneck "
+        f"(proc(5), /proc/<pid>/task/<tid>/stat utime+stime); {USE}, CPU utilization",
+    ),
+    Threshold(
+        "runq_delay_per_cpu_s",
+        0.1,
+        "s waiting / s running",
+        f"{SCHEDSTAT}: > 0.1 of run time spent runnable but not running [inferred 10%]; "
+        "normalized by CPU time because the agent sums threads. "
+        f"{VAL}, Fault injection: CPU-hog arms 1.29-1.68",
+    ),
+    Threshold(
+        "psi_some_frac",
+        0.10,
+        "of window",
+        f"{PSI}: 'some' share of the window > 10% [inferred 10%]",
+    ),
+    Threshold(
+        "cores_busy_frac",
+        0.9,
+        "of cores",
+        f"[inferred] {USE}: 90% of all cores busy = CPU saturated",
+    ),
+    Threshold(
+        "server_cores_of_threads",
+        0.85,
+        "of min(threads, cores)",
+        "[inferred] the server uses what its threads can use: it is CPU-bound. "
+        f"{VAL}, Confusion matrix: clean llama.cpp decode arms are cpu_compute",
+    ),
+    Threshold(
+        "cpu_compute_server_share",
+        0.5,
+        "of the host's busy cores",
+        "[inferred] a saturated host is the server's doing only when the server holds "
+        "at least half of its busy cores; below that, other processes fill it "
+        "(cpu_contention's domain)",
+    ),
+    Threshold(
+        "other_cpu_frac",
+        0.25,
+        "of cores",
+        "[inferred] other processes hold a quarter of the cores while the server runs. "
+        f"{VAL}, Fault injection: CPU-hog arms 0.56-0.60",
+    ),
+    Threshold(
+        "involuntary_ctx_per_cpu_s",
+        50.0,
+        "1/cpu-s",
+        "[inferred] a busy thread on a free core is rarely preempted; fully contended at "
+        "4 ms CFS slices it is ~250/s. "
+        f"{VAL}, Fault injection: CPU-hog arms 607-752",
+    ),
+    Threshold("steal_frac", 0.05, "of CPU time", "[inferred] hypervisor steal above 5%"),
+    Threshold(
+        "cgroup_throttled_frac",
+        0.05,
+        "of window",
+        f"{CGROUP_V2} (throttled_usec) and {CGROUP_V1} (throttled_time, ns): throttled "
+        "time over the window > 5% [inferred 5%]",
+    ),
+    Threshold(
+        "cpu_samples_disagree_factor",
+        1.1,
+        "x host busy cores",
+        "[inferred] the server's CPU (proc) may exceed the node's busy CPU (cpu) only "
+        "by sampling skew: 10% plus cpu_samples_disagree_slack_cores; past that the "
+        "two collectors contradict each other",
+    ),
+    Threshold(
+        "cpu_samples_disagree_slack_cores",
+        0.5,
+        "cores",
+        "[inferred] half a core of skew between proc and cpu samples read at different "
+        "instants of the same tick",
+    ),
+    # I/O and page faults
+    Threshold(
+        "major_faults_per_s",
+        20.0,
+        "1/s",
+        "[inferred] sustained major faults while serving mean weights read back from "
+        f"storage (proc(5), majflt). {VAL}, Fault injection: 0 of 30 clean arms "
+        "crossed it; page-out arms showed 3-5/s (readahead), so read_bytes_s fires there",
+    ),
+    Threshold(
+        "read_bytes_s",
+        4e6,
+        "B/s",
+        "[inferred] a warm server reads almost nothing from storage (proc(5), "
+        f"/proc/<pid>/io read_bytes). {VAL}, Fault injection: page-out arms 92-103 "
+        "MB/s; 0 of 30 clean arms crossed it",
+    ),
+    Threshold(
+        "disk_busy_frac",
+        0.5,
+        "of window",
+        f"{IOSTATS}: device busy > 50% of the window [inferred 50%]",
+    ),
+    Threshold("iowait_frac", 0.10, "of CPU time", "[inferred] CPU iowait above 10%"),
+    # memory
+    Threshold(
+        "mem_available_frac_min",
+        0.10,
+        "of MemTotal",
+        "[inferred] Linux kernel docs, filesystems/proc.rst, meminfo MemAvailable (page "
+        f"cache is not free memory). {VAL}, Fault injection: memory-hog arms 0.074",
+    ),
+    # network
+    Threshold(
+        "net_link_frac",
+        0.7,
+        "of link speed",
+        f"[inferred] {USE}, network utilization; TCP goodput tops out near 90-95% of "
+        f"line rate. {VAL}, Network, two-node lab: capped runs 0.71-0.72",
+    ),
+    Threshold(
+        "net_wire_busy",
+        1.0,
+        "(tx + rx) / capacity",
+        "[inferred] request/response traffic (llama.cpp RPC, pipeline hops) alternates "
+        "directions, so neither fills its half of the link that limits it; both together "
+        "carrying a full direction's capacity means the wire was busy whenever one side "
+        f"waited. Set and checked on the same run ({VAL}, Network, two-node lab: 8 "
+        "Mbit/s cap, both directions 1.15-1.37): no held-out data yet",
+    ),
+    Threshold(
+        "net_drop_events",
+        1.0,
+        "count",
+        "[inferred] drops or errors on the interface that carries the traffic (reported "
+        "as a rails finding; not a classifier input)",
+    ),
+    # serving
+    Threshold(
+        "waiting_requests_mean",
+        0.5,
+        "requests",
+        f"{USE}, saturation: the engine's waiting queue (vLLM docs, Metrics: "
+        "vllm:num_requests_waiting) averages at least half a request [inferred 0.5]",
+    ),
+    Threshold(
+        "server_queue_frac",
+        0.5,
+        "of TTFT",
+        "[inferred] the median request waited over half its TTFT outside prefill "
+        "(ttft - llama.cpp timings.prompt_ms). "
+        f"{VAL}, Fault injection: queueing arms 0.85-0.89",
+    ),
+    Threshold(
+        "kv_usage_high",
+        0.95,
+        "ratio",
+        "[inferred] vLLM docs, Metrics: vllm:kv_cache_usage_perc (1 = full); past 0.95 "
+        "the next request can preempt",
+    ),
+    Threshold(
+        "preemptions_max",
+        0.0,
+        "count",
+        "vLLM docs, Optimization and Tuning > Preemption: a request is preempted when "
+        "the KV cache has no room; any preemption in the window "
+        "(vllm:num_preemptions_total, sglang:num_retracted_requests_total) is news",
+    ),
+    Threshold(
+        "chunk_gap_p99_p50",
+        3.0,
+        "ratio",
+        "[inferred] chunk gap p99 over the decode pace (TPOT p50) > 3 with prompts "
+        "arriving mid-decode (Sarathi-Serve, Agrawal et al., OSDI 2024, Figure 1: "
+        "generation stalls while a new prompt's prefill runs)",
+    ),
+    Threshold(
+        "chunk_gaps_min",
+        20.0,
+        "gaps",
+        "[inferred] with fewer gaps the p99 is the largest gap, so one scheduling "
+        "hiccup would make the ratio",
+    ),
+    Threshold(
+        "inflight_frac_min",
+        0.8,
+        "of window",
+        "[inferred] the server had no request in flight for over a fifth of the window",
+    ),
+    Threshold(
+        "client_bound",
+        1.0,
+        "bool",
+        "the load generator's own self-check (client_* rows below)",
+    ),
+    # the load generator's self-check (load/generator.py)
+    Threshold(
+        "client_lateness_p99_ms",
+        5.0,
+        "ms",
+        "[inferred] 5 ms of dispatch lateness is a fraction of any TTFT worth measuring "
+        "on a GPU server",
+    ),
+    Threshold(
+        "client_handling_lag_p99_ms",
+        5.0,
+        "ms",
+        "[inferred] same cut as client_lateness_p99_ms, for reading each stream event",
+    ),
+    Threshold(
+        "client_cpu_cores",
+        0.85,
+        "cores",
+        "[inferred] a Python client at 0.85 of a core has no headroom left (one "
+        "interpreter lock)",
+    ),
+    Threshold(
+        "client_delay_share",
+        0.05,
+        "of the requests' time",
+        "[inferred] the client's delays count only as a real part of the requests' "
+        f"lives. {VAL}, What changed in the attribution, item 4: starved client "
+        "0.085-0.23, every other arm 0.001-0.011",
+    ),
+    # how the verdict is put together
+    Threshold(
+        "full_margin",
+        0.25,
+        "relative",
+        "[inferred] a value this far past its threshold (relative) scores 1; scores "
+        "rank classes and set confidence",
+    ),
+    Threshold(
+        "dominance_margin",
+        0.5,
+        "score",
+        "[inferred] a class leads a conflicting one when it is well past its threshold "
+        "and the other barely past (scores 0..1: 0 at the threshold, 1 at full_margin)",
+    ),
+    Threshold(
+        "missing_penalty",
+        0.85,
+        "factor",
+        "[inferred] confidence multiplier per unmeasured collector a rule needed",
+    ),
+)
+_BY_NAME = {t.name: t for t in THRESHOLDS}
+
+
+def threshold(name: str) -> Threshold:
+    """The row called ``name`` (KeyError names it when there is none)."""
+    return _BY_NAME[name]
+
+
+def value(name: str) -> float:
+    return _BY_NAME[name].value
