@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.analysis.ab_effects import effect, outputs_identical
+from strata_plugin.analysis.ab_groups import outputs_identical
+from strata_plugin.analysis.effects import effect
 from strata_plugin.analysis.metrics import acceptance, case_metrics
 from strata_plugin.configure.blocks import counterbalanced, server_params, split_param
 from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent, Usage

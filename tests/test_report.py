@@ -110,10 +110,11 @@ def test_ab_table_shows_request_level_deltas(cpu_report):
     assert "344.8 -> 1.96" in row
     assert "2800 -> 16" in row
     ab_json = summary(cpu_report)["ab"][0]
-    deltas = {d["metric"]: d for d in ab_json["deltas"]}
+    deltas = {d["effect"]["metric"]: d["effect"] for d in ab_json["deltas"]}
     cpu = deltas["proc_cpu_s"]
-    assert cpu["delta"] == pytest.approx(2.75 - 66.29, rel=0.03)
-    assert cpu["lo"] <= cpu["delta"] <= cpu["hi"] < 0
+    assert cpu["unit"] == "request" and cpu["level"] == 0.95
+    assert cpu["change_pct"] == pytest.approx(100 * (2.75 / 66.29 - 1), rel=0.03)
+    assert cpu["ci_lo_pct"] <= cpu["change_pct"] <= cpu["ci_hi_pct"] < 0
     assert cpu["p_value"] < 0.05
 
 
@@ -261,9 +262,20 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
             {"arm": "treatment", "cases": ["mixed/treatment/1", "mixed/treatment/2"]},
         ]
     ]
-    ttft = next(d for d in ab[0]["deltas"] if d["metric"] == "ttft_ms")
+    ttft = next(d["effect"] for d in ab[0]["deltas"] if d["effect"]["metric"] == "ttft_ms")
     assert (ttft["n_control"], ttft["n_treatment"]) == (12, 12)
-    assert ttft["rel"] == pytest.approx(1.0, rel=0.05)  # 6 s vs 3 s for the same requests
+    assert ttft["unit"] == "request"
+    assert ttft["change_pct"] == pytest.approx(100.0, rel=0.05)  # 6 s vs 3 s, same requests
+    # the first table: one value per repetition, 2 + 2, a t-interval that says so
+    (arm,) = ab[0]["effects"]
+    e2e = next(e for e in arm["effects"] if e["metric"] == "e2e_p95_ms")
+    assert (e2e["n_control"], e2e["n_treatment"], e2e["unit"]) == (2, 2, "repetition")
+    assert e2e["method"] == "t-interval" and e2e["change_pct"] == pytest.approx(100.0, rel=0.05)
+    assert [r[1] for r in arm["per_repetition"]] == [
+        "mixed/control/0", "mixed/control/3", "mixed/treatment/1", "mixed/treatment/2"]
+    text = (run / "report.md").read_text().split("## A/B comparisons")[1]
+    assert "95% t-interval, 2/2 repetitions" in text
+    assert text.index("e2e p95 (ms)") < text.index("Request by request")
     assert (run / "plots" / "case-mixed_control_0.png").exists()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis import rails
-from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
+from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline, ttft_ms
 from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
@@ -143,13 +143,10 @@ def _queue_share(rec: RequestRecord) -> float | None:
     """(ttft - server prompt ms) / ttft: the share of TTFT spent outside prefill."""
     if not rec.ok or rec.timings is None or rec.timings.prompt_ms is None:
         return None
-    firsts = [e.t_ns for e in rec.events if e.n_tokens > 0]
-    if not firsts:
+    ttft = ttft_ms(rec)
+    if ttft is None or ttft <= 0:
         return None
-    ttft_ms = (min(firsts) - rec.dispatched_ns) / 1e6
-    if ttft_ms <= 0:
-        return None
-    return max(0.0, ttft_ms - rec.timings.prompt_ms) / ttft_ms
+    return max(0.0, ttft - rec.timings.prompt_ms) / ttft
 
 
 def request_facts(

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from strata_plugin.analysis.metrics import REQUEST_COMPARED as BENCH_METRICS
 from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.run_folder import RunBundle
-
-BENCH_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
 def _scalar_params(params: dict[str, Any]) -> dict[str, Any]:

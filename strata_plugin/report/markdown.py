@@ -11,10 +11,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_plugin.analysis.ab_groups import ArmDelta, ShaPair
+from strata_plugin.analysis.ab_groups import ArmDelta, ArmEffects, ShaPair
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
-from strata_plugin.analysis.metrics import PERCENTILE_METHOD
+from strata_plugin.analysis.metrics import AB_HEADLINE, PERCENTILE_METHOD, metric_label
 from strata_plugin.analysis.rails import RailsReport
+from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import THRESHOLDS, Verdict
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.timeline import SampleStore
@@ -28,6 +29,7 @@ class AbGroup:
     arms: list[tuple[str, tuple[str, ...]]]
     deltas: list[ArmDelta]
     pairs: list[ShaPair]
+    effects: list[ArmEffects] = field(default_factory=list)
 
 
 @dataclass
@@ -379,48 +381,79 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     return "".join(out)
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def ab_effects_md(ae: ArmEffects) -> str:
+    """The seed's metrics per arm: change and interval over repetitions, then each repetition."""
+    if not ae.effects:
+        return f"No repetition of `{ae.treatment_arm}` or `{ae.control_arm}` has metrics.\n"
+    e0 = ae.effects[0]
+    out = [
+        f"**{ae.treatment_arm}** against **{ae.control_arm}**: one value per repetition "
+        f"({e0.n_control} {ae.control_arm}, {e0.n_treatment} {ae.treatment_arm}); the arm's "
+        "value is the mean of its repetitions; the interval resamples repetitions "
+        "(t-interval under 8 a side, else bootstrap).\n\n",
+        md_table(
+            ("metric", ae.control_arm, ae.treatment_arm, "change", "interval", "interval is"),
+            [
+                (metric_label(e.metric), e.control, e.treatment, _pct(e.change_pct), e.interval,
+                 e.interval_label)
+                for e in ae.effects
+            ],
+        ),
+    ]
+    metrics = [m for m in AB_HEADLINE if any(m in v for _, _, v in ae.per_repetition)]
+    out.append("\n<details><summary>Per repetition</summary>\n\n")
+    out.append(
+        md_table(
+            ("arm", "case", *(metric_label(m) for m in metrics)),
+            [(arm, f"`{cid}`", *(v.get(m) for m in metrics)) for arm, cid, v in ae.per_repetition],
+        )
+    )
+    out.append("\n</details>\n")
+    return "".join(out)
+
+
 def ab_section(d: ReportData) -> str:
     if not d.ab:
         return "\n## A/B comparisons\n\nNo case of this run carries an `ab_group`.\n"
-    out = [
-        "\n## A/B comparisons\n\nMedians per arm; delta = treatment - control with a 95% "
-        "bootstrap interval (2000 resamples, seed 0); p = two-sided Mann-Whitney.\n"
-    ]
+    out = ["\n## A/B comparisons\n"]
     for g in d.ab:
         arms = ", ".join(f"{arm} ({', '.join(f'`{c}`' for c in cases)})" for arm, cases in g.arms)
         out.append(f"\n### {g.group}: {arms}\n\n")
+        if not g.effects:
+            out.append("Only one arm ran.\n")
+        for ae in g.effects:
+            out.append(ab_effects_md(ae))
         if g.deltas:
             out.append(
+                "\n<details><summary>Request by request (requests pooled over repetitions)"
+                "</summary>\n\nMedian per arm; change with a 95% bootstrap interval that "
+                "resamples requests (2000 resamples, seed 0), which understates the "
+                "uncertainty when repetitions differ; p = two-sided Mann-Whitney.\n\n"
+            )
+            out.append(
                 md_table(
-                    (
-                        "treatment",
-                        "metric",
-                        "n",
-                        "control",
-                        "treatment median",
-                        "delta",
-                        "95% interval",
-                        "change",
-                        "p",
-                    ),
+                    ("treatment", "metric", "requests", "control median", "treatment median",
+                     "change", "95% interval (requests)", "p"),
                     [
                         (
                             x.treatment_arm,
-                            f"{x.metric} ({x.unit})",
-                            f"{x.n_control}/{x.n_treatment}",
-                            x.control_median,
-                            x.treatment_median,
-                            x.delta,
-                            f"{md_num(x.lo)} .. {md_num(x.hi)}" if x.lo is not None else "-",
-                            None if x.rel is None else f"{x.rel * 100:+.1f}%",
-                            x.p_value,
+                            f"{x.effect.metric} ({unit(x.effect.metric)})",
+                            f"{x.effect.n_control}/{x.effect.n_treatment}",
+                            x.effect.control,
+                            x.effect.treatment,
+                            _pct(x.effect.change_pct),
+                            x.effect.interval,
+                            x.effect.p_value,
                         )
                         for x in g.deltas
                     ],
                 )
             )
-        else:
-            out.append("Only one arm ran.\n")
+            out.append("\n</details>\n")
         if g.pairs:
             out.append(
                 "\n#### Same output, request by request\n\n"

@@ -13,7 +13,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis.ab_groups import ab_groups, arm_deltas, same_output_pairs
+from strata_plugin.analysis.ab_groups import (
+    ab_groups,
+    arm_deltas,
+    group_effects,
+    same_output_pairs,
+)
 from strata_plugin.analysis.case_summary import (
     CaseAnalysis,
     RunContext,
@@ -203,6 +208,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
             {
                 "group": g.group,
                 "arms": [{"arm": arm, "cases": list(cases)} for arm, cases in g.arms],
+                "effects": [dataclasses.asdict(x) for x in g.effects],
                 "deltas": [dataclasses.asdict(x) for x in g.deltas],
                 "same_output": [dataclasses.asdict(x) for x in g.pairs],
             }
@@ -243,10 +249,15 @@ def write_report(run_dir: Path | str) -> Path:
         data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
 
+    case_metrics = {a.case_id: a.metrics for a in analyses}
     for group, arms in ab_groups(bundle).items():
         data.ab.append(
             AbGroup(
-                group, arms, arm_deltas(bundle, group, arms), same_output_pairs(bundle, group, arms)
+                group,
+                arms,
+                arm_deltas(bundle, group, arms),
+                same_output_pairs(bundle, group, arms),
+                group_effects(group, arms, case_metrics),
             )
         )
 
