@@ -5,28 +5,37 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 from scipy import stats as st
 
 from strata_plugin.analysis.effects import MIN_BOOTSTRAP_UNITS, compare, effect
 
 
-def test_few_repetitions_give_a_welch_interval_of_the_ratio_of_means():
+def test_few_repetitions_give_a_welch_interval_of_the_log_ratio():
     # The smoke figures: TPOT p95 per repetition, 3 control and 3 treatment.
     c, t = [4.4, 4.6, 4.8], [17.6, 17.8, 17.9]
     e = effect("tpot_p95_ms", c, t)
     assert (e.unit, e.method, e.level, e.n_control, e.n_treatment) == (
         "repetition", "t-interval", 0.95, 3, 3)
-    assert e.change_pct == pytest.approx(100 * (sum(t) / sum(c) - 1))
-    # delta method by hand, against scipy's t quantile with Welch's degrees of freedom
-    mc, mt = sum(c) / 3, sum(t) / 3
-    vc, vt = st.tvar(c) / (3 * mc * mc), st.tvar(t) / (3 * mt * mt)
-    df = (vc + vt) ** 2 / (vc * vc / 2 + vt * vt / 2)
-    half = 100 * st.t.ppf(0.975, df) * (mt / mc) * math.sqrt(vc + vt)
-    assert e.ci_lo_pct == pytest.approx(e.change_pct - half, rel=1e-6)
-    assert e.ci_hi_pct == pytest.approx(e.change_pct + half, rel=1e-6)
+    assert e.control == pytest.approx(st.gmean(c)) and e.treatment == pytest.approx(st.gmean(t))
+    assert e.change_pct == pytest.approx(100 * (st.gmean(t) / st.gmean(c) - 1))
+    # scipy's Welch t-test on the logarithms gives the same interval
+    ci = st.ttest_ind(np.log(t), np.log(c), equal_var=False).confidence_interval(0.95)
+    assert e.ci_lo_pct == pytest.approx(100 * math.expm1(ci.low), rel=1e-6)
+    assert e.ci_hi_pct == pytest.approx(100 * math.expm1(ci.high), rel=1e-6)
     assert e.ci_lo_pct > 200 and e.excludes_zero()
     assert e.interval_label == "95% t-interval, 3/3 repetitions"
+
+
+def test_a_ratio_interval_never_passes_minus_100_percent():
+    # throughput that varies 6x between repetitions (a loaded machine) and drops
+    e = effect("output_tok_s", [903.4, 459.8, 144.5], [38.7, 36.5, 151.6])
+    assert -100 < e.ci_lo_pct < e.change_pct < 0
+    # a non-positive value: arithmetic means, the delta method
+    z = effect("stall_ms", [0.0, 1.0, 2.0], [10.0, 12.0, 11.0])
+    assert z.control == pytest.approx(1.0) and z.method == "t-interval"
+    assert z.change_pct == pytest.approx(1000.0)
 
 
 def test_one_repetition_a_side_has_no_interval_and_says_so():

@@ -161,6 +161,8 @@ def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
     data = json.loads((cpu_report / "benchmark.json").read_text())
     names = {b["fullname"] for b in data["benchmarks"]}
     assert "strata::cpu_bound::ttft" in names
+    assert "strata::ab_control::control::e2e" in names  # an A/B arm is named
+    assert len({b["name"] for b in data["benchmarks"]}) == len(data["benchmarks"])
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     shutil.copy(cpu_report / "benchmark.json", a)
     shutil.copy(other / "benchmark.json", b)
@@ -175,7 +177,7 @@ def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "Failed to load" not in out.stdout + out.stderr
-    assert "cpu_bound::ttft" in out.stdout and "ab_control::e2e" in out.stdout
+    assert "cpu_bound::ttft" in out.stdout and "ab_control::control::e2e" in out.stdout
     assert "(0001)" not in out.stdout  # our files, not a .benchmarks folder
 
 

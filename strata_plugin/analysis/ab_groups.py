@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strata_plugin.analysis.effects import Effect, effect
+from strata_plugin.analysis.interference import Interference, analyze
 from strata_plugin.analysis.metrics import (
     AB_HEADLINE,
+    AB_INTERFERENCE,
     REQUEST_COMPARED,
     CaseMetrics,
     headline,
@@ -59,18 +61,29 @@ class ArmEffects:
         return next((e for e in self.effects if e.metric == metric), None)
 
 
-def repetition_values(cm: CaseMetrics) -> dict[str, float]:
-    """One repetition's values of the seed's metrics (those it defines)."""
+def repetition_values(cm: CaseMetrics, inter: Interference | None = None) -> dict[str, float]:
+    """One repetition's values of the seed's metrics (those it defines), and its stalls."""
     h = headline(cm)
-    return {k: float(h[k]) for k in AB_HEADLINE if isinstance(h.get(k), (int, float))}
+    out = {k: float(h[k]) for k in AB_HEADLINE if isinstance(h.get(k), (int, float))}
+    if inter is not None and inter.n_decode:
+        out.update((k, float(getattr(inter, k))) for k in AB_INTERFERENCE)
+    return out
 
 
-def arm_effects(control: Sequence[CaseMetrics], treatment: Sequence[CaseMetrics]) -> list[Effect]:
-    """The seed's metrics, treatment against control, one value per repetition."""
-    vc = [repetition_values(cm) for cm in control]
-    vt = [repetition_values(cm) for cm in treatment]
+def arm_effects(
+    control: Sequence[CaseMetrics],
+    treatment: Sequence[CaseMetrics],
+    control_inter: Sequence[Interference | None] = (),
+    treatment_inter: Sequence[Interference | None] = (),
+) -> list[Effect]:
+    """The seed's metrics (and stalls, when given), treatment against control, one value
+    per repetition."""
+    vc = [repetition_values(cm, i) for cm, i in zip(control, _pad(control_inter, control),
+                                                     strict=True)]
+    vt = [repetition_values(cm, i) for cm, i in zip(treatment, _pad(treatment_inter, treatment),
+                                                     strict=True)]
     out = []
-    for metric in AB_HEADLINE:
+    for metric in (*AB_HEADLINE, *AB_INTERFERENCE):
         a = [v[metric] for v in vc if metric in v]
         b = [v[metric] for v in vt if metric in v]
         if a and b:
@@ -78,9 +91,22 @@ def arm_effects(control: Sequence[CaseMetrics], treatment: Sequence[CaseMetrics]
     return out
 
 
+def _pad(xs: Sequence[Interference | None], like: Sequence[object]) -> list[Interference | None]:
+    return list(xs) if len(xs) == len(like) else [None] * len(like)
+
+
 def mixed_effects(control_runs, treatment_runs) -> list[Effect]:
-    """``arm_effects`` of two lists of ``CaseResult`` (what ``strata.ab_results`` gives)."""
-    return arm_effects([r.metrics for r in control_runs], [r.metrics for r in treatment_runs])
+    """``arm_effects`` of two lists of ``CaseResult`` (what ``strata.ab_results`` gives),
+    stalls included (from each repetition's measured and injected records)."""
+    def inter(r) -> Interference:
+        return analyze(r.case_id, (*r.records, *r.injected))
+
+    return arm_effects(
+        [r.metrics for r in control_runs],
+        [r.metrics for r in treatment_runs],
+        [inter(r) for r in control_runs],
+        [inter(r) for r in treatment_runs],
+    )
 
 
 def outputs_identical(runs_a, runs_b) -> bool | None:
@@ -138,7 +164,10 @@ def _median(xs: list[float]) -> float | None:
 
 
 def group_effects(
-    group: str, arms: list[Arm], metrics: Mapping[str, CaseMetrics]
+    group: str,
+    arms: list[Arm],
+    metrics: Mapping[str, CaseMetrics],
+    inter: Mapping[str, Interference | None] | None = None,
 ) -> list[ArmEffects]:
     """Per treatment arm, the seed's metrics against the control (repetitions as units)."""
     if len(arms) < 2:
@@ -146,8 +175,9 @@ def group_effects(
     c_arm, c_cases = arms[0]
     out = []
     for t_arm, t_cases in arms[1:]:
+        inter = inter or {}
         per_rep = tuple(
-            (arm, cid, repetition_values(metrics[cid]))
+            (arm, cid, repetition_values(metrics[cid], inter.get(cid)))
             for arm, cases in ((c_arm, c_cases), (t_arm, t_cases))
             for cid in cases
             if cid in metrics
@@ -163,6 +193,8 @@ def group_effects(
                     arm_effects(
                         [metrics[c] for c in c_cases if c in metrics],
                         [metrics[c] for c in t_cases if c in metrics],
+                        [inter.get(c) for c in c_cases if c in metrics],
+                        [inter.get(c) for c in t_cases if c in metrics],
                     )
                 ),
                 per_rep,

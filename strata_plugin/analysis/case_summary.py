@@ -12,13 +12,13 @@ import gc
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis import rails
+from strata_plugin.analysis import interference, rails
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline, ttft_ms
-from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
+from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
@@ -60,6 +60,32 @@ class CaseAnalysis:
     energy: Energy | None
     info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
+    interference: interference.Interference | None = None  # decode stalls against prefills
+
+    def hw_headline(self) -> dict[str, float]:
+        """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
+        GPU utilization (%), summed GPU power (W), throttled share, RDMA GB/s."""
+        s = self.signals
+        out: dict[str, float] = {}
+        for key, v, scale in (
+            ("hw_cpu_busy_cores", s.host_busy_cores, 1.0),
+            ("hw_server_cpu_cores", s.server_cpu_cores, 1.0),
+            ("hw_gpu_util_pct", s.gpu_util, 100.0),
+            ("hw_throttle_frac", s.throttle_frac, 1.0),
+        ):
+            if v is not None:
+                out[key] = round(v * scale, 4)
+        power: dict[tuple[str, str], float] = {}
+        for r in sorted(self.hw, key=lambda r: r.source != "nvml"):  # NVML first, then DCGM
+            if r.source in GPU_SOURCES and r.metric == "power_w" and r.mean is not None:
+                power.setdefault((r.node, r.device), r.mean)
+        if power:
+            out["hw_gpu_power_w"] = round(sum(power.values()), 2)
+        rdma = [r.rate for r in self.hw if r.source == "rdma" and r.rate is not None
+                and r.metric in ("xmit_bytes", "rcv_bytes")]
+        if rdma:
+            out["hw_rdma_gb_s"] = round(sum(rdma) / 1e9, 4)
+        return out
 
     def user_properties(self) -> list[tuple[str, float | int | str]]:
         """Plain scalars for the test's JUnit properties, sorted by name."""
@@ -72,6 +98,7 @@ class CaseAnalysis:
             props[f"bottleneck_{i}"] = cls
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
+        props.update(self.hw_headline())
         if self.energy is not None:
             props["energy_j"] = self.energy.joules
             if self.energy.j_per_output_token is not None:
@@ -209,6 +236,68 @@ def metrics_for(bundle: RunBundle, case_id: str) -> CaseMetrics:
     return case_metrics(records, window_ns=_mono_window(bundle, case_id, window))
 
 
+def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
+    """The verdict computed at the end of the case (``cases.jsonl`` ``verdict``), if any."""
+    d = raw.get("verdict")
+    if not isinstance(d, dict):
+        return None
+    try:
+        ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
+        tuples = {k: tuple(v) for k, v in d.items() if isinstance(v, list) and k != "evidence"}
+        return Verdict(**{**d, **tuples, "evidence": ev})
+    except TypeError:  # written by another version: recompute
+        return None
+
+
+def the_verdict(raw: dict[str, Any], sig: WindowSignals) -> Verdict:
+    """One verdict per case: the one recorded at the case's end, else computed now.
+
+    Recomputing later could differ (samples written after the case ended, an A/B
+    control that ran in a later test); the recorded one is what JUnit reported, so it
+    stands, with a note when the files now say otherwise.
+    """
+    fresh = classify(sig)
+    kept = recorded_verdict(raw)
+    if kept is None:
+        return fresh
+    if kept.summary() != fresh.summary():
+        note = (f"recomputed from the files now: {fresh.summary() or 'no class'} (the "
+                "verdict above was computed at the end of the case and is the one reported)")
+        kept = replace(kept, notes=(*kept.notes, note))
+    return kept
+
+
+def control_cases(bundle: RunBundle, case_id: str) -> tuple[str, ...]:
+    """The reference arm's cases of this case's A/B group; () for a reference or no group."""
+    info = bundle.case_info(case_id)
+    if not info.ab_group:
+        return ()
+    arms: dict[str, list[str]] = {}
+    for cid in bundle.case_ids():
+        other = bundle.case_info(cid)
+        if other.ab_group == info.ab_group:
+            arms.setdefault(other.ab_arm or cid, []).append(cid)
+    ref = min(arms, key=lambda a: (a != "control", a))  # as analysis/ab_groups.py orders
+    return () if case_id in arms[ref] else tuple(arms[ref])
+
+
+def interference_of(bundle: RunBundle, case_id: str) -> interference.Interference:
+    return interference.analyze(case_id, bundle.records.get(case_id, []))
+
+
+def interference_signals(
+    bundle: RunBundle, case_id: str, inter: interference.Interference, cm: CaseMetrics
+) -> dict[str, float | None]:
+    """The classifier's interference inputs; a treatment's against its A/B control."""
+    refs = [c for c in control_cases(bundle, case_id) if bundle.records.get(c)]
+    return interference.signals(
+        inter,
+        [interference_of(bundle, c) for c in refs],
+        cm.tpot.p95,
+        [p for c in refs if (p := metrics_for(bundle, c).tpot.p95) is not None],
+    )
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
@@ -222,6 +311,7 @@ def analyze_case(
     records = bundle.records.get(case_id, [])
     cm = cm if cm is not None else metrics_for(bundle, case_id)
     facts = request_facts(bundle, case_id, records, cm)
+    inter = interference_of(bundle, case_id)
     rep = None
     if window is not None:
         rep = rails.analyze(
@@ -240,6 +330,7 @@ def analyze_case(
             unavailable=ctx.unavailable,
             rails_report=rep,
         )
+        sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = WindowSignals(
             window=case_id,
@@ -259,10 +350,11 @@ def analyze_case(
         headline=headline(cm),
         hw=tuple(hw),
         signals=sig,
-        verdict=classify(sig),
+        verdict=the_verdict(info.raw, sig),
         energy=_energy(hw, cm),
         info=dict(info.raw),
         rails=rep,
+        interference=inter,
     )
 
 
@@ -297,6 +389,8 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
 
     with gc_paused():
         bundle, store = load_run(Path(run_dir), case_id)
+        if control_cases(bundle, case_id):  # a treatment is judged against its control
+            bundle = load_bundle(Path(run_dir))
         window = bundle.case_windows().get(case_id)
         hw = summarize_window(store, window) if window is not None else []
         return analyze_case(bundle, run_context(bundle, store), case_id, hw)

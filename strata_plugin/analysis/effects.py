@@ -8,11 +8,14 @@ requests and resampled request by request claims far more certainty than the dat
 holds. Where repetitions exist they are the unit:
 
 * ``unit="repetition"``: one value per repetition (its output tok/s, its TPOT p95...).
-  The arm's value is the mean over repetitions. With at least ``MIN_BOOTSTRAP_UNITS``
-  repetitions on each side the interval is a percentile bootstrap over repetitions
-  (cluster bootstrap: each resample draws whole repetitions); with fewer, where a
-  bootstrap has too few distinct resamples to have percentiles, it is a Welch
-  t-interval on the per-repetition values (delta method for the ratio of means).
+  Changes are ratios, and a slow repetition is slow by a factor, so the arm's value is
+  the geometric mean over its repetitions and the change is the ratio of the two
+  geometric means, minus 1. With at least ``MIN_BOOTSTRAP_UNITS`` repetitions on each
+  side the interval is a percentile bootstrap over repetitions (cluster bootstrap:
+  each resample draws whole repetitions); with fewer, where a bootstrap has too few
+  distinct resamples to have percentiles, it is a Welch t-interval on the logarithms
+  of the per-repetition values (so it never reaches below -100%). A metric with a
+  zero or negative repetition falls back to arithmetic means and the delta method.
 * ``unit="request"``: one value per request, for comparisons with a single
   repetition per side (run against run, the baseline gate). The statistic (median by
   default) is bootstrapped over requests, and a Mann-Whitney test gives the p-value.
@@ -93,6 +96,25 @@ def _rel(c: float, t: float) -> float | None:
     return None if c == 0 else 100.0 * (t / c - 1.0)
 
 
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(math.fsum(math.log(x) for x in values) / len(values))
+
+
+def _welch_log(xc: list[float], xt: list[float], level: float) -> tuple[float, float]:
+    """Interval of 100 * (gmean(t) / gmean(c) - 1): Welch t on the logarithms."""
+    lc, lt = [math.log(x) for x in xc], [math.log(x) for x in xt]
+    nc, nt = len(lc), len(lt)
+    mc, mt = mean(lc), mean(lt)
+    a = math.fsum((x - mc) ** 2 for x in lc) / (nc - 1) / nc
+    b = math.fsum((x - mt) ** 2 for x in lt) / (nt - 1) / nt
+    d = mt - mc
+    if a + b == 0:
+        return 100.0 * math.expm1(d), 100.0 * math.expm1(d)
+    df = (a + b) ** 2 / (a * a / (nc - 1) + b * b / (nt - 1))
+    half = t_ppf(0.5 + level / 2.0, df) * math.sqrt(a + b)
+    return 100.0 * math.expm1(d - half), 100.0 * math.expm1(d + half)
+
+
 def _welch_ratio(xc: list[float], xt: list[float], level: float) -> tuple[float, float] | None:
     """Interval of 100 * (mean(t) / mean(c) - 1): Welch df, delta-method variance."""
     mc, mt = mean(xc), mean(xt)
@@ -115,13 +137,16 @@ def effect(metric: str, control: Iterable[float], treatment: Iterable[float], *,
            level: float = LEVEL) -> Effect:
     """The effect of one metric from values per unit (see the module docstring).
 
-    ``stat`` defaults to the mean for repetitions (the arm's value is the mean of its
-    repetitions) and the median for requests. Raises ValueError for an empty side.
+    ``stat`` defaults to the geometric mean for repetitions (the arithmetic mean when a
+    value is not positive) and the median for requests. Raises ValueError for an empty
+    side.
     """
     xc, xt = _clean(control), _clean(treatment)
     if not xc or not xt:
         raise ValueError(f"{metric}: an effect needs values on both sides")
-    stat = stat or (mean if unit == "repetition" else median)
+    positive = min(xc + xt) > 0
+    if stat is None:
+        stat = median if unit == "request" else geometric_mean if positive else mean
     c, t = stat(xc), stat(xt)
     base = dict(metric=metric, control=c, treatment=t, change_pct=_rel(c, t),
                 n_control=len(xc), n_treatment=len(xt), unit=unit, level=level)
@@ -130,11 +155,14 @@ def effect(metric: str, control: Iterable[float], treatment: Iterable[float], *,
     p = None
     few = min(len(xc), len(xt))
     if unit == "repetition" and few < MIN_BOOTSTRAP_UNITS:
-        if few >= 2 and stat is mean:
+        iv = None
+        if few >= 2 and stat is geometric_mean:
+            iv = _welch_log(xc, xt, level)
+        elif few >= 2 and stat is mean:
             iv = _welch_ratio(xc, xt, level)
-            if iv is not None:
-                lo, hi = iv
-                method = "t-interval"
+        if iv is not None:
+            lo, hi = iv
+            method = "t-interval"
     elif few >= 2 and c != 0:
         _, lo, hi = bootstrap_ci(xc, xt, stat=stat, n_boot=N_BOOT, seed=SEED, conf=level,
                                  relative=True)

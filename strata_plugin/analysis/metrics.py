@@ -458,6 +458,8 @@ AB_HEADLINE = (
     "ttft_p95_ms",
     "e2e_p95_ms",
 )
+#: Interference figures (``analysis/interference.py``) compared per repetition beside them.
+AB_INTERFERENCE = ("stall_with_prefill_ms_per_request", "stall_ms_per_request")
 #: Per-request metrics compared request by request (A/B details, run against run,
 #: benchmark.json entries).
 REQUEST_COMPARED = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -469,6 +471,8 @@ LABELS = {
     "ttfb": "TTFB",
     "tpot": "TPOT",
     "output_tok_s": "output tok/s",
+    "stall_with_prefill_ms_per_request": "stall with a prefill in flight, per decode request (ms)",
+    "stall_ms_per_request": "stall, all, per decode request (ms)",
 }
 
 

@@ -345,6 +345,35 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "factor",
         "[inferred] confidence multiplier per unmeasured collector a rule needed",
     ),
+    # --- prefill-decode interference from the token stream (analysis/interference.py) ---
+    Threshold(
+        "prefill_stall_frac",
+        0.1,
+        "of decode time",
+        "[inferred] decode requests lost a tenth of their decode time to stalls (gaps past "
+        "3x the median time per token) while a prefill was in flight",
+    ),
+    Threshold(
+        "prefill_stall_share",
+        0.5,
+        "of stall time",
+        "[inferred] most stall time coincided with a prefill in flight: a stall with no "
+        "prefill in flight is not interference",
+    ),
+    Threshold(
+        "ab_prefill_stall_ratio",
+        2.0,
+        "ratio",
+        "[inferred] an A/B treatment's stall time with a prefill in flight, per decode "
+        "request, at least twice its control's",
+    ),
+    Threshold(
+        "ab_tail_pace_rise",
+        0.2,
+        "ratio",
+        "[inferred] the treatment's TPOT p95 over its control's (geometric mean of the "
+        "control's repetitions), minus 1: the stalls reach the tail pace",
+    ),
 )
 _BY_NAME = {t.name: t for t in THRESHOLDS}
 
@@ -432,6 +461,10 @@ SIGNAL_SOURCES: dict[str, str] = {
     "preemptions": "prom:num_preemptions_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
     "chunk_gap_p99_p50": "requests: chunk gaps",
+    "prefill_stall_frac": "requests: token events against dispatch..first token of prefills",
+    "prefill_stall_share": "requests: token events against dispatch..first token of prefills",
+    "ab_prefill_stall_ratio": "requests: this arm's stalls against its A/B control's",
+    "ab_tail_pace_rise": "requests: TPOT p95 against the A/B control's repetitions",
     "inflight_frac": "requests: dispatched..done windows",
     "client_bound": "cases.jsonl: client_bound (load generator self-check)",
 }
@@ -502,6 +535,12 @@ class WindowSignals:
     preemptions: float | None = None
     server_queue_frac: float | None = None
     chunk_gap_p99_p50: float | None = None
+    # prefill-decode interference (analysis/interference.py); ab_*: against the A/B
+    # control, only for a treatment arm
+    prefill_stall_frac: float | None = None
+    prefill_stall_share: float | None = None
+    ab_prefill_stall_ratio: float | None = None
+    ab_tail_pace_rise: float | None = None
     concurrency: int | None = None
     inflight_frac: float | None = None
     client_bound: bool | None = None
@@ -580,7 +619,14 @@ SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "clie
 #: Signals the load generator itself measures (its clock, its reads of the stream). When
 #: its self-check flags it, they describe the client's delays as much as the server's,
 #: so they are not trusted for that window: the rules that need them are unassessable.
-CLIENT_MEASURED = ("server_queue_frac", "inflight_frac", "chunk_gap_p99_p50")
+CLIENT_MEASURED = (
+    "server_queue_frac",
+    "inflight_frac",
+    "chunk_gap_p99_p50",
+    "prefill_stall_frac",
+    "prefill_stall_share",
+    "ab_prefill_stall_ratio",
+)
 
 #: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
 #: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
@@ -1139,13 +1185,37 @@ def rule_kv_cache(s: WindowSignals) -> _Outcome:
 
 
 def rule_interference(s: WindowSignals) -> _Outcome:
+    """Decode streams stalled while a prefill was in flight.
+
+    A treatment of an A/B group is judged against its control: its stall time with a
+    prefill in flight must be a multiple of the control's and its tail pace must rise.
+    A case without a control must show that its stalls coincide with prefills: a stall
+    with no prefill in flight (a busy host, a slow client) is not interference.
+    """
     r = _Rule("prefill_decode_interference", s)
     if (s.concurrency or 1) < 2:
         return r.o  # one request at a time: no prompt can arrive mid-decode
-    if not r.need("chunk_gap_p99_p50"):
-        return r.unassessable("per-request chunk gaps (requests.jsonl events)")
-    if r.cmp("chunk_gap_p99_p50", ">=", "chunk_gap_p99_p50"):
-        return r.fire(_m(s, "chunk_gap_p99_p50", "chunk_gap_p99_p50"))
+    if not r.need("prefill_stall_frac", "prefill_stall_share"):
+        return r.unassessable("per-request token events (requests.jsonl events)")
+    frac = r.cmp("prefill_stall_frac", ">=", "prefill_stall_frac")
+    if s.ab_prefill_stall_ratio is not None:
+        ratio = r.cmp("ab_prefill_stall_ratio", ">=", "ab_prefill_stall_ratio")
+        tail = s.ab_tail_pace_rise is not None and r.cmp(
+            "ab_tail_pace_rise", ">=", "ab_tail_pace_rise"
+        )
+        if frac and ratio and tail:
+            return r.fire(
+                _m(s, "prefill_stall_frac", "prefill_stall_frac"),
+                _m(s, "ab_prefill_stall_ratio", "ab_prefill_stall_ratio"),
+                _m(s, "ab_tail_pace_rise", "ab_tail_pace_rise"),
+            )
+        return r.o
+    share = r.cmp("prefill_stall_share", ">=", "prefill_stall_share")
+    if frac and share:
+        return r.fire(
+            _m(s, "prefill_stall_frac", "prefill_stall_frac"),
+            _m(s, "prefill_stall_share", "prefill_stall_share"),
+        )
     return r.o
 
 

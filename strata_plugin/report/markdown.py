@@ -13,7 +13,11 @@ from typing import Any
 
 from strata_plugin.analysis.ab_groups import ArmDelta, ArmEffects, ShaPair
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
-from strata_plugin.analysis.metrics import AB_HEADLINE, PERCENTILE_METHOD, metric_label
+from strata_plugin.analysis.metrics import (
+    AB_HEADLINE,
+    PERCENTILE_METHOD,
+    metric_label,
+)
 from strata_plugin.analysis.rails import RailsReport
 from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import THRESHOLDS, Verdict
@@ -416,6 +420,52 @@ def ab_effects_md(ae: ArmEffects) -> str:
     return "".join(out)
 
 
+def interference_md(d: ReportData, g: AbGroup) -> str:
+    """Per repetition: the injected prefill, who overlapped it, and what it cost them."""
+    by_id = {a.case_id: a for a in d.analyses}
+    rows = []
+    for arm, cases in g.arms:
+        for cid in cases:
+            a = by_id.get(cid)
+            i = a.interference if a is not None else None
+            if i is None or not i.n_decode:
+                continue
+            rows.append((
+                arm,
+                f"`{cid}`",
+                i.injected_ms,
+                i.injected_server_prompt_ms,
+                f"{i.n_overlapping}/{i.n_decode}" if i.injected_id else "-",
+                i.interference_factor,
+                fmt_pair(i.ms_per_token_outside, i.ms_per_token_inside) if i.injected_id else "-",
+                i.stall_injected_ms_per_request,
+                i.stall_prefill_ms_per_request,
+                i.stall_no_prefill_ms_per_request,
+                f"{md_num(i.longest_stall_ms)} ({i.longest_stall_during})",
+                i.tokens_lost,
+            ))
+    if not rows:
+        return ""
+    return (
+        "\n#### Interference\n\nThe injected prefill is in flight from its dispatch to "
+        "its first token (server prompt ms: llama.cpp `timings.prompt_ms`). A stall is a gap "
+        "past 3x the case's median time per token, counted beyond that median, and is "
+        "charged to what was in flight: the injected prefill, another request's prefill, "
+        "or none (not interference). Interference factor: ms per token in gaps overlapping "
+        "the injected prefill over ms per token outside it, minus 1. Tokens lost: what the "
+        "load would have produced during the injected prefill at its pace outside it, "
+        "minus what it produced.\n\n"
+        + md_table(
+            ("arm", "case", "injected prefill (ms)", "server prompt (ms)",
+             "decode requests overlapping", "interference factor",
+             "ms/token outside -> inside", "stall/request: injected (ms)",
+             "stall/request: other prefill (ms)", "stall/request: no prefill (ms)",
+             "longest stall (ms, during)", "tokens lost"),
+            rows,
+        )
+    )
+
+
 def ab_section(d: ReportData) -> str:
     if not d.ab:
         return "\n## A/B comparisons\n\nNo case of this run carries an `ab_group`.\n"
@@ -427,6 +477,7 @@ def ab_section(d: ReportData) -> str:
             out.append("Only one arm ran.\n")
         for ae in g.effects:
             out.append(ab_effects_md(ae))
+        out.append(interference_md(d, g))
         if g.deltas:
             out.append(
                 "\n<details><summary>Request by request (requests pooled over repetitions)"

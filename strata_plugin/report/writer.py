@@ -257,7 +257,9 @@ def write_report(run_dir: Path | str) -> Path:
                 arms,
                 arm_deltas(bundle, group, arms),
                 same_output_pairs(bundle, group, arms),
-                group_effects(group, arms, case_metrics),
+                group_effects(
+                    group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
+                ),
             )
         )
 

@@ -25,7 +25,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import requests
@@ -54,6 +54,7 @@ class _Body:
         "drained",
         "error",
         "finished",
+        "first_seen",
         "last_ns",
         "over",
         "pre",
@@ -87,6 +88,7 @@ class _Body:
         self.error: StreamError | None = None
         self.reusable = False
         self.over = False  # the loop is done with it (finished is set a little later)
+        self.first_seen = False  # its first token was reported to on_first_token
         self.finished = threading.Event()
         self.attempt: Attempt | None = None
         self.resp: requests.Response | None = None
@@ -109,7 +111,11 @@ class StreamMux:
     number of threads at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_first_token: Callable[[str, int], None] | None = None) -> None:
+        #: Called from the loop thread with (request id, arrival ns) when a stream's first
+        #: token arrives: lets a caller act on the load's state (an injection placed in
+        #: steady-state decode) while it runs. It must be quick and must not raise.
+        self.on_first_token = on_first_token
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -279,6 +285,10 @@ class StreamMux:
                 body.drained += len(chunk)
             if chunk:
                 core.feed(chunk, now)
+                if core.events and not body.first_seen and self.on_first_token is not None:
+                    body.first_seen = True
+                    if body.attempt is not None:
+                        self.on_first_token(body.attempt.spec.request_id, core.events[0].t_ns)
             if dec is not None and dec.complete:
                 core.end_of_body(now)
                 body.reusable = dec.extra == 0
