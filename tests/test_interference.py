@@ -9,8 +9,10 @@ import pytest
 from strata_plugin.analysis.interference import analyze, signals
 from strata_plugin.analysis.rules import classify
 from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent
-from strata_plugin.load.case_runner import Injection, _InjectionClock
-from strata_plugin.load.workload import Workload
+from strata_plugin.load.case_runner import CaseRunner, CaseSetup, Injection, _InjectionClock
+from strata_plugin.load.client import Timeouts
+from strata_plugin.load.workload import TokenSpace, Workload
+from tests.sse_script_server import Reply, ScriptServer, Seen, sse
 from tests.test_attribution import CPU_CLEAN
 
 MS = 1_000_000
@@ -126,3 +128,38 @@ def test_injection_clock_waits_for_every_stream():
         Injection(Workload("w", isl=8, osl=1), 0.5, after="middle")
     with pytest.raises(ValueError, match=">= 0"):
         Injection(Workload("w", isl=8, osl=1), -1.0)
+
+
+def _slow_llama(seen: Seen) -> Reply:
+    """llama.cpp /completion: 20 tokens 20 ms apart (a stream lives ~0.4 s)."""
+    if seen.method == "GET":
+        return Reply([(0.0, b"ok")], framing="length", content_type="text/plain")
+    n_out = min(20, seen.json["n_predict"])
+    items = [(0.02, sse({"content": "ab", "tokens": [400 + i], "stop": False}))
+             for i in range(n_out)]
+    items.append((0.0, sse({"content": "", "stop": True, "stop_type": "limit",
+                            "tokens_predicted": n_out,
+                            "timings": {"prompt_n": len(seen.json["prompt"]),
+                                        "prompt_ms": 5.0, "predicted_n": n_out}})))
+    return Reply(items)
+
+
+def test_injection_lands_a_fixed_delay_after_every_stream_has_a_first_token():
+    marks, lines = [], []
+    with ScriptServer(_slow_llama) as srv:
+        runner = CaseRunner(
+            CaseSetup(base_url=srv.url, api="llamacpp", config_id="c",
+                      token_space=TokenSpace(300, 1000), timeouts=Timeouts(read_s=10)),
+            record=lambda r: None, mark=lambda *m: marks.append(m), add_case=lines.append)
+        w = Workload("decode", isl=8, osl=20, concurrency=4, requests=4, warmups=0)
+        res = runner.run(w, inject=Injection(Workload("inj", isl=64, osl=1), 0.1))
+    assert not res.problems, res.problems
+    placed = lines[-1]["injection"]
+    firsts = sorted(min(e.t_ns for e in r.events) for r in res.records)
+    assert placed["after"] == "first_tokens" and placed["steady_mono_ns"] == firsts[-1]
+    (inj,) = res.injected
+    delay_s = (inj.dispatched_ns - placed["steady_mono_ns"]) / 1e9
+    assert 0.09 < delay_s < 0.3, delay_s  # the offset, a scheduler's slack at most
+    assert inj.dispatched_ns < min(r.done_ns for r in res.records)  # in steady decode
+    names = {m[1] for m in marks if m[0] == "event"}
+    assert {"decode_steady", f"inject:{inj.request_id}"} <= names

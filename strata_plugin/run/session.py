@@ -266,7 +266,7 @@ class StrataSession:
         interval = self.cfg.profile.telemetry.interval_s
         due = time.monotonic() + interval
         deadline = due + (timeout_s if timeout_s is not None else 2 * interval + 1.0)
-        while any(h.alive() and h.last_line_mono < due for h in block.agents):
+        while any(h.alive and h.last_line_mono < due for h in block.agents):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)

@@ -54,7 +54,6 @@ class _Body:
         "drained",
         "error",
         "finished",
-        "first_seen",
         "last_ns",
         "over",
         "pre",
@@ -88,7 +87,6 @@ class _Body:
         self.error: StreamError | None = None
         self.reusable = False
         self.over = False  # the loop is done with it (finished is set a little later)
-        self.first_seen = False  # its first token was reported to on_first_token
         self.finished = threading.Event()
         self.attempt: Attempt | None = None
         self.resp: requests.Response | None = None
@@ -112,8 +110,9 @@ class StreamMux:
     """
 
     def __init__(self, on_first_token: Callable[[str, int], None] | None = None) -> None:
-        #: Called from the loop thread with (request id, arrival ns) when a stream's first
-        #: token arrives: lets a caller act on the load's state (an injection placed in
+        #: Called with (request id, arrival ns) when a stream's first token arrives, from
+        #: whichever thread reads it (this loop, or the caller's for a stream read in
+        #: place): lets a caller act on the load's state (an injection placed in
         #: steady-state decode) while it runs. It must be quick and must not raise.
         self.on_first_token = on_first_token
         self._sel = selectors.DefaultSelector()
@@ -158,6 +157,9 @@ class StreamMux:
         headers: Mapping[str, str] | None = None,
     ) -> RequestRecord:
         a = Attempt(session, base_url, api, spec, scheduled_ns, timeouts, headers)
+        if self.on_first_token is not None:
+            cb, rid = self.on_first_token, spec.request_id
+            a.core.on_first_token = lambda t_ns: cb(rid, t_ns)
         resp = a.open()
         if resp is None:
             return a.record()
@@ -285,10 +287,6 @@ class StreamMux:
                 body.drained += len(chunk)
             if chunk:
                 core.feed(chunk, now)
-                if core.events and not body.first_seen and self.on_first_token is not None:
-                    body.first_seen = True
-                    if body.attempt is not None:
-                        self.on_first_token(body.attempt.spec.request_id, core.events[0].t_ns)
             if dec is not None and dec.complete:
                 core.end_of_body(now)
                 body.reusable = dec.extra == 0
