@@ -144,7 +144,7 @@ def test_summary_json_is_sorted_and_plain(cpu_report):
 def test_pngs_open_and_omit_empty_panels(cpu_report, gpu_report):
     import matplotlib.image as mpimg
 
-    for run, n in ((cpu_report, 5), (gpu_report, 3)):
+    for run, n in ((cpu_report, 6), (gpu_report, 3)):  # cpu: 4 cases, run, A/B group
         pngs = sorted((run / "plots").glob("*.png"))
         assert len(pngs) == n
         for p in pngs:
@@ -279,6 +279,7 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
     assert "95% t-interval, 2/2 repetitions" in text
     assert text.index("e2e p95 (ms)") < text.index("Request by request")
     assert (run / "plots" / "case-mixed_control_0.png").exists()
+    assert (run / "plots" / "ab-mixed.png").exists() and "(plots/ab-mixed.png)" in text
 
 
 def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):

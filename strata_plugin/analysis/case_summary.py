@@ -249,7 +249,9 @@ def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
         return None
 
 
-def the_verdict(raw: dict[str, Any], sig: WindowSignals) -> Verdict:
+def the_verdict(
+    raw: dict[str, Any], sig: WindowSignals, inter: interference.Interference | None = None
+) -> Verdict:
     """One verdict per case: the one recorded at the case's end, else computed now.
 
     Recomputing later could differ (samples written after the case ended, an A/B
@@ -257,6 +259,8 @@ def the_verdict(raw: dict[str, Any], sig: WindowSignals) -> Verdict:
     stands, with a note when the files now say otherwise.
     """
     fresh = classify(sig)
+    if inter is not None and "prefill_decode_interference" in fresh.classes + fresh.also_flagged:
+        fresh = replace(fresh, notes=(*fresh.notes, f"interference: {inter.line()}"))
     kept = recorded_verdict(raw)
     if kept is None:
         return fresh
@@ -350,7 +354,7 @@ def analyze_case(
         headline=headline(cm),
         hw=tuple(hw),
         signals=sig,
-        verdict=the_verdict(info.raw, sig),
+        verdict=the_verdict(info.raw, sig, inter),
         energy=_energy(hw, cm),
         info=dict(info.raw),
         rails=rep,

@@ -1354,7 +1354,7 @@ def classify(s: WindowSignals) -> Verdict:
     if ordered:
         top = ordered[:2]
         conf = max(_class_confidence(o) for o in top[:1]) * penalty
-        traces = tuple(sorted({o.trace for o in unassessed if o.trace}))
+        traces = _in_question(unassessed, s)
         return Verdict(
             classes=tuple(o.cls for o in top),
             evidence=_evidence(top + [outcomes[c] for c in modifiers]),
@@ -1402,10 +1402,19 @@ def classify(s: WindowSignals) -> Verdict:
         evidence=_evidence(clear),
         confidence=_round(conf),
         inconclusive=False,
-        finer_trace=tuple(sorted({o.trace for o in unassessed if o.trace})),
+        finer_trace=_in_question(unassessed, s),
         missing_signals=missing_text,
         notes=(*notes, "no dominant bottleneck: no rule had all its conditions met"),
     )
+
+
+def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...]:
+    """Finer traces for the unassessed classes that could matter in this window: a
+    one-node run serves over loopback, so no network class is in question there."""
+    return tuple(sorted({
+        o.trace for o in unassessed
+        if o.trace and not (o.cls == "network" and not s.multi_node)
+    }))
 
 
 def _rank(fired: list[_Outcome]) -> list[_Outcome]:

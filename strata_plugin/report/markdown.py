@@ -7,6 +7,7 @@ clock, so the same inputs always give the same document.
 
 from __future__ import annotations
 
+import html
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ class AbGroup:
     deltas: list[ArmDelta]
     pairs: list[ShaPair]
     effects: list[ArmEffects] = field(default_factory=list)
+    plot: str = ""  # plots/<name>: request timeline, inter-token ECDF, per repetition
 
 
 @dataclass
@@ -89,7 +91,13 @@ def header(d: ReportData) -> str:
     ]
     if m.get("incomplete_reason"):
         rows.append(("incomplete", m["incomplete_reason"]))
-    out = [f"# Strata report: {d.bundle.run_id}\n", md_table(("", ""), rows)]
+    return f"# Strata report: {d.bundle.run_id}\n" + md_table(("", ""), rows)
+
+
+def run_details(d: ReportData) -> str:
+    """Servers, nodes, versions and collectors: collapsed, for whoever needs them."""
+    m = d.bundle.manifest
+    out = ["\n<details><summary>Servers, nodes, versions, collectors</summary>\n"]
     servers = m.get("servers") or (
         {"server": m["server"]} if isinstance(m.get("server"), dict) else {}
     )
@@ -156,7 +164,67 @@ def header(d: ReportData) -> str:
         if unavailable
         else "Every collector ran.\n"
     )
+    out.append("\n</details>\n")
     return "".join(out)
+
+
+def _deciding(v: Verdict) -> str:
+    """The one piece of evidence that decided the verdict, in a few words."""
+    if v.inconclusive:
+        return (v.notes[-1] if v.notes else "inconclusive")[:160]
+    parts = []
+    for cls in v.classes:
+        e = next((e for e in v.evidence if e.cls == cls and e.met), None)
+        if e is not None and cls != "headroom":
+            parts.append(f"{e.metric} {md_num(e.value)} {e.op} {md_num(e.threshold_value)} "
+                         f"{e.unit}")
+    return "; ".join(parts) or "no rule past its threshold"
+
+
+def _geo(xs: list[float]) -> float | None:
+    import math
+
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _vs_control(d: ReportData) -> dict[str, str]:
+    """case id -> its output tok/s and TPOT p95 change against its A/B control."""
+    out = {}
+    for g in d.ab:
+        for ae in g.effects:
+            ref = [v for arm, _, v in ae.per_repetition if arm == ae.control_arm]
+            base = {m: _geo([v[m] for v in ref if m in v]) for m in ("output_tok_s", "tpot_p95_ms")}
+            for arm, cid, v in ae.per_repetition:
+                if arm == ae.control_arm:
+                    out[cid] = f"{arm} (reference)"
+                    continue
+                parts = [
+                    f"{label} {100 * (v[m] / base[m] - 1):+.1f}%"
+                    for m, label in (("output_tok_s", "tok/s"), ("tpot_p95_ms", "TPOT p95"))
+                    if m in v and base[m]
+                ]
+                out[cid] = f"vs {ae.control_arm}: " + ", ".join(parts) if parts else "-"
+    return out
+
+
+def summary_section(d: ReportData) -> str:
+    """One line per case: verdict, what decided it, the headline and its change."""
+    vs = _vs_control(d)
+    rows = []
+    for a in d.analyses:
+        cm = a.metrics
+        head = ", ".join(
+            f"{label} {md_num(x)}"
+            for label, x in (("output tok/s", cm.output_tok_s), ("TPOT p95 ms", cm.tpot.p95),
+                             ("TTFT p95 ms", cm.ttft.p95))
+            if x is not None
+        )
+        rows.append((f"[`{a.case_id}`](#{_anchor(a)})", a.verdict.summary() or "none",
+                     _deciding(a.verdict), head or "-", vs.get(a.case_id, "-")))
+    return "\n## Summary\n\n" + md_table(
+        ("case", "verdict", "decided by", "headline", "change"), rows
+    )
 
 
 def limits(d: ReportData) -> str:
@@ -397,7 +465,7 @@ def ab_effects_md(ae: ArmEffects) -> str:
     out = [
         f"**{ae.treatment_arm}** against **{ae.control_arm}**: one value per repetition "
         f"({e0.n_control} {ae.control_arm}, {e0.n_treatment} {ae.treatment_arm}); the arm's "
-        "value is the mean of its repetitions; the interval resamples repetitions "
+        "value is the geometric mean of its repetitions; the interval resamples repetitions "
         "(t-interval under 8 a side, else bootstrap).\n\n",
         md_table(
             ("metric", ae.control_arm, ae.treatment_arm, "change", "interval", "interval is"),
@@ -477,6 +545,11 @@ def ab_section(d: ReportData) -> str:
             out.append("Only one arm ran.\n")
         for ae in g.effects:
             out.append(ab_effects_md(ae))
+        if g.plot:
+            out.append(
+                f"\n![A/B group {g.group}: request timeline, inter-token time, per repetition]"
+                f"(plots/{g.plot})\n"
+            )
         out.append(interference_md(d, g))
         if g.deltas:
             out.append(
@@ -563,16 +636,25 @@ def run_timeline(d: ReportData) -> str:
 def thresholds_section() -> str:
     return (
         "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/analysis/rules.py`, `THRESHOLDS`).\n\n"
+        "(`strata_plugin/analysis/rules.py`, `THRESHOLDS`).\n\n<details><summary>"
+        f"{len(THRESHOLDS)} thresholds</summary>\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],
         )
+        + "\n</details>\n"
     )
 
 
 def render(d: ReportData) -> str:
-    parts = [header(d), limits(d), summary_table(d), "\n## Cases\n"]
-    parts.extend(case_section(d, a) for a in d.analyses)
-    parts.extend([ab_section(d), run_timeline(d), thresholds_section()])
+    """Read in a minute: the summary, then the A/B groups, then the details (collapsed)."""
+    parts = [header(d), summary_section(d), ab_section(d), limits(d), summary_table(d),
+             run_details(d), "\n## Cases\n"]
+    for a in d.analyses:
+        parts.append(
+            f"\n<details><summary>{html.escape(a.case_id)}: "
+            f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
+            + case_section(d, a) + "\n</details>\n"
+        )
+    parts.extend([run_timeline(d), thresholds_section()])
     return "".join(parts)

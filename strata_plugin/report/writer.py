@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis.ab_groups import (
+    Arm,
     ab_groups,
     arm_deltas,
     group_effects,
+    repetition_values,
     same_output_pairs,
 )
 from strata_plugin.analysis.case_summary import (
@@ -30,7 +32,7 @@ from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots
+from strata_plugin.report import ab_plots, plots
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
@@ -119,6 +121,25 @@ def _case_plot(
         requests=spans,
     )
     return name, omitted
+
+
+def _ab_plot(
+    bundle: RunBundle, analyses: list[CaseAnalysis], group: str, arms: list[Arm], out_dir: Path
+) -> str:
+    """The group's timeline, ECDF and per-repetition picture; its file name, or ""."""
+    by_id = {a.case_id: a for a in analyses}
+    reps = [
+        ab_plots.Repetition(
+            arm,
+            cid,
+            tuple(r for r in bundle.records.get(cid, []) if r.phase in ("measured", "injected")),
+            repetition_values(by_id[cid].metrics) if cid in by_id else {},
+        )
+        for arm, cases in arms
+        for cid in cases
+    ]
+    name = f"ab-{_safe(group)}.png"
+    return name if arms and ab_plots.render_group(out_dir / name, group, reps, arms[0][0]) else ""
 
 
 def _run_plot(
@@ -260,6 +281,7 @@ def write_report(run_dir: Path | str) -> Path:
                 group_effects(
                     group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
                 ),
+                _ab_plot(bundle, analyses, group, arms, plot_dir),
             )
         )
 
