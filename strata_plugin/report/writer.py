@@ -112,6 +112,21 @@ def _case_plot(
     if not panels:
         return "", omitted
     spans = plots.request_spans(request_intervals(bundle, a.case_id), w.start_ns, start, end)
+    anchor = bundle.anchor
+    req = (
+        plots.request_panel(bundle.records.get(a.case_id, []), w.start_ns, anchor.to_wall_ns)
+        if anchor is not None
+        else None
+    )
+    if req is not None:
+        panels = [req, *panels]
+    marks = [
+        plots.Span((m.start_wall_ns - w.start_ns) / 1e9, (m.end_wall_ns - w.start_ns) / 1e9,
+                   m.name if m.kind == "event" else "warmup")
+        for m in bundle.markers
+        if m.case_id == a.case_id
+        and (m.kind == "warmup" or (m.kind == "event" and m.name.startswith("inject")))
+    ]
     plots.render(
         out_dir / name,
         panels,
@@ -119,6 +134,7 @@ def _case_plot(
         ((start - w.start_ns) / 1e9, (end - w.start_ns) / 1e9),
         shaded=[plots.Span(0.0, w.duration_s)],
         requests=spans,
+        marks=marks,
     )
     return name, omitted
 
