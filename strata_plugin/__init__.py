@@ -9,7 +9,7 @@ nothing until a case uses them.
 * ``ABArm``: marks a case as one arm of an A/B group (``strata.run(w, ab=ABArm(...))``).
 * ``CaseResult`` / ``CaseRunner``: what ``strata.run`` returns / what ``strata`` is.
 * ``Effect``, ``effect``, ``mixed_effects``, ``outputs_identical``: A/B effects with
-  95% intervals.
+  95% intervals that name their unit of resampling (repetitions, or requests).
 * ``json_fields``, ``code_passes``, ``extract_code``: output validators.
 * fixtures ``strata`` (the case runner), ``strata_server`` (the server of one
   configuration), ``strata_session``, ``strata_config``.
@@ -22,12 +22,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:
-    from strata_plugin.analysis.ab_effects import (
-        Effect,
-        effect,
-        mixed_effects,
-        outputs_identical,
-    )
+    from strata_plugin.analysis.ab_groups import mixed_effects, outputs_identical
+    from strata_plugin.analysis.effects import Effect, effect
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
     from strata_plugin.load.validators import code_passes, extract_code, json_fields
     from strata_plugin.load.workload import Workload
@@ -38,10 +34,10 @@ _WHERE = {
     "ABArm": "strata_plugin.load.case_runner",
     "CaseResult": "strata_plugin.load.case_runner",
     "CaseRunner": "strata_plugin.load.case_runner",
-    "Effect": "strata_plugin.analysis.ab_effects",
-    "effect": "strata_plugin.analysis.ab_effects",
-    "mixed_effects": "strata_plugin.analysis.ab_effects",
-    "outputs_identical": "strata_plugin.analysis.ab_effects",
+    "Effect": "strata_plugin.analysis.effects",
+    "effect": "strata_plugin.analysis.effects",
+    "mixed_effects": "strata_plugin.analysis.ab_groups",
+    "outputs_identical": "strata_plugin.analysis.ab_groups",
     "json_fields": "strata_plugin.load.validators",
     "code_passes": "strata_plugin.load.validators",
     "extract_code": "strata_plugin.load.validators",

@@ -51,6 +51,8 @@ CPU_CLEAN = WindowSignals(
     preemptions=0.0,
     server_queue_frac=0.05,
     chunk_gap_p99_p50=1.3,
+    prefill_stall_frac=0.01,
+    prefill_stall_share=0.2,
     concurrency=4,
     inflight_frac=0.98,
     client_bound=False,
@@ -160,7 +162,11 @@ ALONE = [
     ("input_starved", CPU_CLEAN, dict(inflight_frac=0.4)),
     ("queueing", CPU_CLEAN, dict(waiting_mean=6.0, server_queue_frac=0.8)),
     ("kv_cache_capacity", CPU_CLEAN, dict(kv_usage_max=0.99, preemptions=12.0)),
-    ("prefill_decode_interference", CPU_CLEAN, dict(chunk_gap_p99_p50=8.0)),
+    (
+        "prefill_decode_interference",
+        CPU_CLEAN,
+        dict(prefill_stall_frac=0.4, prefill_stall_share=0.9),
+    ),
     ("client_bound", CPU_CLEAN, dict(client_bound=True)),
     (
         "gpu_compute",
@@ -275,7 +281,9 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
     """A starved load generator inflates client-side TTFT (queueing), leaves the server
     idle (input_starved) and delays its reads of the stream (chunk gaps): none of that
     is the server's doing, and a contradiction between the first two must not hide it."""
-    starved = dict(server_queue_frac=0.9, inflight_frac=0.45, chunk_gap_p99_p50=9.0)
+    starved = dict(
+        server_queue_frac=0.9, inflight_frac=0.45, prefill_stall_frac=0.5, prefill_stall_share=0.9
+    )
     without_flag = v(CPU_CLEAN, **starved)
     assert without_flag.inconclusive  # what the same numbers say when nobody flags the client
     verdict = v(CPU_CLEAN, **starved, client_bound=True)
@@ -285,7 +293,13 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
     )
     untrusted = [m for m in verdict.missing_signals if "not trusted" in m]
     assert sorted(m.split(" ", 1)[0] for m in untrusted) == sorted(
-        ["server_queue_frac", "inflight_frac", "chunk_gap_p99_p50"]
+        [
+            "server_queue_frac",
+            "inflight_frac",
+            "chunk_gap_p99_p50",
+            "prefill_stall_frac",
+            "prefill_stall_share",
+        ]
     )
     assert any("fell behind" in n for n in verdict.notes)
 

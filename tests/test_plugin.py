@@ -97,6 +97,7 @@ def test_attach_select_and_junit(project):
     props = {p.get("name"): p.get("value")
              for p in cases["test_decode[default]"].iter("property")}
     assert props["n_ok"] == "4" and props["n_errors"] == "0"
+    assert props["case_id"] == "test_cases.py::test_decode[default]"  # the pytest node id
     assert float(props["tpot_p50_ms"]) == pytest.approx(5.0, abs=2.5)
     assert props["strata_run_dir"].endswith("r1")
     run = project.path / "reports" / "r1"

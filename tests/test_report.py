@@ -113,10 +113,11 @@ def test_ab_table_shows_request_level_deltas(cpu_report):
     assert "344.8 -> 1.96" in row
     assert "2800 -> 16" in row
     ab_json = summary(cpu_report)["ab"][0]
-    deltas = {d["metric"]: d for d in ab_json["deltas"]}
+    deltas = {d["effect"]["metric"]: d["effect"] for d in ab_json["deltas"]}
     cpu = deltas["proc_cpu_s"]
-    assert cpu["delta"] == pytest.approx(2.75 - 66.29, rel=0.03)
-    assert cpu["lo"] <= cpu["delta"] <= cpu["hi"] < 0
+    assert cpu["unit"] == "request" and cpu["level"] == 0.95
+    assert cpu["change_pct"] == pytest.approx(100 * (2.75 / 66.29 - 1), rel=0.03)
+    assert cpu["ci_lo_pct"] <= cpu["change_pct"] <= cpu["ci_hi_pct"] < 0
     assert cpu["p_value"] < 0.05
 
 
@@ -146,7 +147,7 @@ def test_summary_json_is_sorted_and_plain(cpu_report):
 def test_pngs_open_and_omit_empty_panels(cpu_report, gpu_report):
     import matplotlib.image as mpimg
 
-    for run, n in ((cpu_report, 5), (gpu_report, 3)):
+    for run, n in ((cpu_report, 6), (gpu_report, 3)):  # cpu: 4 cases, run, A/B group
         pngs = sorted((run / "plots").glob("*.png"))
         assert len(pngs) == n
         for p in pngs:
@@ -163,6 +164,8 @@ def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
     data = json.loads((cpu_report / "benchmark.json").read_text())
     names = {b["fullname"] for b in data["benchmarks"]}
     assert "strata::cpu_bound::ttft" in names
+    assert "strata::ab_control::control::e2e" in names  # an A/B arm is named
+    assert len({b["name"] for b in data["benchmarks"]}) == len(data["benchmarks"])
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     shutil.copy(cpu_report / "benchmark.json", a)
     shutil.copy(other / "benchmark.json", b)
@@ -177,7 +180,7 @@ def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "Failed to load" not in out.stdout + out.stderr
-    assert "cpu_bound::ttft" in out.stdout and "ab_control::e2e" in out.stdout
+    assert "cpu_bound::ttft" in out.stdout and "ab_control::control::e2e" in out.stdout
     assert "(0001)" not in out.stdout  # our files, not a .benchmarks folder
 
 
@@ -264,10 +267,22 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
             {"arm": "treatment", "cases": ["mixed/treatment/1", "mixed/treatment/2"]},
         ]
     ]
-    ttft = next(d for d in ab[0]["deltas"] if d["metric"] == "ttft_ms")
+    ttft = next(d["effect"] for d in ab[0]["deltas"] if d["effect"]["metric"] == "ttft_ms")
     assert (ttft["n_control"], ttft["n_treatment"]) == (12, 12)
-    assert ttft["rel"] == pytest.approx(1.0, rel=0.05)  # 6 s vs 3 s for the same requests
+    assert ttft["unit"] == "request"
+    assert ttft["change_pct"] == pytest.approx(100.0, rel=0.05)  # 6 s vs 3 s, same requests
+    # the first table: one value per repetition, 2 + 2, a t-interval that says so
+    (arm,) = ab[0]["effects"]
+    e2e = next(e for e in arm["effects"] if e["metric"] == "e2e_p95_ms")
+    assert (e2e["n_control"], e2e["n_treatment"], e2e["unit"]) == (2, 2, "repetition")
+    assert e2e["method"] == "t-interval" and e2e["change_pct"] == pytest.approx(100.0, rel=0.05)
+    assert [r[1] for r in arm["per_repetition"]] == [
+        "mixed/control/0", "mixed/control/3", "mixed/treatment/1", "mixed/treatment/2"]
+    text = (run / "report.md").read_text().split("## A/B comparisons")[1]
+    assert "95% t-interval, 2/2 repetitions" in text
+    assert text.index("e2e p95 (ms)") < text.index("Request by request")
     assert (run / "plots" / "case-mixed_control_0.png").exists()
+    assert (run / "plots" / "ab-mixed.png").exists() and "(plots/ab-mixed.png)" in text
 
 
 def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):

@@ -121,7 +121,7 @@ def test_compare_runs_and_cli(base_dir, tmp_path, capsys):
     assert rows[("new_case", "ttft_ms")].call == "only in B"
     assert compare_main([str(base_dir), str(other)]) == 0
     out = capsys.readouterr().out
-    assert "decode" in out and "worse" in out and "90% interval" in out
+    assert "decode" in out and "worse" in out and "95% interval (requests resampled)" in out
     assert compare_main([str(base_dir), str(other), "--json", "--metric", "e2e_ms"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert {x["metric"] for x in lines} == {"e2e_ms"}

@@ -67,7 +67,7 @@ def test_server_killed_mid_case_fails_that_case_and_the_next_restarts_it(tmp_pat
     m = run.manifest()
     assert m["restart_default"] == -9 and m["complete"] is True
     records = [json.loads(x) for x in (run.run_dir / "requests.jsonl").read_text().splitlines()]
-    failed = [r for r in records if r["case_id"].startswith("test_a_long") and r["error"]]
+    failed = [r for r in records if "::test_a_long" in r["case_id"] and r["error"]]
     assert failed and {r["error"]["cls"] for r in failed} <= {"reset", "connect",
                                                               "truncated_stream"}
     # The agent followed the restarted server: its process rows name a second PID.

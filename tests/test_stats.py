@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
+from strata_plugin.analysis.effects import compare
 from strata_plugin.analysis.stats import (
     Distribution,
     bootstrap_ci,
-    compare,
     distribution,
     mann_whitney_u,
     mean,

@@ -1,45 +1,126 @@
-"""A/B tables: arms of one group compared request by request, with intervals.
+"""A/B groups: arms compared repetition by repetition, then request by request.
 
-Cases carry ``ab_group`` and ``ab_arm`` in their ``cases.jsonl`` line. The first arm
-(``control`` when there is one, else the first by name) is the reference; every other
-arm is compared with it. Beside the latency deltas, the per-request server-process
-deltas (CPU seconds, major faults, MB read) are compared, and paired by output SHA:
-two arms that produced the same text did the same work, so their resource use can be
-compared one to one.
+Cases carry ``ab_group``, ``ab_arm`` and ``repetition`` in their ``cases.jsonl`` line
+(``ABArm``). The first arm (``control`` when there is one, else the first by name) is
+the reference; every other arm is compared with it. The first table is the seed
+experiment's metrics (``metrics.AB_HEADLINE``), one value per repetition, with
+intervals over repetitions (``effects``); the request-level rows below it resample
+requests and say so. Beside the latency deltas, the per-request server-process deltas
+(CPU seconds, major faults, MB read) are compared, and paired by output SHA: two arms
+that produced the same text did the same work, so their resource use can be compared
+one to one.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from strata_plugin.analysis.request_values import PROC_METRICS, proc_value, unit, values
+from strata_plugin.analysis.effects import Effect, effect
+from strata_plugin.analysis.interference import Interference, analyze
+from strata_plugin.analysis.metrics import (
+    AB_HEADLINE,
+    AB_INTERFERENCE,
+    REQUEST_COMPARED,
+    CaseMetrics,
+    headline,
+)
+from strata_plugin.analysis.request_values import PROC_METRICS, proc_value, values
 from strata_plugin.analysis.run_folder import RunBundle
-from strata_plugin.analysis.stats import bootstrap_ci, mann_whitney_u
 
-AB_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "proc_cpu_s", "proc_major_faults", "proc_read_mb")
-CONF = 0.95
+#: Request-level rows of the details table.
+AB_METRICS = (*REQUEST_COMPARED, *PROC_METRICS)
 
 
 @dataclass(frozen=True)
 class ArmDelta:
+    """One request-level row: a metric of one treatment arm against the control."""
+
+    group: str
+    control_arm: str
+    treatment_arm: str
+    effect: Effect  # unit "request": the arms' requests pooled, median, bootstrap
+
+
+@dataclass(frozen=True)
+class ArmEffects:
+    """The seed's metrics of one treatment arm against the control, repetitions as units."""
+
     group: str
     control_arm: str
     treatment_arm: str
     control_cases: tuple[str, ...]
     treatment_cases: tuple[str, ...]
-    metric: str
-    unit: str
-    n_control: int
-    n_treatment: int
-    control_median: float | None
-    treatment_median: float | None
-    delta: float | None  # median(treatment) - median(control)
-    lo: float | None  # 95% bootstrap interval of delta
-    hi: float | None
-    rel: float | None  # delta / median(control)
-    p_value: float | None  # two-sided Mann-Whitney
+    effects: tuple[Effect, ...]
+    #: (arm, case id, {metric: value}) per repetition, in run order
+    per_repetition: tuple[tuple[str, str, dict[str, float]], ...]
+
+    def get(self, metric: str) -> Effect | None:
+        return next((e for e in self.effects if e.metric == metric), None)
+
+
+def repetition_values(cm: CaseMetrics, inter: Interference | None = None) -> dict[str, float]:
+    """One repetition's values of the seed's metrics (those it defines), and its stalls."""
+    h = headline(cm)
+    out = {k: float(h[k]) for k in AB_HEADLINE if isinstance(h.get(k), (int, float))}
+    if inter is not None and inter.n_decode:
+        out.update((k, float(getattr(inter, k))) for k in AB_INTERFERENCE)
+    return out
+
+
+def arm_effects(
+    control: Sequence[CaseMetrics],
+    treatment: Sequence[CaseMetrics],
+    control_inter: Sequence[Interference | None] = (),
+    treatment_inter: Sequence[Interference | None] = (),
+) -> list[Effect]:
+    """The seed's metrics (and stalls, when given), treatment against control, one value
+    per repetition."""
+    vc = [repetition_values(cm, i) for cm, i in zip(control, _pad(control_inter, control),
+                                                     strict=True)]
+    vt = [repetition_values(cm, i) for cm, i in zip(treatment, _pad(treatment_inter, treatment),
+                                                     strict=True)]
+    out = []
+    for metric in (*AB_HEADLINE, *AB_INTERFERENCE):
+        a = [v[metric] for v in vc if metric in v]
+        b = [v[metric] for v in vt if metric in v]
+        if a and b:
+            out.append(effect(metric, a, b, unit="repetition"))
+    return out
+
+
+def _pad(xs: Sequence[Interference | None], like: Sequence[object]) -> list[Interference | None]:
+    return list(xs) if len(xs) == len(like) else [None] * len(like)
+
+
+def mixed_effects(control_runs, treatment_runs) -> list[Effect]:
+    """``arm_effects`` of two lists of ``CaseResult`` (what ``strata.ab_results`` gives),
+    stalls included (from each repetition's measured and injected records)."""
+    def inter(r) -> Interference:
+        return analyze(r.case_id, (*r.records, *r.injected))
+
+    return arm_effects(
+        [r.metrics for r in control_runs],
+        [r.metrics for r in treatment_runs],
+        [inter(r) for r in control_runs],
+        [inter(r) for r in treatment_runs],
+    )
+
+
+def outputs_identical(runs_a, runs_b) -> bool | None:
+    """Whether the same prompts gave the same output text (SHA-256) in both arms."""
+
+    def shas(runs):
+        return {r.request_id.rsplit("/", 1)[-1]: r.output_sha256
+                for run in runs for r in run.records if r.ok}
+
+    a, b = shas(runs_a), shas(runs_b)
+    common = set(a) & set(b)
+    if not common:
+        return None
+    return all(a[k] == b[k] for k in common)
 
 
 @dataclass(frozen=True)
@@ -82,7 +163,48 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def group_effects(
+    group: str,
+    arms: list[Arm],
+    metrics: Mapping[str, CaseMetrics],
+    inter: Mapping[str, Interference | None] | None = None,
+) -> list[ArmEffects]:
+    """Per treatment arm, the seed's metrics against the control (repetitions as units)."""
+    if len(arms) < 2:
+        return []
+    c_arm, c_cases = arms[0]
+    out = []
+    for t_arm, t_cases in arms[1:]:
+        inter = inter or {}
+        per_rep = tuple(
+            (arm, cid, repetition_values(metrics[cid], inter.get(cid)))
+            for arm, cases in ((c_arm, c_cases), (t_arm, t_cases))
+            for cid in cases
+            if cid in metrics
+        )
+        out.append(
+            ArmEffects(
+                group,
+                c_arm,
+                t_arm,
+                c_cases,
+                t_cases,
+                tuple(
+                    arm_effects(
+                        [metrics[c] for c in c_cases if c in metrics],
+                        [metrics[c] for c in t_cases if c in metrics],
+                        [inter.get(c) for c in c_cases if c in metrics],
+                        [inter.get(c) for c in t_cases if c in metrics],
+                    )
+                ),
+                per_rep,
+            )
+        )
+    return out
+
+
 def arm_deltas(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ArmDelta]:
+    """Request-level rows: the arms' requests pooled, medians, bootstrap over requests."""
     out = []
     if len(arms) < 2:
         return out
@@ -91,37 +213,8 @@ def arm_deltas(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ArmDelta]
         for metric in AB_METRICS:
             a = values(_records(bundle, c_case), metric, bundle.metrics_of)
             b = values(_records(bundle, t_case), metric, bundle.metrics_of)
-            if not a and not b:
-                continue
-            delta = lo = hi = rel = p = None
-            ma, mb = _median(a), _median(b)
-            if len(a) >= 2 and len(b) >= 2:
-                delta, lo, hi = bootstrap_ci(a, b, conf=CONF)
-                p = mann_whitney_u(a, b)
-            elif ma is not None and mb is not None:
-                delta = mb - ma
-            if delta is not None and ma:
-                rel = delta / ma
-            out.append(
-                ArmDelta(
-                    group,
-                    c_arm,
-                    t_arm,
-                    c_case,
-                    t_case,
-                    metric,
-                    unit(metric),
-                    len(a),
-                    len(b),
-                    ma,
-                    mb,
-                    delta,
-                    lo,
-                    hi,
-                    rel,
-                    p,
-                )
-            )
+            if a and b:
+                out.append(ArmDelta(group, c_arm, t_arm, effect(metric, a, b, unit="request")))
     return out
 
 

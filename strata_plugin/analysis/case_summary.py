@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis import rails
+from strata_plugin.analysis import interference, rails
 from strata_plugin.analysis.clocks import node_clocks
-from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
-from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
+from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline, ttft_ms
+from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
@@ -62,6 +62,32 @@ class CaseAnalysis:
     energy: Energy | None
     info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
+    interference: interference.Interference | None = None  # decode stalls against prefills
+
+    def hw_headline(self) -> dict[str, float]:
+        """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
+        GPU utilization (%), summed GPU power (W), throttled share, RDMA GB/s."""
+        s = self.signals
+        out: dict[str, float] = {}
+        for key, v, scale in (
+            ("hw_cpu_busy_cores", s.host_busy_cores, 1.0),
+            ("hw_server_cpu_cores", s.server_cpu_cores, 1.0),
+            ("hw_gpu_util_pct", s.gpu_util, 100.0),
+            ("hw_throttle_frac", s.throttle_frac, 1.0),
+        ):
+            if v is not None:
+                out[key] = round(v * scale, 4)
+        power: dict[tuple[str, str], float] = {}
+        for r in sorted(self.hw, key=lambda r: r.source != "nvml"):  # NVML first, then DCGM
+            if r.source in GPU_SOURCES and r.metric == "power_w" and r.mean is not None:
+                power.setdefault((r.node, r.device), r.mean)
+        if power:
+            out["hw_gpu_power_w"] = round(sum(power.values()), 2)
+        rdma = [r.rate for r in self.hw if r.source == "rdma" and r.rate is not None
+                and r.metric in ("xmit_bytes", "rcv_bytes")]
+        if rdma:
+            out["hw_rdma_gb_s"] = round(sum(rdma) / 1e9, 4)
+        return out
 
     def user_properties(self) -> list[tuple[str, float | int | str]]:
         """Plain scalars for the test's JUnit properties, sorted by name."""
@@ -74,6 +100,7 @@ class CaseAnalysis:
             props[f"bottleneck_{i}"] = cls
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
+        props.update(self.hw_headline())
         if self.energy is not None:
             props["energy_j"] = self.energy.joules
             if self.energy.j_per_output_token is not None:
@@ -145,13 +172,10 @@ def _queue_share(rec: RequestRecord) -> float | None:
     """(ttft - server prompt ms) / ttft: the share of TTFT spent outside prefill."""
     if not rec.ok or rec.timings is None or rec.timings.prompt_ms is None:
         return None
-    firsts = [e.t_ns for e in rec.events if e.n_tokens > 0]
-    if not firsts:
+    ttft = ttft_ms(rec)
+    if ttft is None or ttft <= 0:
         return None
-    ttft_ms = (min(firsts) - rec.dispatched_ns) / 1e6
-    if ttft_ms <= 0:
-        return None
-    return max(0.0, ttft_ms - rec.timings.prompt_ms) / ttft_ms
+    return max(0.0, ttft - rec.timings.prompt_ms) / ttft
 
 
 def request_facts(
@@ -214,6 +238,72 @@ def metrics_for(bundle: RunBundle, case_id: str) -> CaseMetrics:
     return case_metrics(records, window_ns=_mono_window(bundle, case_id, window))
 
 
+def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
+    """The verdict computed at the end of the case (``cases.jsonl`` ``verdict``), if any."""
+    d = raw.get("verdict")
+    if not isinstance(d, dict):
+        return None
+    try:
+        ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
+        tuples = {k: tuple(v) for k, v in d.items() if isinstance(v, list) and k != "evidence"}
+        return Verdict(**{**d, **tuples, "evidence": ev})
+    except TypeError:  # written by another version: recompute
+        return None
+
+
+def the_verdict(
+    raw: dict[str, Any], sig: WindowSignals, inter: interference.Interference | None = None
+) -> Verdict:
+    """One verdict per case: the one recorded at the case's end, else computed now.
+
+    Recomputing later could differ (samples written after the case ended, an A/B
+    control that ran in a later test); the recorded one is what JUnit reported, so it
+    stands, with a note when the files now say otherwise.
+    """
+    fresh = classify(sig)
+    if inter is not None and "prefill_decode_interference" in fresh.classes + fresh.also_flagged:
+        fresh = replace(fresh, notes=(*fresh.notes, f"interference: {inter.line()}"))
+    kept = recorded_verdict(raw)
+    if kept is None:
+        return fresh
+    if kept.summary() != fresh.summary():
+        note = (f"recomputed from the files now: {fresh.summary() or 'no class'} (the "
+                "verdict above was computed at the end of the case and is the one reported)")
+        kept = replace(kept, notes=(*kept.notes, note))
+    return kept
+
+
+def control_cases(bundle: RunBundle, case_id: str) -> tuple[str, ...]:
+    """The reference arm's cases of this case's A/B group; () for a reference or no group."""
+    info = bundle.case_info(case_id)
+    if not info.ab_group:
+        return ()
+    arms: dict[str, list[str]] = {}
+    for cid in bundle.case_ids():
+        other = bundle.case_info(cid)
+        if other.ab_group == info.ab_group:
+            arms.setdefault(other.ab_arm or cid, []).append(cid)
+    ref = min(arms, key=lambda a: (a != "control", a))  # as analysis/ab_groups.py orders
+    return () if case_id in arms[ref] else tuple(arms[ref])
+
+
+def interference_of(bundle: RunBundle, case_id: str) -> interference.Interference:
+    return interference.analyze(case_id, bundle.records.get(case_id, []))
+
+
+def interference_signals(
+    bundle: RunBundle, case_id: str, inter: interference.Interference, cm: CaseMetrics
+) -> dict[str, float | None]:
+    """The classifier's interference inputs; a treatment's against its A/B control."""
+    refs = [c for c in control_cases(bundle, case_id) if bundle.records.get(c)]
+    return interference.signals(
+        inter,
+        [interference_of(bundle, c) for c in refs],
+        cm.tpot.p95,
+        [p for c in refs if (p := metrics_for(bundle, c).tpot.p95) is not None],
+    )
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
@@ -231,6 +321,7 @@ def analyze_case(
         ctx = replace(ctx, unavailable=ctx.unavailable + tuple(
             (f"{node}/{col}", why) for node, why in lost for col in COLLECTORS))
     facts = request_facts(bundle, case_id, records, cm)
+    inter = interference_of(bundle, case_id)
     rep = None
     if window is not None:
         rep = rails.analyze(
@@ -249,6 +340,7 @@ def analyze_case(
             unavailable=ctx.unavailable,
             rails_report=rep,
         )
+        sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = WindowSignals(
             window=case_id,
@@ -258,7 +350,7 @@ def analyze_case(
             multi_node=ctx.multi_node,
             unavailable=ctx.unavailable,
         )
-    verdict = classify(sig)
+    verdict = the_verdict(info.raw, sig, inter)
     if lost:
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
@@ -277,6 +369,7 @@ def analyze_case(
         energy=_energy(hw, cm),
         info=dict(info.raw),
         rails=rep,
+        interference=inter,
     )
 
 
@@ -322,6 +415,8 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
 
     with gc_paused():
         bundle, store = load_run(Path(run_dir), case_id)
+        if control_cases(bundle, case_id):  # a treatment is judged against its control
+            bundle = load_bundle(Path(run_dir))
         window = bundle.case_windows().get(case_id)
         hw = summarize_window(store, window) if window is not None else []
         return analyze_case(bundle, run_context(bundle, store), case_id, hw)

@@ -133,11 +133,23 @@ def _rate(n: int | None, ms: float | None) -> float | None:
     return n * 1000.0 / ms
 
 
+def first_token_ns(rec: RequestRecord) -> int | None:
+    """When the first token-bearing event arrived (reasoning included): TTFT's end.
+
+    The one definition of TTFT is ``first_token_ns - dispatched_ns``; whoever needs a
+    TTFT without the full :func:`request_metrics` calls :func:`ttft_ms`.
+    """
+    return min((e.t_ns for e in rec.events if e.n_tokens > 0), default=None)
+
+
+def ttft_ms(rec: RequestRecord) -> float | None:
+    return _ms(first_token_ns(rec), rec.dispatched_ns)
+
+
 def request_metrics(rec: RequestRecord) -> RequestMetrics:
     """Derive one request's metrics; failed requests keep whatever was measured."""
     disp = rec.dispatched_ns
     tok = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
-    first_tok = tok[0].t_ns if tok else None
     last_tok = tok[-1].t_ns if tok else None
     first_content = next((e.t_ns for e in tok if e.kind != "reasoning"), None)
     from_events = sum(e.n_tokens for e in tok)
@@ -152,7 +164,7 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     end_tok = last_tok if last_tok is not None else rec.done_ns
     e2e = _ms(end_tok, disp)
     queue = (disp - rec.scheduled_ns) / _NS_PER_MS
-    ttft = _ms(first_tok, disp)
+    ttft = ttft_ms(rec)
 
     gaps = tuple((b.t_ns - a.t_ns) / _NS_PER_MS for a, b in pairwise(tok))
     gap_tokens = tuple(b.n_tokens for b in tok[1:])
@@ -431,6 +443,67 @@ HEADLINE_SCALARS = (
     "total_cached_tokens",
     "total_computed_prompt_tokens",
 )
+
+
+#: The seed experiment's metrics (headline keys), one value per repetition: the first
+#: rows of every A/B table, and what the mixed case asserts on.
+AB_HEADLINE = (
+    "output_tok_s",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "tpot_p99_ms",
+    "chunk_gap_p99_ms",
+    "chunk_gap_max_ms",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "e2e_p95_ms",
+)
+#: Interference figures (``analysis/interference.py``) compared per repetition beside them.
+AB_INTERFERENCE = ("stall_with_prefill_ms_per_request", "stall_ms_per_request")
+#: Per-request metrics compared request by request (A/B details, run against run,
+#: benchmark.json entries).
+REQUEST_COMPARED = ("ttft_ms", "tpot_ms", "e2e_ms")
+#: Names a reader knows: "chunk gap" is the streamed inter-token latency (ITL).
+LABELS = {
+    "chunk_gap": "ITL (chunk gap)",
+    "ttft": "TTFT",
+    "ttfo": "TTFO",
+    "ttfb": "TTFB",
+    "tpot": "TPOT",
+    "output_tok_s": "output tok/s",
+    "stall_with_prefill_ms_per_request": "stall with a prefill in flight, per decode request (ms)",
+    "stall_ms_per_request": "stall, all, per decode request (ms)",
+}
+
+
+def metric_label(name: str) -> str:
+    """``chunk_gap_p99_ms`` -> ``ITL (chunk gap) p99 (ms)``, for tables."""
+    if name in LABELS:
+        return LABELS[name]
+    for dist in HEADLINE_DISTRIBUTIONS:
+        for stat in HEADLINE_STATS:
+            if name == f"{dist}_{stat}_ms":
+                return f"{LABELS.get(dist, dist)} {stat} (ms)"
+    return name
+
+
+def metric_unit(name: str) -> str:
+    if name.endswith("_ms"):
+        return "ms"
+    if name.endswith("_tok_s"):
+        return "tok/s"
+    if name.endswith("_req_s") or name == "request_s":
+        return "req/s"
+    return ""
+
+
+def higher_is_worse(name: str) -> bool:
+    """Latencies and resource use get worse upwards; rates and acceptance downwards."""
+    return not (
+        name.endswith(("_tok_s", "_per_s", "_req_s"))
+        or name in ("request_s", "spec_acceptance", "n_out", "goodput_fraction",
+                    "success_fraction")
+    )
 
 
 def _pairs(items: tuple[tuple[str, int], ...]) -> str:

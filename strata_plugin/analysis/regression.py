@@ -1,9 +1,9 @@
 """The regression gate: worse than a baseline run by more than a margin, with support.
 
 A single noisy sample must not fail a build, and neither must a shift too small to
-matter. ``stats.compare`` asks for both: the whole bootstrap interval of the relative
-change of the median lies past the margin, and a one-sided Mann-Whitney test rejects
-"no shift" at ``alpha``. The plugin wires this to ``--strata-baseline DIR
+matter. ``effects.compare`` asks for both: the whole 95% bootstrap interval (requests
+resampled) of the relative change of the median lies past the margin, and a one-sided
+Mann-Whitney test rejects "no shift" at ``alpha``. The plugin wires this to ``--strata-baseline DIR
 --strata-max-regression PCT``.
 """
 
@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.analysis.effects import compare
 from strata_plugin.analysis.request_values import check_metric, higher_is_worse, unit, values
 from strata_plugin.analysis.run_folder import read_records
-from strata_plugin.analysis.stats import compare, median
+from strata_plugin.analysis.stats import median
 from strata_plugin.formats.records import RequestRecord
 
 MIN_SAMPLES = 3  # fewer requests per side cannot support a verdict either way
@@ -39,8 +40,9 @@ class Regression:
     def message(self) -> str:
         return (
             f"{self.case_id}: {self.metric} median {self.baseline_median:.4g} -> "
-            f"{self.current_median:.4g} {self.unit} ({self.delta_pct:+.1f}%, interval "
-            f"{self.ci_lo_pct:+.1f}%..{self.ci_hi_pct:+.1f}%, p={self.p_value:.2g}; "
+            f"{self.current_median:.4g} {self.unit} ({self.delta_pct:+.1f}%, 95% interval "
+            f"{self.ci_lo_pct:+.1f}%..{self.ci_hi_pct:+.1f}% over requests, "
+            f"p={self.p_value:.2g}; "
             f"allowed {self.max_worse_pct:g}%; n={self.n_baseline}/{self.n_current})"
         )
 
@@ -72,7 +74,12 @@ def regression_check(
             continue
         try:
             c = compare(
-                base, cur, max_worse=max_worse_pct / 100.0, higher_is_worse=worse_up, alpha=alpha
+                base,
+                cur,
+                metric=metric,
+                max_worse=max_worse_pct / 100.0,
+                higher_is_worse=worse_up,
+                alpha=alpha,
             )
         except ValueError:  # e.g. a zero baseline median: a relative change is undefined
             continue
@@ -90,7 +97,7 @@ def regression_check(
                 delta_pct=sign * c.delta_rel * 100,
                 ci_lo_pct=lo,
                 ci_hi_pct=hi,
-                p_value=c.p_value,
+                p_value=c.p_worse,
                 n_baseline=len(base),
                 n_current=len(cur),
                 max_worse_pct=max_worse_pct,

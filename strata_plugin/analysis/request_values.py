@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import fields
 
-from strata_plugin.analysis.metrics import RequestMetrics, request_metrics
+from strata_plugin.analysis.metrics import (
+    RequestMetrics,
+    higher_is_worse,
+    metric_unit,
+    request_metrics,
+)
 from strata_plugin.formats.records import RequestRecord
 
 PROC_METRICS = {"proc_cpu_s": "s", "proc_major_faults": "faults", "proc_read_mb": "MB"}
@@ -23,19 +28,12 @@ _REQUEST_FLOATS = tuple(
 METRICS = _REQUEST_FLOATS + tuple(PROC_METRICS)
 
 
+__all__ = ["METRICS", "PROC_METRICS", "check_metric", "higher_is_worse", "proc_value", "unit",
+           "values"]
+
+
 def unit(metric: str) -> str:
-    if metric in PROC_METRICS:
-        return PROC_METRICS[metric]
-    if metric.endswith("_ms"):
-        return "ms"
-    if metric.endswith("_tok_s"):
-        return "tok/s"
-    return ""
-
-
-def higher_is_worse(metric: str) -> bool:
-    """Latencies and resource use get worse upwards; rates and acceptance downwards."""
-    return not (metric.endswith(("_tok_s", "_per_s")) or metric in ("spec_acceptance", "n_out"))
+    return PROC_METRICS.get(metric) or metric_unit(metric)
 
 
 def check_metric(metric: str) -> None:

@@ -102,6 +102,10 @@ SIGNAL_SOURCES: dict[str, str] = {
     "preemptions": "prom:num_preemptions_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
     "chunk_gap_p99_p50": "requests: chunk gaps",
+    "prefill_stall_frac": "requests: token events against dispatch..first token of prefills",
+    "prefill_stall_share": "requests: token events against dispatch..first token of prefills",
+    "ab_prefill_stall_ratio": "requests: this arm's stalls against its A/B control's",
+    "ab_tail_pace_rise": "requests: TPOT p95 against the A/B control's repetitions",
     "inflight_frac": "requests: dispatched..done windows",
     "client_bound": "cases.jsonl: client_bound (load generator self-check)",
 }
@@ -172,6 +176,12 @@ class WindowSignals:
     preemptions: float | None = None
     server_queue_frac: float | None = None
     chunk_gap_p99_p50: float | None = None
+    # prefill-decode interference (analysis/interference.py); ab_*: against the A/B
+    # control, only for a treatment arm
+    prefill_stall_frac: float | None = None
+    prefill_stall_share: float | None = None
+    ab_prefill_stall_ratio: float | None = None
+    ab_tail_pace_rise: float | None = None
     concurrency: int | None = None
     inflight_frac: float | None = None
     client_bound: bool | None = None
@@ -250,7 +260,14 @@ SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "clie
 #: Signals the load generator itself measures (its clock, its reads of the stream). When
 #: its self-check flags it, they describe the client's delays as much as the server's,
 #: so they are not trusted for that window: the rules that need them are unassessable.
-CLIENT_MEASURED = ("server_queue_frac", "inflight_frac", "chunk_gap_p99_p50")
+CLIENT_MEASURED = (
+    "server_queue_frac",
+    "inflight_frac",
+    "chunk_gap_p99_p50",
+    "prefill_stall_frac",
+    "prefill_stall_share",
+    "ab_prefill_stall_ratio",
+)
 
 #: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
 #: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
@@ -797,13 +814,37 @@ def rule_kv_cache(s: WindowSignals) -> _Outcome:
 
 
 def rule_interference(s: WindowSignals) -> _Outcome:
+    """Decode streams stalled while a prefill was in flight.
+
+    A treatment of an A/B group is judged against its control: its stall time with a
+    prefill in flight must be a multiple of the control's and its tail pace must rise.
+    A case without a control must show that its stalls coincide with prefills: a stall
+    with no prefill in flight (a busy host, a slow client) is not interference.
+    """
     r = _Rule("prefill_decode_interference", s)
     if (s.concurrency or 1) < 2:
         return r.o  # one request at a time: no prompt can arrive mid-decode
-    if not r.need("chunk_gap_p99_p50"):
-        return r.unassessable("per-request chunk gaps (requests.jsonl events)")
-    if r.cmp("chunk_gap_p99_p50", ">=", "chunk_gap_p99_p50"):
-        return r.fire(_m(s, "chunk_gap_p99_p50", "chunk_gap_p99_p50"))
+    if not r.need("prefill_stall_frac", "prefill_stall_share"):
+        return r.unassessable("per-request token events (requests.jsonl events)")
+    frac = r.cmp("prefill_stall_frac", ">=", "prefill_stall_frac")
+    if s.ab_prefill_stall_ratio is not None:
+        ratio = r.cmp("ab_prefill_stall_ratio", ">=", "ab_prefill_stall_ratio")
+        tail = s.ab_tail_pace_rise is not None and r.cmp(
+            "ab_tail_pace_rise", ">=", "ab_tail_pace_rise"
+        )
+        if frac and ratio and tail:
+            return r.fire(
+                _m(s, "prefill_stall_frac", "prefill_stall_frac"),
+                _m(s, "ab_prefill_stall_ratio", "ab_prefill_stall_ratio"),
+                _m(s, "ab_tail_pace_rise", "ab_tail_pace_rise"),
+            )
+        return r.o
+    share = r.cmp("prefill_stall_share", ">=", "prefill_stall_share")
+    if frac and share:
+        return r.fire(
+            _m(s, "prefill_stall_frac", "prefill_stall_frac"),
+            _m(s, "prefill_stall_share", "prefill_stall_share"),
+        )
     return r.o
 
 
@@ -944,7 +985,7 @@ def classify(s: WindowSignals) -> Verdict:
     if ordered:
         top = ordered[:2]
         conf = max(_class_confidence(o) for o in top[:1]) * penalty
-        traces = tuple(sorted({o.trace for o in unassessed if o.trace}))
+        traces = _in_question(unassessed, s)
         return Verdict(
             classes=tuple(o.cls for o in top),
             evidence=_evidence(top + [outcomes[c] for c in modifiers]),
@@ -992,10 +1033,19 @@ def classify(s: WindowSignals) -> Verdict:
         evidence=_evidence(clear),
         confidence=_round(conf),
         inconclusive=False,
-        finer_trace=tuple(sorted({o.trace for o in unassessed if o.trace})),
+        finer_trace=_in_question(unassessed, s),
         missing_signals=missing_text,
         notes=(*notes, "no dominant bottleneck: no rule had all its conditions met"),
     )
+
+
+def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...]:
+    """Finer traces for the unassessed classes that could matter in this window: a
+    one-node run serves over loopback, so no network class is in question there."""
+    return tuple(sorted({
+        o.trace for o in unassessed
+        if o.trace and not (o.cls == "network" and not s.multi_node)
+    }))
 
 
 def _rank(fired: list[_Outcome]) -> list[_Outcome]:

@@ -1,7 +1,9 @@
 """Run against run: per-case deltas of request metrics, with intervals and a call.
 
 ``python -m strata_plugin compare RUN_A RUN_B`` prints this table; RUN_A is the
-baseline. Cases are matched by case id.
+baseline. Cases are matched by case id. One repetition per case and run, so the unit
+of resampling is the request; the interval and the call come from ``effects.compare``
+(95% bootstrap over requests, one-sided Mann-Whitney at ``alpha``).
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.analysis.effects import LEVEL, compare
+from strata_plugin.analysis.metrics import REQUEST_COMPARED as DEFAULT_METRICS
 from strata_plugin.analysis.request_values import higher_is_worse, unit, values
 from strata_plugin.analysis.run_folder import read_records
-from strata_plugin.analysis.stats import compare, median
-
-DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+from strata_plugin.analysis.stats import median
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,12 @@ class RunDelta:
     median_a: float | None
     median_b: float | None
     delta_rel: float | None  # median(B)/median(A) - 1
-    lo: float | None  # interval of delta_rel, level 1 - 2*alpha
+    lo: float | None  # interval of delta_rel, at ``level``, requests resampled
     hi: float | None
     p_value: float | None  # one-sided Mann-Whitney in the "worse" direction
     call: str  # "worse" | "better" | "same" | "only in A" | "only in B" | "too few"
+    level: float = LEVEL
+    unit_of_resampling: str = "request"
 
 
 def compare_runs(
@@ -81,6 +85,7 @@ def compare_runs(
             c = compare(
                 a,
                 b,
+                metric=metric,
                 max_worse=threshold_pct / 100.0,
                 higher_is_worse=higher_is_worse(metric),
                 alpha=alpha,
@@ -88,7 +93,7 @@ def compare_runs(
             call = "worse" if c.worse else "better" if c.better else "same"
             out.append(
                 RunDelta(
-                    **base, delta_rel=c.delta_rel, lo=c.lo, hi=c.hi, p_value=c.p_value, call=call
+                    **base, delta_rel=c.delta_rel, lo=c.lo, hi=c.hi, p_value=c.p_worse, call=call
                 )
             )
     return out

@@ -480,6 +480,35 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "factor",
         "[inferred] confidence multiplier per unmeasured collector a rule needed",
     ),
+    # --- prefill-decode interference from the token stream (analysis/interference.py) ---
+    Threshold(
+        "prefill_stall_frac",
+        0.1,
+        "of decode time",
+        "[inferred] decode requests lost a tenth of their decode time to stalls (gaps past "
+        "3x the median time per token) while a prefill was in flight",
+    ),
+    Threshold(
+        "prefill_stall_share",
+        0.5,
+        "of stall time",
+        "[inferred] most stall time coincided with a prefill in flight: a stall with no "
+        "prefill in flight is not interference",
+    ),
+    Threshold(
+        "ab_prefill_stall_ratio",
+        2.0,
+        "ratio",
+        "[inferred] an A/B treatment's stall time with a prefill in flight, per decode "
+        "request, at least twice its control's",
+    ),
+    Threshold(
+        "ab_tail_pace_rise",
+        0.2,
+        "ratio",
+        "[inferred] the treatment's TPOT p95 over its control's (geometric mean of the "
+        "control's repetitions), minus 1: the stalls reach the tail pace",
+    ),
 )
 _BY_NAME = {t.name: t for t in THRESHOLDS}
 

@@ -51,16 +51,65 @@ class CaseSetup:
     startup_s: float | None = None  # that server's start-up time, apart from measurements
 
 
+INJECT_AFTER = ("first_tokens", "start")
+
+
 @dataclass(frozen=True)
 class Injection:
-    """One extra request sent at a fixed offset into the measured window (mixed A/B).
+    """One extra request injected into the measured load (mixed A/B).
 
-    The offset is the same in every repetition, so control and treatment differ
-    only by the injected request, as in the seed's prefill-into-decode blocks.
+    With ``after="first_tokens"`` (the default) it is sent ``offset_s`` after every
+    stream of the load (the first ``min(concurrency, requests)`` measured requests) has
+    its first token: in steady-state decode, not during the load's own prefills, which
+    at the seed's sizes (C=32 x 1K-token prompts) last long enough to swallow a fixed
+    offset from the start. ``after="start"`` counts ``offset_s`` from the start of the
+    measured load. The rule is the same in every repetition, so control and treatment
+    differ only by the injected request; the moments it was placed and sent are in
+    ``markers.csv`` (events ``decode_steady`` and ``inject:<request id>``) and in the
+    case's ``cases.jsonl`` line.
     """
 
     workload: Workload
     offset_s: float
+    after: str = "first_tokens"
+
+    def __post_init__(self) -> None:
+        if self.after not in INJECT_AFTER:
+            raise ValueError(f"Injection(after={self.after!r}): one of {', '.join(INJECT_AFTER)}")
+        if self.offset_s < 0:
+            raise ValueError(f"Injection offset_s must be >= 0, got {self.offset_s}")
+
+
+class _InjectionClock:
+    """Counts the load's first tokens; ``ready`` is set when every stream has one."""
+
+    def __init__(self, n_streams: int) -> None:
+        self.n_streams = max(1, n_streams)
+        self.ready = threading.Event()
+        self.load_done = threading.Event()
+        self.ready_ns: int | None = None
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def first_token(self, request_id: str, t_ns: int) -> None:
+        with self._lock:
+            if self.ready.is_set() or request_id in self._seen:
+                return
+            self._seen.add(request_id)
+            if len(self._seen) >= self.n_streams:
+                self.ready_ns = t_ns
+                self.ready.set()
+
+    def record(self, rec: RequestRecord) -> None:
+        """A finished record counts too (a stream read outside the multiplexer)."""
+        t = min((e.t_ns for e in rec.events if e.n_tokens > 0), default=None)
+        if t is not None:
+            self.first_token(rec.request_id, t)
+
+    @property
+    def seen(self) -> int:
+        with self._lock:
+            return len(self._seen)
 
 
 @dataclass(frozen=True)
@@ -175,12 +224,19 @@ class CaseRunner:
         #: ``ab_results(group)``.
         self.history: dict[str, list[CaseResult]] = history if history is not None else {}
 
-    def _load(self, jobs: list[Job], w: Workload, phase_progress: Progress | None) -> LoadResult:
+    def _load(self, jobs: list[Job], w: Workload, phase_progress: Progress | None,
+              clock: _InjectionClock | None = None) -> LoadResult:
         in_flight = w.concurrency if w.arrival == "closed" else max(w.concurrency, len(jobs))
+        on_record = self._record
+        if clock is not None:
+            def on_record(rec: RequestRecord) -> None:
+                self._record(rec)
+                clock.record(rec)
         return run_load(jobs, base_url=self.setup.base_url, api=self.setup.api,
                         concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
                         headers=self.setup.headers, counters=self._counters,
-                        on_record=self._record, progress=phase_progress)
+                        on_record=on_record, progress=phase_progress,
+                        on_first_token=clock.first_token if clock else None)
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""
@@ -228,10 +284,15 @@ class CaseRunner:
         stop = threading.Event()
         ticker = self._start_ticker(progress, stop)
         injected: list[RequestRecord] = []
-        injector = self._start_injection(inject, case_id, injected, scale) if inject else None
+        placed: dict[str, object] = {}
+        clock = _InjectionClock(min(w.concurrency, len(jobs))) if inject else None
+        injector = (self._start_injection(inject, case_id, injected, scale, clock, placed)
+                    if inject and clock else None)
         try:
-            res = self._load(jobs, w, progress)
+            res = self._load(jobs, w, progress, clock)
         finally:
+            if clock:
+                clock.load_done.set()
             if injector:
                 injector.join()
             stop.set()
@@ -248,6 +309,8 @@ class CaseRunner:
         if inject:
             problems += tuple(check_case(self.scaled(inject.workload) if scale
                                          else inject.workload, tuple(injected)))
+            if placed.get("skipped"):
+                problems += (f"injection not sent: {placed['skipped']}",)
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
                             warm_res.records if warm_res else (), metrics, res.self_check,
                             problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
@@ -261,8 +324,8 @@ class CaseRunner:
             "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
             "problems": list(problems), "headline": result.headline,
             "validation": [{"validator": n, "passed": p, "total": t} for n, p, t in validation],
-            "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s}
-                          if inject else None),
+            "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s,
+                           "after": inject.after, **placed} if inject else None),
             **extra, **(ab.fields() if ab else {}),
         }
         self._add_case(line)
@@ -282,19 +345,45 @@ class CaseRunner:
         return out
 
     def _start_injection(self, inject: Injection, case_id: str, out: list[RequestRecord],
-                         scale: bool) -> threading.Thread:
-        """Send the injected request ``offset_s`` after the measured load starts."""
+                         scale: bool, clock: _InjectionClock,
+                         placed: dict[str, object]) -> threading.Thread:
+        """Send the injected request where ``inject`` places it; ``placed`` says where."""
         w = self.scaled(inject.workload) if scale else inject.workload
         spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000)[0]
         t0 = time.monotonic_ns()
 
         def send() -> None:
-            res = run_load([Job(spec, inject.offset_s)], base_url=self.setup.base_url,
+            if inject.after == "first_tokens":
+                while not clock.ready.wait(0.02):
+                    if clock.load_done.is_set():
+                        placed["skipped"] = (
+                            f"only {clock.seen} of {clock.n_streams} streams had a first token "
+                            "before the load ended")
+                        return
+                assert clock.ready_ns is not None
+                anchor = clock.ready_ns
+                placed["steady_mono_ns"] = anchor
+                self._mark("event", "decode_steady", case_id, anchor, anchor)
+            else:
+                anchor = t0
+            due = anchor + int(inject.offset_s * 1e9)
+            while (left := (due - time.monotonic_ns()) / 1e9) > 0:
+                if clock.load_done.wait(min(left, 0.05)):
+                    break
+            if clock.load_done.is_set():
+                placed["skipped"] = f"the load ended before its offset ({inject.offset_s} s)"
+                return
+            res = run_load([Job(spec)], base_url=self.setup.base_url,
                            api=self.setup.api, concurrency=1, timeouts=self.setup.timeouts,
                            headers=self.setup.headers, counters=None, on_record=self._record)
             out.extend(res.records)
-            self._mark("event", f"inject:{spec.request_id}", case_id,
-                       t0 + int(inject.offset_s * 1e9), t0 + int(inject.offset_s * 1e9))
+            for r in res.records:
+                first = min((e.t_ns for e in r.events if e.n_tokens > 0), default=None)
+                end = first or r.done_ns or r.dispatched_ns
+                placed.update(request_id=r.request_id, dispatched_mono_ns=r.dispatched_ns,
+                              first_token_mono_ns=first)
+                self._mark("event", f"inject:{r.request_id}", case_id, r.dispatched_ns,
+                           max(end, r.dispatched_ns))
 
         t = threading.Thread(target=send, name="strata-inject", daemon=True)
         t.start()

@@ -102,8 +102,13 @@ def run_load(
     counters: Counters | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     progress: Progress | None = None,
+    on_first_token: Callable[[str, int], None] | None = None,
 ) -> LoadResult:
-    """Send every job, at most ``concurrency`` in flight, and return their records."""
+    """Send every job, at most ``concurrency`` in flight, and return their records.
+
+    ``on_first_token(request_id, t_ns)`` is called as each stream's first token arrives
+    (from the reader thread; keep it quick).
+    """
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     start_ns = time.monotonic_ns()
     local = threading.local()
@@ -141,7 +146,7 @@ def run_load(
 
     # Caller threads send and wait; one selector loop reads and stamps every stream
     # (a thread per stream pays ~3x the CPU per event and falls behind past ~100 streams).
-    with StreamMux() as mux, ThreadPoolExecutor(max_workers=concurrency,
+    with StreamMux(on_first_token) as mux, ThreadPoolExecutor(max_workers=concurrency,
                                                 thread_name_prefix="strata-load") as pool:
         records = tuple(pool.map(one, jobs))
     end_ns = time.monotonic_ns()

@@ -27,20 +27,29 @@ def _outcome(item: pytest.Item) -> str:
     return "passed" if "call" in reports else "not run"
 
 
-def case_properties(sess: StrataSession, runner: CaseRunner) -> list[tuple[str, object]]:
-    """Headline metrics plus the verdict of every case the test ran, as plain scalars."""
+def case_properties(
+    sess: StrataSession, runner: CaseRunner
+) -> tuple[list[tuple[str, object]], dict[str, dict]]:
+    """Headline metrics plus the verdict of every case the test ran, as plain scalars,
+    and each case's verdict as recorded for the report (``cases.jsonl`` ``verdict``)."""
+    import dataclasses
+
     from strata_plugin.report import summarize_case
 
     props: list[tuple[str, object]] = []
+    verdicts: dict[str, dict] = {}
     many = len(runner.results) > 1
     for result in runner.results:
         prefix = f"{result.case_id}." if many else ""
         try:
-            values = dict(summarize_case(sess.run_dir, result.case_id).user_properties())
+            analysis = summarize_case(sess.run_dir, result.case_id)
+            values = dict(analysis.user_properties())
+            verdicts[result.case_id] = dataclasses.asdict(analysis.verdict)
         except Exception as exc:  # the metrics stand without the hardware analysis
             values = dict(result.headline, analysis_error=f"{type(exc).__name__}: {exc}")
+        values["case_id"] = result.case_id
         props += [(prefix + k, v) for k, v in sorted(values.items())]
-    return props
+    return props, verdicts
 
 
 def regressions(sess: StrataSession, runner: CaseRunner) -> list[str]:
@@ -61,6 +70,9 @@ def regressions(sess: StrataSession, runner: CaseRunner) -> list[str]:
 def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
                 runner: CaseRunner) -> None:
     outcome = _outcome(item)
+    # The verdict is computed once, here, after the agents have written the samples that
+    # cover the case's end; cases.jsonl keeps it, and every derived file reports it.
+    flushed = sess.flush_telemetry(server)
     # Before the analysis: a verdict of a case that lost an agent says so.
     lost = sess.recover_agents(server, tuple(r.case_id for r in runner.results))
     tr = item.config.pluginmanager.get_plugin("terminalreporter")
@@ -68,9 +80,13 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         if tr is not None:
             tr.write_line(f"  [strata] {line}")
         item.user_properties.append(("strata_agent_lost", line))
-    for line in runner.case_lines.values():
-        sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid})
-    item.user_properties.extend(case_properties(sess, runner))
+    props, verdicts = case_properties(sess, runner)
+    for cid, line in runner.case_lines.items():
+        extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
+        if not flushed:
+            extra["telemetry_flushed"] = False
+        sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid, **extra})
+    item.user_properties.extend(props)
     item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
     item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))
     item.user_properties.append(("strata_config", server.config_id))

@@ -2,7 +2,9 @@
 
 So ``pytest-benchmark compare a.json b.json`` (and any tool that reads its files)
 can compare two Strata runs. One entry per case and metric: ``group`` is the metric,
-``fullname`` is ``strata::<case_id>::<metric>`` (stable across runs), the stats are
+``name`` is ``<case_id>[::<A/B arm>::rep<repetition>]::<metric>``, unique in a run (two
+repetitions of one workload never share a row), ``fullname`` is ``strata::<name>``
+(stable across runs), the stats are
 in seconds (pytest-benchmark's unit), built with ``pytest_benchmark.stats.Stats`` from
 every measured, successful request. Nothing here reads the clock: ``datetime`` is
 the run's start from the manifest, so the file is the same on every regeneration.
@@ -13,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from strata_plugin.analysis.metrics import REQUEST_COMPARED as BENCH_METRICS
 from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.run_folder import RunBundle
-
-BENCH_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
 def _scalar_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +67,17 @@ def benchmark_json(
             stats["data"] = data
             stats["iterations"] = 1
             short = metric.removesuffix("_ms")
+            label = cid
+            if info.ab_arm:
+                label += f"::{info.ab_arm}"
+            if info.raw.get("repetition") is not None:
+                label += f"::rep{info.raw['repetition']}"
             params = _scalar_params(info.params)
             extra_info = {
                 "unit": "s",
                 "metric": short,
                 "case_id": cid,
+                "workload": info.name,
                 "config_id": info.config_id,
                 "requests": len(data),
             }
@@ -78,8 +85,8 @@ def benchmark_json(
             benches.append(
                 {
                     "group": short,
-                    "name": f"{info.name}::{short}",
-                    "fullname": f"strata::{cid}::{short}",
+                    "name": f"{label}::{short}",
+                    "fullname": f"strata::{label}::{short}",
                     "params": params,
                     "param": "-".join(f"{k}={v}" for k, v in params.items()),
                     "extra_info": extra_info,

@@ -84,7 +84,9 @@ def compare_main(argv: list[str]) -> int:
         for r in rows:
             print(json.dumps(json_clean(asdict(r)), sort_keys=True))
         return 0
-    level = round((1 - 2 * args.alpha) * 100)
+    from strata_plugin.analysis.effects import LEVEL
+
+    level = f"{LEVEL * 100:g}% interval (requests resampled)"
     header = (
         "case",
         "metric",
@@ -92,7 +94,7 @@ def compare_main(argv: list[str]) -> int:
         "median A",
         "median B",
         "change",
-        f"{level}% interval",
+        level,
         "p",
         "call",
     )

@@ -7,14 +7,20 @@ clock, so the same inputs always give the same document.
 
 from __future__ import annotations
 
+import html
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_plugin.analysis.ab_groups import ArmDelta, ShaPair
+from strata_plugin.analysis.ab_groups import ArmDelta, ArmEffects, ShaPair
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
-from strata_plugin.analysis.metrics import PERCENTILE_METHOD
+from strata_plugin.analysis.metrics import (
+    AB_HEADLINE,
+    PERCENTILE_METHOD,
+    metric_label,
+)
 from strata_plugin.analysis.rails import RailsReport
+from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import Verdict
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.thresholds import THRESHOLDS
@@ -29,6 +35,8 @@ class AbGroup:
     arms: list[tuple[str, tuple[str, ...]]]
     deltas: list[ArmDelta]
     pairs: list[ShaPair]
+    effects: list[ArmEffects] = field(default_factory=list)
+    plot: str = ""  # plots/<name>: request timeline, inter-token ECDF, per repetition
 
 
 @dataclass
@@ -84,7 +92,13 @@ def header(d: ReportData) -> str:
     ]
     if m.get("incomplete_reason"):
         rows.append(("incomplete", m["incomplete_reason"]))
-    out = [f"# Strata report: {d.bundle.run_id}\n", md_table(("", ""), rows)]
+    return f"# Strata report: {d.bundle.run_id}\n" + md_table(("", ""), rows)
+
+
+def run_details(d: ReportData) -> str:
+    """Servers, nodes, versions and collectors: collapsed, for whoever needs them."""
+    m = d.bundle.manifest
+    out = ["\n<details><summary>Servers, nodes, versions, collectors</summary>\n"]
     servers = m.get("servers") or (
         {"server": m["server"]} if isinstance(m.get("server"), dict) else {}
     )
@@ -151,7 +165,67 @@ def header(d: ReportData) -> str:
         if unavailable
         else "Every collector ran.\n"
     )
+    out.append("\n</details>\n")
     return "".join(out)
+
+
+def _deciding(v: Verdict) -> str:
+    """The one piece of evidence that decided the verdict, in a few words."""
+    if v.inconclusive:
+        return (v.notes[-1] if v.notes else "inconclusive")[:160]
+    parts = []
+    for cls in v.classes:
+        e = next((e for e in v.evidence if e.cls == cls and e.met), None)
+        if e is not None and cls != "headroom":
+            parts.append(f"{e.metric} {md_num(e.value)} {e.op} {md_num(e.threshold_value)} "
+                         f"{e.unit}")
+    return "; ".join(parts) or "no rule past its threshold"
+
+
+def _geo(xs: list[float]) -> float | None:
+    import math
+
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _vs_control(d: ReportData) -> dict[str, str]:
+    """case id -> its output tok/s and TPOT p95 change against its A/B control."""
+    out = {}
+    for g in d.ab:
+        for ae in g.effects:
+            ref = [v for arm, _, v in ae.per_repetition if arm == ae.control_arm]
+            base = {m: _geo([v[m] for v in ref if m in v]) for m in ("output_tok_s", "tpot_p95_ms")}
+            for arm, cid, v in ae.per_repetition:
+                if arm == ae.control_arm:
+                    out[cid] = f"{arm} (reference)"
+                    continue
+                parts = [
+                    f"{label} {100 * (v[m] / base[m] - 1):+.1f}%"
+                    for m, label in (("output_tok_s", "tok/s"), ("tpot_p95_ms", "TPOT p95"))
+                    if m in v and base[m]
+                ]
+                out[cid] = f"vs {ae.control_arm}: " + ", ".join(parts) if parts else "-"
+    return out
+
+
+def summary_section(d: ReportData) -> str:
+    """One line per case: verdict, what decided it, the headline and its change."""
+    vs = _vs_control(d)
+    rows = []
+    for a in d.analyses:
+        cm = a.metrics
+        head = ", ".join(
+            f"{label} {md_num(x)}"
+            for label, x in (("output tok/s", cm.output_tok_s), ("TPOT p95 ms", cm.tpot.p95),
+                             ("TTFT p95 ms", cm.ttft.p95))
+            if x is not None
+        )
+        rows.append((f"[`{a.case_id}`](#{_anchor(a)})", a.verdict.summary() or "none",
+                     _deciding(a.verdict), head or "-", vs.get(a.case_id, "-")))
+    return "\n## Summary\n\n" + md_table(
+        ("case", "verdict", "decided by", "headline", "change"), rows
+    )
 
 
 def limits(d: ReportData) -> str:
@@ -380,48 +454,131 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     return "".join(out)
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def ab_effects_md(ae: ArmEffects) -> str:
+    """The seed's metrics per arm: change and interval over repetitions, then each repetition."""
+    if not ae.effects:
+        return f"No repetition of `{ae.treatment_arm}` or `{ae.control_arm}` has metrics.\n"
+    e0 = ae.effects[0]
+    out = [
+        f"**{ae.treatment_arm}** against **{ae.control_arm}**: one value per repetition "
+        f"({e0.n_control} {ae.control_arm}, {e0.n_treatment} {ae.treatment_arm}); the arm's "
+        "value is the geometric mean of its repetitions; the interval resamples repetitions "
+        "(t-interval under 8 a side, else bootstrap).\n\n",
+        md_table(
+            ("metric", ae.control_arm, ae.treatment_arm, "change", "interval", "interval is"),
+            [
+                (metric_label(e.metric), e.control, e.treatment, _pct(e.change_pct), e.interval,
+                 e.interval_label)
+                for e in ae.effects
+            ],
+        ),
+    ]
+    metrics = [m for m in AB_HEADLINE if any(m in v for _, _, v in ae.per_repetition)]
+    out.append("\n<details><summary>Per repetition</summary>\n\n")
+    out.append(
+        md_table(
+            ("arm", "case", *(metric_label(m) for m in metrics)),
+            [(arm, f"`{cid}`", *(v.get(m) for m in metrics)) for arm, cid, v in ae.per_repetition],
+        )
+    )
+    out.append("\n</details>\n")
+    return "".join(out)
+
+
+def interference_md(d: ReportData, g: AbGroup) -> str:
+    """Per repetition: the injected prefill, who overlapped it, and what it cost them."""
+    by_id = {a.case_id: a for a in d.analyses}
+    rows = []
+    for arm, cases in g.arms:
+        for cid in cases:
+            a = by_id.get(cid)
+            i = a.interference if a is not None else None
+            if i is None or not i.n_decode:
+                continue
+            rows.append((
+                arm,
+                f"`{cid}`",
+                i.injected_ms,
+                i.injected_server_prompt_ms,
+                f"{i.n_overlapping}/{i.n_decode}" if i.injected_id else "-",
+                i.interference_factor,
+                fmt_pair(i.ms_per_token_outside, i.ms_per_token_inside) if i.injected_id else "-",
+                i.stall_injected_ms_per_request,
+                i.stall_prefill_ms_per_request,
+                i.stall_no_prefill_ms_per_request,
+                f"{md_num(i.longest_stall_ms)} ({i.longest_stall_during})",
+                i.tokens_lost,
+            ))
+    if not rows:
+        return ""
+    return (
+        "\n#### Interference\n\nThe injected prefill is in flight from its dispatch to "
+        "its first token (server prompt ms: llama.cpp `timings.prompt_ms`). A stall is a gap "
+        "past 3x the case's median time per token, counted beyond that median, and is "
+        "charged to what was in flight: the injected prefill, another request's prefill, "
+        "or none (not interference). Interference factor: ms per token in gaps overlapping "
+        "the injected prefill over ms per token outside it, minus 1. Tokens lost: what the "
+        "load would have produced during the injected prefill at its pace outside it, "
+        "minus what it produced.\n\n"
+        + md_table(
+            ("arm", "case", "injected prefill (ms)", "server prompt (ms)",
+             "decode requests overlapping", "interference factor",
+             "ms/token outside -> inside", "stall/request: injected (ms)",
+             "stall/request: other prefill (ms)", "stall/request: no prefill (ms)",
+             "longest stall (ms, during)", "tokens lost"),
+            rows,
+        )
+    )
+
+
 def ab_section(d: ReportData) -> str:
     if not d.ab:
         return "\n## A/B comparisons\n\nNo case of this run carries an `ab_group`.\n"
-    out = [
-        "\n## A/B comparisons\n\nMedians per arm; delta = treatment - control with a 95% "
-        "bootstrap interval (2000 resamples, seed 0); p = two-sided Mann-Whitney.\n"
-    ]
+    out = ["\n## A/B comparisons\n"]
     for g in d.ab:
         arms = ", ".join(f"{arm} ({', '.join(f'`{c}`' for c in cases)})" for arm, cases in g.arms)
         out.append(f"\n### {g.group}: {arms}\n\n")
+        if not g.effects:
+            out.append("Only one arm ran.\n")
+        for ae in g.effects:
+            out.append(ab_effects_md(ae))
+        if g.plot:
+            out.append(
+                f"\n![A/B group {g.group}: request timeline, inter-token time, per repetition]"
+                f"(plots/{g.plot})\n"
+            )
+        out.append(interference_md(d, g))
         if g.deltas:
             out.append(
+                "\n<details><summary>Request by request (requests pooled over repetitions)"
+                "</summary>\n\nMedian per arm; change with a 95% bootstrap interval that "
+                "resamples requests (2000 resamples, seed 0), which understates the "
+                "uncertainty when repetitions differ; p = two-sided Mann-Whitney.\n\n"
+            )
+            out.append(
                 md_table(
-                    (
-                        "treatment",
-                        "metric",
-                        "n",
-                        "control",
-                        "treatment median",
-                        "delta",
-                        "95% interval",
-                        "change",
-                        "p",
-                    ),
+                    ("treatment", "metric", "requests", "control median", "treatment median",
+                     "change", "95% interval (requests)", "p"),
                     [
                         (
                             x.treatment_arm,
-                            f"{x.metric} ({x.unit})",
-                            f"{x.n_control}/{x.n_treatment}",
-                            x.control_median,
-                            x.treatment_median,
-                            x.delta,
-                            f"{md_num(x.lo)} .. {md_num(x.hi)}" if x.lo is not None else "-",
-                            None if x.rel is None else f"{x.rel * 100:+.1f}%",
-                            x.p_value,
+                            f"{x.effect.metric} ({unit(x.effect.metric)})",
+                            f"{x.effect.n_control}/{x.effect.n_treatment}",
+                            x.effect.control,
+                            x.effect.treatment,
+                            _pct(x.effect.change_pct),
+                            x.effect.interval,
+                            x.effect.p_value,
                         )
                         for x in g.deltas
                     ],
                 )
             )
-        else:
-            out.append("Only one arm ran.\n")
+            out.append("\n</details>\n")
         if g.pairs:
             out.append(
                 "\n#### Same output, request by request\n\n"
@@ -480,16 +637,25 @@ def run_timeline(d: ReportData) -> str:
 def thresholds_section() -> str:
     return (
         "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`).\n\n"
+        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`).\n\n<details><summary>"
+        f"{len(THRESHOLDS)} thresholds</summary>\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],
         )
+        + "\n</details>\n"
     )
 
 
 def render(d: ReportData) -> str:
-    parts = [header(d), limits(d), summary_table(d), "\n## Cases\n"]
-    parts.extend(case_section(d, a) for a in d.analyses)
-    parts.extend([ab_section(d), run_timeline(d), thresholds_section()])
+    """Read in a minute: the summary, then the A/B groups, then the details (collapsed)."""
+    parts = [header(d), summary_section(d), ab_section(d), limits(d), summary_table(d),
+             run_details(d), "\n## Cases\n"]
+    for a in d.analyses:
+        parts.append(
+            f"\n<details><summary>{html.escape(a.case_id)}: "
+            f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
+            + case_section(d, a) + "\n</details>\n"
+        )
+    parts.extend([run_timeline(d), thresholds_section()])
     return "".join(parts)

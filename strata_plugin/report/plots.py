@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ class Panel:
     ylabel: str
     lines: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
     heat: tuple[list[str], np.ndarray, np.ndarray] | None = None  # labels, x edges, values
+    log_y: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,8 +255,10 @@ def render(
     x_range: tuple[float, float],
     shaded: Sequence[Span] = (),
     requests: Sequence[Span] = (),
+    marks: Sequence[Span] = (),
 ) -> None:
-    """Draw the panels into one PNG; same inputs, same bytes."""
+    """Draw the panels into one PNG; same inputs, same bytes. ``marks``: warm-ups (grey)
+    and injected prefills (red, label starting "inject") drawn across every panel."""
     _matplotlib_cache_in_strata_cache()
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -280,6 +284,11 @@ def render(
             _draw_panel(ax, p)
             for sp in shaded:
                 ax.axvspan(sp.start_s, sp.end_s, color="tab:blue", alpha=0.07, lw=0)
+            for sp in marks:
+                red = sp.label.startswith("inject")
+                ax.axvspan(sp.start_s, max(sp.end_s, sp.start_s + 1e-3),
+                           color="tab:red" if red else "tab:gray", alpha=0.25 if red else 0.12,
+                           lw=0)
             if requests:
                 ax.broken_barh(
                     [(r.start_s, max(r.end_s - r.start_s, 1e-6)) for r in requests],
@@ -339,9 +348,38 @@ def _draw_panel(ax, p: Panel) -> None:
 
     for label, x, y in p.lines:
         ax.plot(x, y, lw=0.8, label=label)
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%.4g"))
+    if p.log_y:
+        ax.set_yscale("log")
+    else:
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.4g"))
     if len(p.lines) <= 12:
         ax.legend(loc="upper left", fontsize=5, ncol=min(4, len(p.lines)), frameon=False)
+
+
+def request_panel(records, t0_wall: int, to_wall) -> Panel | None:
+    """TTFT (at each request's dispatch) and chunk gaps (at each gap's end), in ms, on the
+    hardware panels' time axis; ``to_wall`` maps a record's monotonic ns to wall ns."""
+    import numpy as np
+
+    ttft, gaps = [], []
+    for r in records:
+        if r.phase != "measured" or not r.ok:
+            continue
+        toks = sorted(e.t_ns for e in r.events if e.n_tokens > 0)
+        if toks:
+            ttft.append(((to_wall(r.dispatched_ns) - t0_wall) / 1e9,
+                         (toks[0] - r.dispatched_ns) / 1e6))
+        gaps += [((to_wall(b) - t0_wall) / 1e9, (b - a) / 1e6) for a, b in pairwise(toks)]
+    if not ttft and not gaps:
+        return None
+    p = Panel("requests", "requests: TTFT at dispatch, chunk gaps at arrival", "ms (log)")
+    for label, pts in (("chunk gap", gaps), ("TTFT", ttft)):
+        if pts:
+            pts.sort()
+            x, y = _bin(np.array([a for a, _ in pts]), np.array([b for _, b in pts]))
+            p.lines.append((label, x, y))
+    p.log_y = True
+    return p
 
 
 def request_spans(

@@ -13,7 +13,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis.ab_groups import ab_groups, arm_deltas, same_output_pairs
+from strata_plugin.analysis.ab_groups import (
+    Arm,
+    ab_groups,
+    arm_deltas,
+    group_effects,
+    repetition_values,
+    same_output_pairs,
+)
 from strata_plugin.analysis.case_summary import (
     CaseAnalysis,
     RunContext,
@@ -25,7 +32,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots
+from strata_plugin.report import ab_plots, plots
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
@@ -105,6 +112,21 @@ def _case_plot(
     if not panels:
         return "", omitted
     spans = plots.request_spans(request_intervals(bundle, a.case_id), w.start_ns, start, end)
+    anchor = bundle.anchor
+    req = (
+        plots.request_panel(bundle.records.get(a.case_id, []), w.start_ns, anchor.to_wall_ns)
+        if anchor is not None
+        else None
+    )
+    if req is not None:
+        panels = [req, *panels]
+    marks = [
+        plots.Span((m.start_wall_ns - w.start_ns) / 1e9, (m.end_wall_ns - w.start_ns) / 1e9,
+                   m.name if m.kind == "event" else "warmup")
+        for m in bundle.markers
+        if m.case_id == a.case_id
+        and (m.kind == "warmup" or (m.kind == "event" and m.name.startswith("inject")))
+    ]
     plots.render(
         out_dir / name,
         panels,
@@ -112,8 +134,28 @@ def _case_plot(
         ((start - w.start_ns) / 1e9, (end - w.start_ns) / 1e9),
         shaded=[plots.Span(0.0, w.duration_s)],
         requests=spans,
+        marks=marks,
     )
     return name, omitted
+
+
+def _ab_plot(
+    bundle: RunBundle, analyses: list[CaseAnalysis], group: str, arms: list[Arm], out_dir: Path
+) -> str:
+    """The group's timeline, ECDF and per-repetition picture; its file name, or ""."""
+    by_id = {a.case_id: a for a in analyses}
+    reps = [
+        ab_plots.Repetition(
+            arm,
+            cid,
+            tuple(r for r in bundle.records.get(cid, []) if r.phase in ("measured", "injected")),
+            repetition_values(by_id[cid].metrics) if cid in by_id else {},
+        )
+        for arm, cases in arms
+        for cid in cases
+    ]
+    name = f"ab-{_safe(group)}.png"
+    return name if arms and ab_plots.render_group(out_dir / name, group, reps, arms[0][0]) else ""
 
 
 def _run_plot(
@@ -203,6 +245,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
             {
                 "group": g.group,
                 "arms": [{"arm": arm, "cases": list(cases)} for arm, cases in g.arms],
+                "effects": [dataclasses.asdict(x) for x in g.effects],
                 "deltas": [dataclasses.asdict(x) for x in g.deltas],
                 "same_output": [dataclasses.asdict(x) for x in g.pairs],
             }
@@ -243,10 +286,18 @@ def write_report(run_dir: Path | str) -> Path:
         data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
 
+    case_metrics = {a.case_id: a.metrics for a in analyses}
     for group, arms in ab_groups(bundle).items():
         data.ab.append(
             AbGroup(
-                group, arms, arm_deltas(bundle, group, arms), same_output_pairs(bundle, group, arms)
+                group,
+                arms,
+                arm_deltas(bundle, group, arms),
+                same_output_pairs(bundle, group, arms),
+                group_effects(
+                    group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
+                ),
+                _ab_plot(bundle, analyses, group, arms, plot_dir),
             )
         )
 

@@ -32,9 +32,10 @@ from strata_plugin.run.server import (
 
 
 def case_id_from(nodeid: str) -> str:
-    """A file-name-safe case id from a pytest node id (``cases/x.py::test_a[p]``)."""
-    name = nodeid.split("::", 1)[-1]
-    return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in name)
+    """A test's default case id: its pytest node id (``cases/x.py::test_a[default@1]``),
+    the name JUnit, pytest's output and every file of the run share. (File names made
+    from it are sanitized where they are made.)"""
+    return nodeid
 
 
 class RunFolderError(OSError):
@@ -267,6 +268,24 @@ class StrataSession:
                 stop_agents(self, block.agents)
             finally:  # an agent that died (e.g. its files hit a full disk) must not keep
                 self.stop_server(block.server)  # the server running
+
+    def flush_telemetry(self, server: Server, timeout_s: float | None = None) -> bool:
+        """Wait until every live agent of the server's block has sent a line one sampling
+        interval after now: the samples covering a case's last moments are then on disk
+        (the handle writes each line as it reads it), so a verdict computed next sees the
+        same window the report will. False when an agent stayed silent past the timeout
+        (default two intervals and a second)."""
+        block = self.blocks.get(server.block_key)
+        if block is None:
+            return True
+        interval = self.cfg.profile.telemetry.interval_s
+        due = time.monotonic() + interval
+        deadline = due + (timeout_s if timeout_s is not None else 2 * interval + 1.0)
+        while any(h.alive and h.last_line_mono < due for h in block.agents):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def dead_workers(self, server: Server) -> list:
         """The remote workers of this server's block that have exited."""

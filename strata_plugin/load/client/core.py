@@ -14,6 +14,7 @@ a read ends in CR, an LF that starts the next read is the rest of that CRLF.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from sseclient import SSEClient
 
@@ -42,6 +43,9 @@ class StreamCore:
         # Made here, one by one (~1 us each), so that finishing a record is
         # cheap when hundreds of fixed-length streams end at the same moment.
         self.events: list[TokenEvent] = []
+        #: Called once, with its arrival stamp, when the first token-bearing event is
+        #: parsed (whichever thread reads the stream); then cleared.
+        self.on_first_token: Callable[[int], None] | None = None
         self.first_ns: int | None = None  # first body byte
         self.done_ns: int | None = None  # terminal event (or EOF after a finish reason)
         self.eof_ns: int | None = None  # the body ended (cleanly), complete or not
@@ -112,6 +116,9 @@ class StreamCore:
                 h = time.monotonic_ns()
                 for n, kind in toks:
                     append(TokenEvent(t_ns, n, kind, h))
+                if self.on_first_token is not None:
+                    first, self.on_first_token = self.on_first_token, None
+                    first(t_ns)
             if parser.done:
                 self.done_ns = t_ns
                 return

@@ -25,7 +25,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import requests
@@ -109,7 +109,12 @@ class StreamMux:
     number of threads at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_first_token: Callable[[str, int], None] | None = None) -> None:
+        #: Called with (request id, arrival ns) when a stream's first token arrives, from
+        #: whichever thread reads it (this loop, or the caller's for a stream read in
+        #: place): lets a caller act on the load's state (an injection placed in
+        #: steady-state decode) while it runs. It must be quick and must not raise.
+        self.on_first_token = on_first_token
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -152,6 +157,9 @@ class StreamMux:
         headers: Mapping[str, str] | None = None,
     ) -> RequestRecord:
         a = Attempt(session, base_url, api, spec, scheduled_ns, timeouts, headers)
+        if self.on_first_token is not None:
+            cb, rid = self.on_first_token, spec.request_id
+            a.core.on_first_token = lambda t_ns: cb(rid, t_ns)
         resp = a.open()
         if resp is None:
             return a.record()

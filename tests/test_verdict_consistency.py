@@ -1,0 +1,70 @@
+"""One verdict, one name, everywhere: on a real run of the repository's smoke cases.
+
+The cases run against the embedded llama-server (the packaged ``local`` profile), and
+for every case the verdict JUnit reported equals the verdict of ``case_summary.csv``,
+``summary.json`` and ``report.md`` for the same case id, and the case id is the pytest
+node id where the test ran one case. A subset of the smoke selection (the prefill and
+decode matrix: single-case tests, parametrized ids) keeps it to a few minutes on two
+cores; the mixed A/B (six cases in one test) has the same path through teardown.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.test_robustness_support import PytestRun, llama_paths
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    llama_paths()  # fails with the setup command when llama-server is not built
+    tmp = tmp_path_factory.mktemp("smoke")
+    xml = tmp / "junit.xml"
+    run = PytestRun.start(
+        ["cases/", "-m", "smoke", "-k", "test_prefill or test_decode", f"--junitxml={xml}",
+         f"--strata-reports-dir={tmp / 'reports'}", "--strata-run-id=smoke"],
+        tmp / "out.txt", tmp / "reports" / "smoke")
+    rc = run.wait(1500)
+    assert rc in (0, 1), run.text()[-3000:]  # a failed case still reports its verdict
+    return xml, run.run_dir, run.text()
+
+
+def _junit_verdicts(xml) -> dict[str, str]:
+    out = {}
+    for tc in ET.parse(xml).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        ids = {k[: -len("case_id")]: v for k, v in props.items() if k.endswith("case_id")}
+        for prefix, cid in ids.items():
+            out[cid] = props[f"{prefix}verdict"]
+    return out
+
+
+def test_junit_verdict_is_the_report_verdict_for_every_case(smoke_run):
+    xml, run_dir, text = smoke_run
+    junit = _junit_verdicts(xml)
+    assert len(junit) == 4, text[-3000:]
+    # single-case tests: the case id is the node id pytest printed
+    for cid in junit:
+        assert cid.startswith("cases/test_matrix.py::test_"), cid
+        assert cid in text or cid.split("::", 1)[1] in text
+    with (run_dir / "case_summary.csv").open() as fh:
+        csv_v = {r["case_id"]: r["verdict"] or "none" for r in csv.DictReader(fh)}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    json_v = {c["case_id"]: c["verdict"]["summary"] or "none" for c in summary["cases"]}
+    report = (run_dir / "report.md").read_text()
+    recorded = {}
+    for line in (run_dir / "cases.jsonl").read_text().splitlines():
+        c = json.loads(line)
+        if "verdict" in c:
+            recorded[c["case_id"]] = c
+    assert csv_v == junit and json_v == junit
+    for cid, verdict in junit.items():
+        assert recorded[cid]["nodeid"] == cid
+        section = report.split(f"`{cid}`", 1)[1].split("\n### ", 1)[0]
+        head = verdict.replace("inconclusive: ", "").split(" (+")[0]
+        assert f"**{'inconclusive: ' if 'inconclusive' in verdict else ''}{head}**" in section \
+            or verdict == "none", (cid, verdict)
