@@ -100,6 +100,7 @@ class StrataSession:
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""
         self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
+        self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
 
     # --- servers -------------------------------------------------------------------------
 
@@ -201,20 +202,10 @@ class StrataSession:
         from strata_plugin.run.preflight import PreflightError, preflight, require_preflight
 
         p = self.cfg.profile
-        tools: list[str] = []
-        if not self.cfg.server_url:
-            values = self.placeholder_values(p.server.port or 0)
-            for conf in p.server.configs:
-                argv = expand_placeholders(conf.argv, values)
-                if argv:
-                    tools.append(argv[0])
-        remote = [n for n in p.nodes if n.ssh_host]
-        if remote:
-            tools.append("ssh")
-        nodes = {n.name: _ssh_probe(n.ssh_host) for n in remote}
-        checks = preflight(ports=[p.server.port] if p.server.port and not self.cfg.server_url
-                           else [], tools=tools, nodes=nodes,
-                           gpus="nvml" in p.telemetry.collectors, host=p.server.host)
+        plan = self.preflight_plan()
+        nodes = {name: _ssh_probe(host) for name, host in plan["nodes"].items()}
+        checks = preflight(ports=plan["ports"], tools=plan["tools"], nodes=nodes,
+                           gpus=plan["gpus"], host=plan["host"])
         self.recorder.update_manifest(preflight=[c.__dict__ for c in checks])
         try:
             require_preflight(checks)
@@ -222,6 +213,23 @@ class StrataSession:
             hint = (f"\n(the profile's setup command builds what it needs: "
                     f"{' '.join(p.setup_argv)})" if p.setup_argv else "")
             raise PreflightFailed(f"{exc}{hint}") from None
+
+    def preflight_plan(self) -> dict:
+        """What the preflight checks: ports free, tools on PATH, nodes over ssh, idle GPUs."""
+        p = self.cfg.profile
+        tools: list[str] = []
+        if not self.cfg.server_url:
+            values = self.placeholder_values(p.server.port or 0)
+            for conf in p.server.configs:
+                argv = expand_placeholders(conf.argv, values)
+                if argv and argv[0] not in tools:
+                    tools.append(argv[0])
+        remote = {n.name: n.ssh_host for n in p.nodes if n.ssh_host}
+        if remote:
+            tools.append("ssh")
+        return {"ports": [p.server.port] if p.server.port and not self.cfg.server_url else [],
+                "tools": tools, "nodes": remote, "gpus": "nvml" in p.telemetry.collectors,
+                "host": p.server.host}
 
     # --- blocks: one server configuration's lifetime ------------------------------------
 
@@ -294,6 +302,7 @@ class StrataSession:
                 h.track_pids([server.pid])
 
     def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
+        from strata_plugin.load.case_runner import PlanningRunner
         from strata_plugin.load.client import Timeouts
 
         p = self.cfg.profile
@@ -309,6 +318,9 @@ class StrataSession:
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
+        if self.dry_plan is not None:
+            return PlanningRunner(setup, plan=self.dry_plan.add_case,
+                                  default_case_id=case_id_from(nodeid), history=self.history)
         return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
                           add_case=self.recorder.add_case, counters=process_counters(server),
                           progress_line=progress, default_case_id=case_id_from(nodeid),
