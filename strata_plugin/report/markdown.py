@@ -17,6 +17,7 @@ from strata_plugin.analysis.metrics import PERCENTILE_METHOD
 from strata_plugin.analysis.rails import RailsReport
 from strata_plugin.analysis.rules import THRESHOLDS, Verdict
 from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
@@ -40,6 +41,7 @@ class ReportData:
     case_plots: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
+    static: list[NodeStatic] = field(default_factory=list)
 
 
 def _cmd(argv: Any) -> str:
@@ -150,6 +152,36 @@ def header(d: ReportData) -> str:
         if unavailable
         else "Every collector ran.\n"
     )
+    return "".join(out)
+
+
+def static_section(d: ReportData) -> str:
+    """Each node's static snapshots (before and after the run, ``nodes/<node>/static``)
+    and the error counters that moved between them."""
+    out = ["\n## Environment (static snapshots)\n\n"]
+    if not d.static:
+        return out[0] + "\nNo static snapshot in this run folder.\n"
+    rows = []
+    for n in d.static:
+        f = n.facts
+        rows.append((
+            n.node, "yes" if n.before else "MISSING", "yes" if n.after else "MISSING",
+            f.get("kernel") or "-", f.get("cpu") or "-",
+            f"{f.get('gpus')} (driver {f.get('driver')})" if f.get("gpus") else "none",
+            ", ".join(f.get("nics") or []) or "-", ", ".join(f.get("rdma_ports") or []) or "-",
+            "; ".join(f"{k}: {v}" for k, v in sorted(n.errors.items())) or "none"))
+    out.append(md_table(("node", "before", "after", "kernel", "CPU", "GPUs", "NICs",
+                         "RDMA ports", "not captured"), rows))
+    moved = [m for n in d.static for m in n.moved]
+    out.append("\nCounters that should not move (NIC and RDMA errors and drops, link state, "
+               "GPU ECC errors, retired pages, remapped rows), after minus before: ")
+    compared = [n.node for n in d.static if n.before and n.after]
+    if moved:
+        out.append("**moved**:\n\n" + "".join(f"- {m.line()}\n" for m in moved))
+    elif compared:
+        out.append(f"none moved on {', '.join(compared)}.\n")
+    else:
+        out.append("not compared (a snapshot is missing).\n")
     return "".join(out)
 
 
@@ -488,7 +520,7 @@ def thresholds_section() -> str:
 
 
 def render(d: ReportData) -> str:
-    parts = [header(d), limits(d), summary_table(d), "\n## Cases\n"]
+    parts = [header(d), static_section(d), limits(d), summary_table(d), "\n## Cases\n"]
     parts.extend(case_section(d, a) for a in d.analyses)
     parts.extend([ab_section(d), run_timeline(d), thresholds_section()])
     return "".join(parts)

@@ -24,6 +24,7 @@ from strata_plugin.analysis.clocks import clock_warnings
 from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.static_diff import run_static
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.report import plots
 from strata_plugin.report.benchjson import benchmark_json
@@ -224,6 +225,7 @@ def write_report(run_dir: Path | str) -> Path:
         ctx=ctx,
         analyses=analyses,
         limits=run_limits(bundle, store, ctx, analyses),
+        static=run_static(run_dir),
     )
 
     plot_dir = run_dir / "plots"

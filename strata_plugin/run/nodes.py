@@ -64,6 +64,32 @@ def start_agents(sess: StrataSession, server: Server) -> list:
     return handles
 
 
+def snapshot_agents(sess: StrataSession, handles: list, label: str) -> None:
+    """Static snapshots of every node through its agent, into ``nodes/<node>/static/<label>``.
+
+    ``before`` is taken once per node (the first block), ``after`` at every block's end
+    (the last one stays), so the two bracket the whole run. A snapshot that fails is
+    recorded in the manifest with its reason and never stops the run.
+    """
+    import shutil
+
+    done = dict(sess.recorder.manifest.get("static_snapshots", {}))
+    for h in handles:
+        dest = sess.run_dir / "nodes" / h.node / "static" / label
+        if label == "before" and dest.is_dir():
+            continue
+        shutil.rmtree(dest, ignore_errors=True)  # an earlier block's "after"
+        try:
+            if not h.alive:
+                raise RuntimeError("the agent is not running")
+            h.snapshot(label, timeout_s=120.0)
+            result = "ok"
+        except Exception as exc:  # the run goes on; the report says the snapshot is missing
+            result = f"{type(exc).__name__}: {exc}"
+        done.setdefault(h.node, {})[label] = result
+    sess.recorder.update_manifest(static_snapshots=done)
+
+
 def stop_agents(sess: StrataSession, handles: list) -> None:
     """Measure each clock again (for drift), then stop the agents; deaths are recorded."""
     from strata_plugin.analysis.clocks import fit

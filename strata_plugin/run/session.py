@@ -20,7 +20,12 @@ from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
-from strata_plugin.run.nodes import process_counters, start_agents, stop_agents
+from strata_plugin.run.nodes import (
+    process_counters,
+    snapshot_agents,
+    start_agents,
+    stop_agents,
+)
 from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
 from strata_plugin.run.server import LaunchSpec, Server, free_port, write_command
 
@@ -237,8 +242,9 @@ class StrataSession:
         """Start the telemetry agents on this server, then hold the idle baseline."""
         block = Block(server=server, agents=start_agents(self, server))
         self.blocks[server.block_key] = block
-        t0 = time.monotonic_ns()
         try:
+            snapshot_agents(self, block.agents, "before")
+            t0 = time.monotonic_ns()
             time.sleep(self.cfg.profile.telemetry.baseline_s)
         except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
             stop_agents(self, block.agents)
@@ -257,9 +263,16 @@ class StrataSession:
                                    time.monotonic_ns())
         finally:
             try:
-                stop_agents(self, block.agents)
-            finally:  # an agent that died (e.g. its files hit a full disk) must not keep
-                self.stop_server(block.server)  # the server running
+                if not reaper.INTERRUPTED.is_set():
+                    snapshot_agents(self, block.agents, "after")
+            finally:
+                self._stop_block(block)
+
+    def _stop_block(self, block: Block) -> None:
+        try:
+            stop_agents(self, block.agents)
+        finally:  # an agent that died (e.g. its files hit a full disk) must not keep
+            self.stop_server(block.server)  # the server running
 
     def dead_workers(self, server: Server) -> list:
         """The remote workers of this server's block that have exited."""
