@@ -23,9 +23,9 @@ from strata_plugin.analysis.case_summary import (
 from strata_plugin.analysis.clocks import clock_warnings
 from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
-from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.static_diff import run_static
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import plots
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.fmt import json_text
@@ -73,7 +73,7 @@ def run_limits(
                 out.append(f"{node}: clock offset not measured; its samples are taken as aligned")
             elif n.get("offset_end_ns") is None:
                 out.append(f"{node}: clock offset measured only at start; drift not corrected")
-    out.extend(clock_warnings(m, profile_interval_s(m)))
+    out.extend(clock_warnings(m, TelemetryFacts.from_manifest(m).interval_s))
     if bundle.anchor is None:
         out.append("no clock_anchor in manifest.json: request windows come from markers.csv")
     if bundle.bad_lines:

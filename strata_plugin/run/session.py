@@ -98,8 +98,10 @@ class StrataSession:
         self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
         self.started_ns = time.monotonic_ns()
-        # Tells the attribution whether missing GPU telemetry is a gap or just a CPU server.
-        self.recorder.update_manifest(gpu_expected=cfg.profile.server.engine in ("vllm", "sglang"))
+        # What analysis needs from the profile, resolved once (formats/telemetry.py): the
+        # interval, link caps, and whether GPUs and RDMA rails are expected (missing GPU
+        # telemetry is then a gap, not just a CPU server).
+        self.recorder.update_manifest(telemetry=cfg.profile.telemetry_facts().to_json())
         self.servers: dict[str, Server] = {}
         self.workers: dict[str, list] = {}  # remote worker processes by block id
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
