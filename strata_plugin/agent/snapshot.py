@@ -17,15 +17,15 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, List, Tuple
 
 from . import nvml_lib, procfs
 from .protocol import AGENT_VERSION
 from .targets import run_tool
 
-Runner = Callable[[list[str], float], tuple[int, str, str]]
+Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
 #: A one-liner run with the server's own Python to list *its* packages.
 _PKG_SCRIPT = (

@@ -11,11 +11,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from typing import Callable, List, Tuple
 
 from . import procfs
 
-Runner = Callable[[list[str], float], tuple[int, str, str]]
+Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
 
 def run_tool(argv: list[str], timeout_s: float) -> tuple[int, str, str]:

@@ -71,7 +71,7 @@ class DmonParser:
             return None
         device = f"gpu{ident}" if group == "GPU" else f"{group.lower()}{ident}"
         out = []
-        for (metric, kind), text in zip(self.metrics, values, strict=False):
+        for (metric, kind), text in zip(self.metrics, values):
             if text == "N/A":
                 continue
             try:
