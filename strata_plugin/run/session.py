@@ -108,6 +108,7 @@ class StrataSession:
         self.incomplete_reason = ""
         self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
+        self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
 
     # --- servers -------------------------------------------------------------------------
 
@@ -184,23 +185,39 @@ class StrataSession:
             w.stop()
             reaper.unregister(w)
 
-    def stop_server(self, server: Server) -> None:
-        """Stop the server and its workers, then confirm the GPU memory was released."""
+    def stop_server(self, server: Server, agents: list | None = None) -> None:
+        """Stop the server and its workers, then confirm the GPU memory was released on
+        every node, through that node's agent (the head alone, locally, when no agent
+        runs any more)."""
         pid = server.pid
         server.stop()
         reaper.unregister(server)
         self.stop_workers(server.block_key)
-        if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
+        if ("nvml" not in self.cfg.profile.telemetry.collectors
+                or server.block_key in self.gpu_checked):
             return
-        from strata_plugin.run.gpu_release import require_gpu_release, wait_gpu_release
+        self.gpu_checked.add(server.block_key)  # once per block: its agents' answer stands
+        from strata_plugin.run.gpu_release import (
+            release_on_nodes,
+            require_gpu_release,
+            wait_gpu_release,
+        )
 
-        result = wait_gpu_release([pid], timeout_s=30.0)
+        live = [h for h in agents or [] if h.alive]
+        if live:
+            results = release_on_nodes(live, timeout_s=30.0)
+        elif pid is not None:
+            head = next((n.name for n in self.cfg.profile.nodes if n.role == "head"), "local")
+            results = {head: wait_gpu_release([pid], timeout_s=30.0)}
+        else:
+            return
         releases = dict(self.recorder.manifest.get("gpu_release", {}))
         releases[server.block_key] = {
-            "ok": result.ok, "skipped": result.skipped, "detail": result.detail,
-            "waited_s": round(result.waited_s, 3)}
+            node: {"ok": r.ok, "skipped": r.skipped, "detail": r.detail,
+                   "waited_s": round(r.waited_s, 3)} for node, r in sorted(results.items())}
         self.recorder.update_manifest(gpu_release=releases)
-        require_gpu_release(result)
+        for node, r in sorted(results.items()):
+            require_gpu_release(r, node)
 
     # --- before anything starts ---------------------------------------------------------
 
@@ -271,10 +288,12 @@ class StrataSession:
                 self._stop_block(block)
 
     def _stop_block(self, block: Block) -> None:
+        """The server first (its agents then check every node's GPUs were released), the
+        agents last, whatever either does: a dead agent never keeps the server running."""
         try:
+            self.stop_server(block.server, block.agents)
+        finally:
             stop_agents(self, block.agents)
-        finally:  # an agent that died (e.g. its files hit a full disk) must not keep
-            self.stop_server(block.server)  # the server running
 
     def dead_workers(self, server: Server) -> list:
         """The remote workers of this server's block that have exited."""
