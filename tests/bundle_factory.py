@@ -460,7 +460,7 @@ def make_run(root: Path, run: RunSpec) -> Path:
         "complete": True,
     }
     if run.gpu_expected is not None:
-        manifest["gpu_expected"] = run.gpu_expected
+        manifest["telemetry"] = {"gpu_expected": run.gpu_expected}
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return run_dir
 

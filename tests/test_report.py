@@ -292,7 +292,7 @@ def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):
     run = make_run(tmp_path, RunSpec(cases=cases, nodes=2, interval_s=0.25))
     mpath = run / "manifest.json"
     m = json.loads(mpath.read_text())
-    m["profile"]["telemetry"] = {"interval_s": 0.25, "link_caps": {"node0/eth0": 8e6}}
+    m["telemetry"] = {"interval_s": 0.25, "link_caps_bits_s": {"node0/eth0": 8e6}}
     m["nodes"]["node1"]["clock_uncertainty_ns"] = 400_000_000
     mpath.write_text(json.dumps(m, indent=2, sort_keys=True))
     write_report(run)
@@ -312,35 +312,59 @@ def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):
     write_report(run)
     assert (run / "report.md").read_bytes() == first
     # no link_caps: the 10 Gbit/s link speed hides the cap, and nothing is listed
-    m["profile"]["telemetry"] = {"interval_s": 0.25}
+    m["telemetry"] = {"interval_s": 0.25}
     mpath.write_text(json.dumps(m, indent=2, sort_keys=True))
     write_report(run)
     assert "#### Rails, links and peers" not in (run / "report.md").read_text()
 
 
-def test_profile_link_caps_and_rdma_expectation():
-    from strata_plugin.analysis.signals import (
-        profile_expects_rdma,
-        profile_interval_s,
-        profile_link_caps,
-    )
+def test_telemetry_facts_resolved_from_the_profile_and_read_from_the_manifest(tmp_path):
+    """The profile is read once: its telemetry facts go into manifest.json, and analysis
+    reads them from there (a raw profile table in the manifest is not consulted)."""
+    from strata_plugin.configure.profile import load_profile
+    from strata_plugin.formats.telemetry import TelemetryFacts
 
-    prof = {
-        "telemetry": {
-            "interval_s": 1.0,
-            "collectors": ["proc", "net"],
-            "link_caps": {"head/veth0": 8e6, "bad": 1, "w/eth1": "x", "w/eth2": 1e9},
-        },
-        "server": {"configs": {"tp": {"env": {"NCCL_IB_HCA": "mlx5_0"}}}},
-    }
-    m = {"profile": prof}
-    assert profile_link_caps(m) == {("head", "veth0"): 1e6, ("w", "eth2"): 1.25e8}
-    assert profile_expects_rdma(m) and profile_interval_s(m) == 1.0
-    assert profile_expects_rdma({"profile": {"telemetry": {"collectors": ["rdma"]}}})
-    assert not profile_expects_rdma({"profile": {"server": {"env": {}}}})
-    for bare in ({}, {"profile": "name"}, {"profile": {"telemetry": None}}):
-        assert profile_link_caps(bare) == {} and not profile_expects_rdma(bare)
-        assert profile_interval_s(bare) == 0.5
+    path = tmp_path / "p.toml"
+    path.write_text("""
+name = "p"
+[vars]
+hcas = "mlx5_0,mlx5_3"
+[server]
+engine = "sglang"
+api = "sglang"
+argv = ["x"]
+[server.configs.tp.env]
+NCCL_IB_HCA = "{hcas}"
+[telemetry]
+interval_s = 1.0
+collectors = ["proc", "net"]
+[telemetry.link_caps]
+"head/veth0" = 8e6
+"w/eth2" = 1e9
+[[nodes]]
+name = "head"
+[[nodes]]
+name = "w"
+role = "worker"
+ssh_host = "w.example"
+""")
+    facts = load_profile(path).telemetry_facts()
+    assert facts.expected_rails == ("mlx5_0", "mlx5_3") and facts.expects_rdma
+    assert facts.gpu_expected and facts.interval_s == 1.0
+    m = {"telemetry": facts.to_json(),
+         "profile": {"telemetry": {"interval_s": 9.0, "link_caps": {"x/y": 1}}}}
+    read = TelemetryFacts.from_manifest(json.loads(json.dumps(m)))
+    assert read == facts
+    assert read.link_caps() == {("head", "veth0"): 1e6, ("w", "eth2"): 1.25e8}
+    bad = TelemetryFacts.from_manifest({"telemetry": {
+        "interval_s": -1, "link_caps_bits_s": {"bad": 1, "w/eth1": "x", "w/eth3": 8}}})
+    assert bad.interval_s == 0.5 and bad.link_caps() == {("w", "eth3"): 1.0}
+    for bare in ({}, {"telemetry": "x"}, {"telemetry": None}):
+        facts = TelemetryFacts.from_manifest(bare)
+        assert facts.link_caps() == {} and not facts.expects_rdma and facts.interval_s == 0.5
+    assert TelemetryFacts.from_manifest({"gpu_expected": True}).gpu_expected  # older folders
+    plain = TelemetryFacts.from_manifest({"telemetry": {"collectors": ["rdma"]}})
+    assert not plain.expects_rdma  # recorded, not re-derived
 
 
 def test_a_late_client_leads_the_case_and_the_report_says_why(tmp_path):

@@ -224,7 +224,8 @@ class Agent:
         collectors: list[Collector],
         targets: ProcessTargets,
         writer: LineWriter,
-        snapshot_fn: Callable[[list[int]], dict[str, str]] | None = None,
+        snapshot_fn: Callable[[list[int], str], dict[str, str]] | None = None,
+        nvml_fn: Callable[[], Any] | None = None,
     ) -> None:
         self.node = node
         self.interval_s = interval_s
@@ -232,6 +233,7 @@ class Agent:
         self.targets = targets
         self.out = writer
         self.snapshot_fn = snapshot_fn
+        self.nvml_fn = nvml_fn  # the NVML module the GPU release check uses (a stub in tests)
         self.active: list[Collector] = []
         self.status: dict[str, dict[str, str]] = {}
         self.failures: dict[str, int] = {}
@@ -317,6 +319,19 @@ class Agent:
                         name="snapshot",
                         daemon=True,
                     ).start()
+                elif cmd == "gpu_release":
+                    label, _, timeout = arg.strip().partition(" ")
+                    try:
+                        timeout_s = float(timeout or "30")
+                    except ValueError:
+                        self._error("control", f"bad gpu_release line: {line!r}")
+                        continue
+                    threading.Thread(
+                        target=self._gpu_release,
+                        args=(label or "release", timeout_s),
+                        name="gpu-release",
+                        daemon=True,
+                    ).start()
                 else:
                     self._error("control", f"unknown control line: {line[:200]!r}")
         except (OSError, ValueError):
@@ -327,10 +342,26 @@ class Agent:
         if self.snapshot_fn is None:
             return
         try:
-            files = self.snapshot_fn(self._server_pids())
+            files = self.snapshot_fn(self._server_pids(), label)
         except Exception as e:
             files = {"errors.json": json.dumps({"snapshot": f"{type(e).__name__}: {e}"}) + "\n"}
         self.out.write(protocol.control_line("snapshot", label, files))
+
+    def _gpu_release(self, label: str, timeout_s: float) -> None:
+        """Wait until no process this agent followed as the server holds GPU memory (no
+        process at all when it followed none), and answer ``gpu_release <label> {...}``."""
+        from .gpu_release import result_json, wait_gpu_release
+
+        pids = sorted(set(self.targets.ever) | set(self.targets.tree) | set(self.targets.pids))
+        try:
+            nv = self.nvml_fn() if self.nvml_fn is not None else None
+            r = result_json(wait_gpu_release(pids, timeout_s=timeout_s, require_idle=not pids,
+                                             nvml=nv))
+        except Exception as e:
+            r = {"ok": False, "skipped": False, "detail": f"{type(e).__name__}: {e}",
+                 "waited_s": 0.0, "holders": []}
+        r["pids"] = pids
+        self.out.write(protocol.control_line("gpu_release", label, r))
 
     def _server_pids(self) -> list[int]:
         """The server tree as last resolved, else resolved now (without touching shared state)."""
@@ -517,12 +548,21 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.001)  # let the control thread answer pings promptly
     writer = LineWriter(sys.stdout.fileno())
 
-    def snapshot_fn(pids: list[int]) -> dict[str, str]:
+    def snapshot_fn(pids: list[int], label: str) -> dict[str, str]:
         from .snapshot import collect_snapshot
 
-        return collect_snapshot(pids)
+        # Installed packages do not change during a run: listed once, before (a second
+        # listing costs a Python start-up per server on a loaded node).
+        return collect_snapshot(pids, python_packages=label != "after")
 
-    agent = Agent(args.node, args.interval, collectors, targets, writer, snapshot_fn)
+    stub = [None]
+
+    def nvml_fn() -> object:
+        if args.nvml_stub and stub[0] is None:
+            stub[0] = _load_stub(args.nvml_stub)
+        return stub[0]
+
+    agent = Agent(args.node, args.interval, collectors, targets, writer, snapshot_fn, nvml_fn)
     signal.signal(signal.SIGTERM, lambda *_: agent.stop("sigterm"))
     agent.probe_all()
     writer.write(protocol.control_line("hello", agent.hello()))

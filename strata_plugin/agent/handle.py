@@ -189,6 +189,8 @@ class AgentHandle:
         self._cond = threading.Condition()
         self._pongs: dict[str, tuple[int, int]] = {}
         self._snapshots: dict[str, Path] = {}
+        self._releases: dict[str, dict] = {}
+        self._release_seq = 0
         self._ping_seq = 0
         self._sinks: dict[bytes, IO[bytes]] = {}
         self._hello_event = threading.Event()
@@ -247,14 +249,18 @@ class AgentHandle:
         handle = cls(node, out, list(argv), proc, on_exit)
         handle._reader.start()
         deadline = time.monotonic() + hello_timeout_s
-        while not handle._hello_event.wait(0.05):
-            if handle._done.is_set() or time.monotonic() > deadline:
-                handle.stop(2.0)
-                info = handle._exit
-                why = info.reason if info else "no hello"
-                raise AgentStartError(
-                    f"agent for {node} did not start ({why}); stderr: {handle._stderr_tail()}"
-                )
+        try:
+            while not handle._hello_event.wait(0.05):
+                if handle._done.is_set() or time.monotonic() > deadline:
+                    handle.stop(2.0)
+                    info = handle._exit
+                    why = info.reason if info else "no hello"
+                    raise AgentStartError(
+                        f"agent for {node} did not start ({why}); stderr: {handle._stderr_tail()}"
+                    )
+        except KeyboardInterrupt:  # Ctrl-C while waiting: nobody else holds this agent
+            handle.stop(2.0)
+            raise
         return handle
 
     @property
@@ -400,6 +406,27 @@ class AgentHandle:
                 self._cond.wait(min(left, 0.1))
             return self._snapshots.pop(label)
 
+    def ask_gpu_release(self, timeout_s: float = 30.0) -> str:
+        """Ask the agent to wait until the server it followed holds no GPU memory on this
+        node; returns the label :meth:`wait_gpu_release` waits for."""
+        with self._cond:
+            self._release_seq += 1
+            label = f"r{self._release_seq}"
+        self.send(f"gpu_release {label} {float(timeout_s)!r}")
+        return label
+
+    def wait_gpu_release(self, label: str, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while label not in self._releases:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no GPU release answer from {self.node} in {timeout_s}s")
+                if self._done.is_set():
+                    self._raise_dead()
+                self._cond.wait(min(left, 0.1))
+            return self._releases.pop(label)
+
     # -- reading ---------------------------------------------------------------
     def _read_loop(self) -> None:
         assert self.proc.stdout is not None
@@ -480,6 +507,18 @@ class AgentHandle:
         if keyword == "snapshot":
             label, _, payload = rest.partition(" ")
             self._write_snapshot(label, payload)
+            return
+        if keyword == "gpu_release":
+            label, _, payload = rest.partition(" ")
+            try:
+                answer = json.loads(payload)
+            except json.JSONDecodeError as e:
+                answer = {"ok": False, "skipped": False, "detail": f"undecodable answer: {e}",
+                          "waited_s": 0.0, "holders": []}
+            self._log_line(keyword, {"label": label, **answer}, t_recv)
+            with self._cond:
+                self._releases[label] = answer
+                self._cond.notify_all()
             return
         try:
             payload = json.loads(rest) if rest else {}

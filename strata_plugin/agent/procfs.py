@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable, Optional
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -326,7 +327,7 @@ def read_process_counters(pids: Iterable[int]) -> ProcessCounters:
     )
 
 
-Reader = Callable[[], bytes | None]  # one /proc file, read whole
+Reader = Callable[[], Optional[bytes]]  # one /proc file, read whole
 
 
 def _sum_counters(readers: Iterable[tuple[Reader, Reader]]) -> ProcessCounters:

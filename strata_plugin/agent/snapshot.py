@@ -17,15 +17,15 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, List, Tuple
 
 from . import nvml_lib, procfs
 from .protocol import AGENT_VERSION
 from .targets import run_tool
 
-Runner = Callable[[list[str], float], tuple[int, str, str]]
+Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
 #: A one-liner run with the server's own Python to list *its* packages.
 _PKG_SCRIPT = (
@@ -93,6 +93,118 @@ def numa_layout(root: str = "/sys/devices/system/node") -> dict[str, Any]:
     return out
 
 
+NET_ROOT = "/sys/class/net"
+IB_ROOT = "/sys/class/infiniband"
+
+
+def _read_counters(folder: str) -> dict[str, int]:
+    """Integer files of a sysfs counters folder (statistics/, counters/, hw_counters/)."""
+    out: dict[str, int] = {}
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        text = _read(os.path.join(folder, name))
+        if text is not None and text.strip().lstrip("-").isdigit():
+            out[name] = int(text.strip())
+    return out
+
+
+def parse_ethtool_stats(text: str) -> dict[str, int]:
+    """``ethtool -S`` output (``name: value`` lines under a header) as a dict."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, val = line.partition(":")
+        if sep and val.strip().lstrip("-").isdigit():
+            out[key.strip()] = int(val.strip())
+    return out
+
+
+def nic_facts(root: str = NET_ROOT, ethtool: Callable[[str], str | None] | None = None
+              ) -> dict[str, Any]:
+    """Per interface: state, speed, MTU, driver, the kernel's statistics and (for a
+    device-backed interface, when ethtool exists) ``ethtool -S``, before and after a run
+    so that error counters that moved are seen."""
+    out: dict[str, Any] = {}
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        base = os.path.join(root, name)
+        entry: dict[str, Any] = {
+            k: (v.strip() if (v := _read(os.path.join(base, k))) is not None else None)
+            for k in ("operstate", "speed", "mtu", "address")}
+        try:
+            entry["driver"] = os.path.basename(os.readlink(os.path.join(base, "device", "driver")))
+        except OSError:
+            entry["driver"] = None
+        entry["statistics"] = _read_counters(os.path.join(base, "statistics"))
+        if ethtool is not None and os.path.exists(os.path.join(base, "device")):
+            text = ethtool(name)
+            if text:
+                entry["ethtool_stats"] = parse_ethtool_stats(text)
+        out[name] = entry
+    return out
+
+
+def rdma_facts(root: str = IB_ROOT) -> dict[str, Any]:
+    """Per RDMA port: state, physical state, rate, link layer, GID 0, and its error and
+    hardware counters."""
+    out: dict[str, Any] = {}
+    try:
+        devs = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for dev in devs:
+        ports_dir = os.path.join(root, dev, "ports")
+        try:
+            ports = sorted(os.listdir(ports_dir))
+        except OSError:
+            continue
+        for port in ports:
+            base = os.path.join(ports_dir, port)
+            entry: dict[str, Any] = {
+                k: (v.strip() if (v := _read(os.path.join(base, k))) is not None else None)
+                for k in ("state", "phys_state", "rate", "link_layer")}
+            entry["gid0"] = (_read(os.path.join(base, "gids", "0")) or "").strip() or None
+            entry["counters"] = _read_counters(os.path.join(base, "counters"))
+            entry["hw_counters"] = _read_counters(os.path.join(base, "hw_counters"))
+            out[f"{dev}/{port}"] = entry
+    return out
+
+
+#: NVML's ECC counters: (error type, counter type) -> name (NVML_MEMORY_ERROR_TYPE_*,
+#: NVML_VOLATILE_ECC / NVML_AGGREGATE_ECC).
+_ECC = {(0, 0): "ecc_corrected_volatile", (1, 0): "ecc_uncorrected_volatile",
+        (0, 1): "ecc_corrected_aggregate", (1, 1): "ecc_uncorrected_aggregate"}
+#: NVML_PAGE_RETIREMENT_CAUSE_*: multiple single-bit errors, a double-bit error.
+_RETIRED = {0: "retired_pages_sbe", 1: "retired_pages_dbe"}
+
+
+def _gpu_health(nv: Any, h: Any) -> dict[str, Any]:
+    """ECC error counts, retired pages and remapped rows: counters that should not move."""
+    g: dict[str, Any] = {}
+    for (etype, ctype), key in _ECC.items():
+        try:
+            g[key] = int(nv.nvmlDeviceGetTotalEccErrors(h, etype, ctype))
+        except Exception as e:
+            g[key] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
+    for cause, key in _RETIRED.items():
+        try:
+            g[key] = len(nv.nvmlDeviceGetRetiredPages(h, cause))
+        except Exception as e:
+            g[key] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
+    try:
+        corr, unc, pending, failure = nv.nvmlDeviceGetRemappedRows(h)
+        g.update(remapped_rows_correctable=int(corr), remapped_rows_uncorrectable=int(unc),
+                 remapped_rows_pending=int(pending), remapped_rows_failure=int(failure))
+    except Exception as e:
+        g["remapped_rows"] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
+    return g
+
+
 def _nvml_facts(nvml: Any | None) -> tuple[dict[str, Any] | None, str | None]:
     nv, reason = nvml_lib.load_nvml(nvml)
     if nv is None:
@@ -130,6 +242,7 @@ def _nvml_facts(nvml: Any | None) -> tuple[dict[str, Any] | None, str | None]:
                     g[key] = nvml_lib.decode(v) if isinstance(v, bytes) else v
                 except Exception as e:
                     g[key] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
+            g.update(_gpu_health(nv, h))
             try:
                 g["memory_total_bytes"] = nv.nvmlDeviceGetMemoryInfo(h).total
                 g["pci_bus_id"] = nvml_lib.decode(nv.nvmlDeviceGetPciInfo(h).busId)
@@ -233,6 +346,15 @@ def collect_snapshot(
     query = tool("nvidia_smi_q", ["nvidia-smi", "-q"])
     if query:
         files["nvidia-smi-q.txt"] = query
+    def ethtool_stats(iface: str) -> str | None:
+        return tool(f"ethtool_S_{iface}", ["ethtool", "-S", iface], 10.0)
+
+    files["nics.json"] = _json(nic_facts(ethtool=ethtool_stats if which("ethtool") else None))
+    if not which("ethtool"):
+        errors["ethtool"] = "ethtool not found on PATH (kernel statistics only)"
+    rdma = rdma_facts()
+    if rdma:
+        files["rdma.json"] = _json(rdma)
     facts, reason = _nvml_facts(nvml)
     if facts is not None:
         files["gpus.json"] = _json(facts)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from typing import Callable, List, Tuple
 
 from . import procfs
 
-Runner = Callable[[list[str], float], tuple[int, str, str]]
+Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
 
 def run_tool(argv: list[str], timeout_s: float) -> tuple[int, str, str]:
@@ -50,6 +50,8 @@ class ProcessTargets:
         self.runner = runner
         self.roots: tuple[int, ...] = ()
         self.tree: tuple[int, ...] = ()
+        #: Every PID followed as the server at any time (the GPU release check watches them).
+        self.ever: set = set()
         self.generation = 0  # bumped whenever the tree changes
         self.last_error: str | None = None
         self.commands: list[tuple[str, list[str]]] = []
@@ -136,6 +138,7 @@ class ProcessTargets:
                     tree.append(pid)
         live_roots = tuple(r for r in roots if r in ppids)
         new_tree = tuple(tree)
+        self.ever.update(new_tree)
         if new_tree != self.tree or live_roots != self.roots:
             self.roots, self.tree = live_roots, new_tree
             self.generation += 1

@@ -25,12 +25,11 @@ from strata_plugin.analysis.signals import (
     GPU_SOURCES,
     RequestFacts,
     build_signals,
-    profile_expects_rdma,
-    profile_link_caps,
 )
 from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples
 from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.formats.telemetry import TelemetryFacts
 
 
 @dataclass(frozen=True)
@@ -221,13 +220,14 @@ def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
         for node in sorted(store.unavailable)
         for col, why in sorted(store.unavailable[node].items())
     )
+    facts = TelemetryFacts.from_manifest(bundle.manifest)
     return RunContext(
         gpu_present=any(s in GPU_SOURCES for _, s in sources),
-        gpu_expected=bool(bundle.manifest.get("gpu_expected", False)),
+        gpu_expected=facts.gpu_expected,
         multi_node=len(nodes_with_samples) > 1,
         unavailable=unavailable,
-        link_caps=profile_link_caps(bundle.manifest),
-        expect_rdma=profile_expects_rdma(bundle.manifest),
+        link_caps=facts.link_caps(),
+        expect_rdma=facts.expects_rdma,
     )
 
 

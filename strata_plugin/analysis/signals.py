@@ -17,7 +17,6 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from strata_plugin.analysis import rails
 from strata_plugin.analysis.rules import WindowSignals
@@ -284,55 +283,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
 
 
 # Ethernet links (net_util, net_wire_busy): rails.RailsReport.signals, which honours the
-# profile's link_caps.
-
-
-def _profile(manifest: Mapping[str, Any]) -> Mapping[str, Any]:
-    p = manifest.get("profile")
-    return p if isinstance(p, Mapping) else {}
-
-
-def _table(d: Any, key: str) -> Mapping[str, Any]:
-    v = d.get(key) if isinstance(d, Mapping) else None
-    return v if isinstance(v, Mapping) else {}
-
-
-def profile_link_caps(manifest: Mapping[str, Any]) -> dict[tuple[str, str], float]:
-    """``profile.telemetry.link_caps`` ("node/iface" -> bits/s) as rails wants it:
-    (node, iface) -> bytes/s per direction. Entries that do not parse are skipped."""
-    out = {}
-    for key, bits in _table(_table(_profile(manifest), "telemetry"), "link_caps").items():
-        node, sep, iface = str(key).rpartition("/")
-        try:
-            bps = float(bits)
-        except (TypeError, ValueError):
-            continue
-        if sep and node and iface and math.isfinite(bps) and bps > 0:
-            out[(node, iface)] = bps / 8.0
-    return out
-
-
-def profile_expects_rdma(manifest: Mapping[str, Any]) -> bool:
-    """The deployment should move its collectives over RDMA: the profile samples the
-    ``rdma`` collector, or sets NCCL_IB_HCA in the server's env (or a config's)."""
-    p = _profile(manifest)
-    collectors = _table(p, "telemetry").get("collectors")
-    if isinstance(collectors, (list, tuple)) and "rdma" in collectors:
-        return True
-    server = _table(p, "server")
-    envs = [_table(server, "env")]
-    envs += [_table(c, "env") for c in _table(server, "configs").values()]
-    return any("NCCL_IB_HCA" in env for env in envs)
-
-
-def profile_interval_s(manifest: Mapping[str, Any], default: float = 0.5) -> float:
-    """The profile's sampling interval (``telemetry.interval_s``; the config default)."""
-    v = _table(_profile(manifest), "telemetry").get("interval_s", default)
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return default
-    return x if math.isfinite(x) and x > 0 else default
+# run's recorded link caps (formats/telemetry.TelemetryFacts).
 
 
 def _prom_signals(view: HwView) -> dict:

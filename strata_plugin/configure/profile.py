@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.agent.cli import ALL_COLLECTORS
+from strata_plugin.formats.telemetry import TelemetryFacts
+
 API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
 ENGINES = ("llamacpp", "vllm", "sglang", "other")
-#: Telemetry collectors a profile may ask for (the agent's names).
-COLLECTORS = (
-    "proc", "cpu", "mem", "disk", "net", "rdma", "nvml", "dcgm", "prom", "log", "perf", "numa",
-)
+#: Telemetry collectors a profile may ask for: the agent's own list (it owns the names).
+COLLECTORS = ALL_COLLECTORS
 
 
 #: The ``[scale]`` keys a profile may set (``Workload.scaled``'s factors).
@@ -116,6 +117,23 @@ class Profile:
 
     def scale_factor(self, name: str, default: float = 1.0) -> float:
         return dict(self.scale).get(name, default)
+
+    def telemetry_facts(self) -> TelemetryFacts:
+        """What analysis needs from this profile, resolved once for manifest.json."""
+        values = dict(self.vars)
+        envs = [dict(c.env) for c in self.server.configs]
+        hca = next((e["NCCL_IB_HCA"] for e in envs if "NCCL_IB_HCA" in e), "")
+        try:
+            hca = hca.format_map(values)
+        except (KeyError, ValueError):
+            pass
+        rails = tuple(r.strip().lstrip("^=").split(":")[0] for r in hca.split(",") if r.strip())
+        t = self.telemetry
+        return TelemetryFacts(
+            interval_s=t.interval_s, collectors=t.collectors,
+            link_caps_bits_s=dict(t.link_caps),
+            gpu_expected=self.server.engine in ("vllm", "sglang"),
+            expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
 
 # --- validation helpers -------------------------------------------------------------------

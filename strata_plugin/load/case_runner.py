@@ -204,6 +204,15 @@ def validate(validators, records: tuple[RequestRecord, ...]) -> tuple[tuple[str,
     return tuple(out)
 
 
+def _ab_from_extra(extra: dict | None, ab: ABArm | None) -> tuple[dict, ABArm | None]:
+    """``extra`` without the older ``ab_group``/``ab_arm`` keys, read as an ``ABArm``."""
+    extra = dict(extra or {})
+    if ab is None and "ab_group" in extra:
+        rep = extra.pop("repetition", None)
+        ab = ABArm(str(extra.pop("ab_group")), str(extra.pop("ab_arm", "")), rep)
+    return extra, ab
+
+
 class CaseRunner:
     """Runs workloads against one server; bound to one test by the ``strata`` fixture."""
 
@@ -257,14 +266,8 @@ class CaseRunner:
         still read as an ``ab``).
         """
         case_id = case_id or self.default_case_id
-        extra = dict(extra or {})
-        if ab is None and "ab_group" in extra:
-            rep = extra.pop("repetition", None)
-            ab = ABArm(str(extra.pop("ab_group")), str(extra.pop("ab_arm", "")), rep)
-        if self.setup.api == "chat":
-            raise ValueError(
-                "the chat API takes text, and its template adds tokens: exact input lengths "
-                "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
+        extra, ab = _ab_from_extra(extra, ab)
+        self._require_token_ids()
         nominal = w
         w = self.scaled(w) if scale else w
         t_case = time.monotonic_ns()
@@ -336,6 +339,12 @@ class CaseRunner:
             raise err
         return result
 
+    def _require_token_ids(self) -> None:
+        if self.setup.api == "chat":
+            raise ValueError(
+                "the chat API takes text, and its template adds tokens: exact input lengths "
+                "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
+
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""
         out: dict[str, list[CaseResult]] = {}
@@ -402,3 +411,56 @@ class CaseRunner:
         t = threading.Thread(target=tick, name="strata-progress", daemon=True)
         t.start()
         return t
+
+
+class PlanningRunner(CaseRunner):
+    """The dry run's runner: each ``run`` writes the case as it would run, sends nothing.
+
+    The plan line holds the nominal and the scaled workload, the injection (its
+    workload as sent and its offset), the A/B arm and the server block, in the order
+    the tests ask for them. The result it returns has no records: a test whose checks
+    need measured results stops there, and the dry run reports how far it planned.
+    """
+
+    def __init__(self, setup: CaseSetup, *, plan: Callable[[dict], None],
+                 default_case_id: str = "case", history: dict | None = None) -> None:
+        super().__init__(setup, record=_not_recorded, mark=_not_recorded,
+                         add_case=plan, default_case_id=default_case_id, history=history)
+
+    def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
+            inject: Injection | None = None, ab: ABArm | None = None,
+            extra: dict | None = None, extra_body: dict | None = None,
+            validators: tuple = ()) -> CaseResult:
+        case_id = case_id or self.default_case_id
+        extra, ab = _ab_from_extra(extra, ab)
+        self._require_token_ids()
+        scaled = self.scaled(w) if scale else w
+        injected = None
+        if inject is not None:
+            iw = self.scaled(inject.workload) if scale else inject.workload
+            injected = {"name": iw.name, "params": iw.params(), "offset_s": inject.offset_s,
+                        "scaled_from": (inject.workload.params() if iw != inject.workload
+                                        else None)}
+        line = {
+            "planned": True, "case_id": case_id, "name": scaled.name,
+            "params": scaled.params(), "scaled_from": w.params() if scaled != w else None,
+            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
+            "api": self.setup.api, "injection": injected,
+            "extra_body_keys": sorted(extra_body or {}),
+            "validators": [getattr(v, "__name__", "validator") for v in validators],
+            **extra, **(ab.fields() if ab else {}),
+        }
+        self.case_lines[case_id] = line
+        self._add_case(line)
+        empty = case_metrics((), window_ns=(0, 0))
+        unchecked = SelfCheck(0.0, 0.0, 0.0, False, ("planned, not run",))
+        result = CaseResult(case_id, scaled, self.setup.config_id, (), (), empty, unchecked,
+                            (), (0, 0), 0.0, (), (), ab)
+        self.results.append(result)
+        if ab is not None:
+            self.history.setdefault(ab.group, []).append(result)
+        return result
+
+
+def _not_recorded(*_args: object) -> None:
+    raise AssertionError("a planned case records nothing")

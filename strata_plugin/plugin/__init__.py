@@ -11,6 +11,7 @@ from strata_plugin.plugin.hooks import (
     pytest_configure,
     pytest_generate_tests,
     pytest_keyboard_interrupt,
+    pytest_pyfunc_call,
     pytest_runtest_makereport,
     pytest_terminal_summary,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "pytest_configure",
     "pytest_generate_tests",
     "pytest_keyboard_interrupt",
+    "pytest_pyfunc_call",
     "pytest_runtest_makereport",
     "pytest_terminal_summary",
     "strata",

@@ -42,7 +42,7 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
     if sess.cfg.dry_run:
         from strata_plugin.run.dry_run import write_dry_run
 
-        write_dry_run(sess)
+        sess.dry_plan = write_dry_run(sess)
     else:
         try:
             sess.preflight()
@@ -66,7 +66,10 @@ def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Ite
     param = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
     config_id, block_id = split_param(param)
     if sess.cfg.dry_run:
-        pytest.skip("dry run: commands written, nothing started")
+        from strata_plugin.run.dry_run import planned_server
+
+        yield planned_server(sess, config_id, block_id)
+        return
     server = sess.start_server(config_id, block_id)
     block = sess.begin_block(server)
     try:
@@ -83,6 +86,9 @@ def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[ob
     sess: StrataSession = request.getfixturevalue("strata_session")  # type: ignore[assignment]
     from strata_plugin.run.session import ServerDown
 
+    if sess.cfg.dry_run:  # a planning runner: plugin/hooks.py ends the test as a skip
+        yield sess.case_runner(strata_server, request.node.nodeid, None)
+        return
     try:
         server = sess.ensure_alive(strata_server)
     except ServerDown as exc:

@@ -80,6 +80,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """In a dry run a Strata test plans its cases and ends as a skip saying how far it
+    got: its checks need measured results, so whatever stops it is not a failure."""
+    sess = run_state(pyfuncitem.config).session
+    runner = pyfuncitem.funcargs.get("strata")
+    if sess is None or sess.dry_plan is None or runner is None:
+        return (yield)
+    stopped = reason = ""
+    try:
+        yield
+    except Exception as exc:
+        from strata_plugin.run.dry_run import NotStarted
+
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        stopped = f"{type(exc).__name__}: {first}".rstrip(": ")
+        reason = (f"; {first}: the rest is known only in a real run"
+                  if isinstance(exc, NotStarted) else
+                  f"; the plan ends where the test checks measured results ({type(exc).__name__})")
+    planned = len(runner.case_lines)
+    sess.dry_plan.end_test(pyfuncitem.nodeid, runner.setup.block_id, planned, stopped)
+    raise pytest.skip.Exception(f"dry run: {planned} case(s) planned, nothing started{reason}",
+                                _use_item_location=True)
+
+
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
     # Called before session teardown: the run is then written as incomplete.
     from strata_plugin.run.reaper import INTERRUPTED

@@ -23,6 +23,7 @@ from strata_plugin.analysis.rails import RailsReport
 from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import Verdict
 from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report.fmt import md_num
@@ -49,6 +50,7 @@ class ReportData:
     case_plots: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
+    static: list[NodeStatic] = field(default_factory=list)
 
 
 def _cmd(argv: Any) -> str:
@@ -226,6 +228,36 @@ def summary_section(d: ReportData) -> str:
     return "\n## Summary\n\n" + md_table(
         ("case", "verdict", "decided by", "headline", "change"), rows
     )
+
+
+def static_section(d: ReportData) -> str:
+    """Each node's static snapshots (before and after the run, ``nodes/<node>/static``)
+    and the error counters that moved between them."""
+    out = ["\n## Environment (static snapshots)\n\n"]
+    if not d.static:
+        return out[0] + "\nNo static snapshot in this run folder.\n"
+    rows = []
+    for n in d.static:
+        f = n.facts
+        rows.append((
+            n.node, "yes" if n.before else "MISSING", "yes" if n.after else "MISSING",
+            f.get("kernel") or "-", f.get("cpu") or "-",
+            f"{f.get('gpus')} (driver {f.get('driver')})" if f.get("gpus") else "none",
+            ", ".join(f.get("nics") or []) or "-", ", ".join(f.get("rdma_ports") or []) or "-",
+            "; ".join(f"{k}: {v}" for k, v in sorted(n.errors.items())) or "none"))
+    out.append(md_table(("node", "before", "after", "kernel", "CPU", "GPUs", "NICs",
+                         "RDMA ports", "not captured"), rows))
+    moved = [m for n in d.static for m in n.moved]
+    out.append("\nCounters that should not move (NIC and RDMA errors and drops, link state, "
+               "GPU ECC errors, retired pages, remapped rows), after minus before: ")
+    compared = [n.node for n in d.static if n.before and n.after]
+    if moved:
+        out.append("**moved**:\n\n" + "".join(f"- {m.line()}\n" for m in moved))
+    elif compared:
+        out.append(f"none moved on {', '.join(compared)}.\n")
+    else:
+        out.append("not compared (a snapshot is missing).\n")
+    return "".join(out)
 
 
 def limits(d: ReportData) -> str:
@@ -649,8 +681,8 @@ def thresholds_section() -> str:
 
 def render(d: ReportData) -> str:
     """Read in a minute: the summary, then the A/B groups, then the details (collapsed)."""
-    parts = [header(d), summary_section(d), ab_section(d), limits(d), summary_table(d),
-             run_details(d), "\n## Cases\n"]
+    parts = [header(d), summary_section(d), ab_section(d), limits(d), static_section(d),
+             summary_table(d), run_details(d), "\n## Cases\n"]
     for a in d.analyses:
         parts.append(
             f"\n<details><summary>{html.escape(a.case_id)}: "

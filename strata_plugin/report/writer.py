@@ -29,9 +29,10 @@ from strata_plugin.analysis.case_summary import (
 )
 from strata_plugin.analysis.clocks import clock_warnings
 from strata_plugin.analysis.run_folder import RunBundle
-from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.static_diff import run_static
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import ab_plots, plots
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.fmt import json_text
@@ -79,7 +80,7 @@ def run_limits(
                 out.append(f"{node}: clock offset not measured; its samples are taken as aligned")
             elif n.get("offset_end_ns") is None:
                 out.append(f"{node}: clock offset measured only at start; drift not corrected")
-    out.extend(clock_warnings(m, profile_interval_s(m)))
+    out.extend(clock_warnings(m, TelemetryFacts.from_manifest(m).interval_s))
     if bundle.anchor is None:
         out.append("no clock_anchor in manifest.json: request windows come from markers.csv")
     if bundle.bad_lines:
@@ -267,6 +268,7 @@ def write_report(run_dir: Path | str) -> Path:
         ctx=ctx,
         analyses=analyses,
         limits=run_limits(bundle, store, ctx, analyses),
+        static=run_static(run_dir),
     )
 
     plot_dir = run_dir / "plots"

@@ -1,111 +1,61 @@
-"""After a server stops: confirm through NVML that its processes no longer hold GPU memory.
+"""GPU memory released on every node after a server stops, asked of each node's agent.
 
-A server that exits but leaves a worker holding memory poisons the next
-configuration's numbers (and its memory budget). :func:`wait_gpu_release`
-polls until no listed PID (or, with ``require_idle``, no process at all) holds
-GPU memory, or the timeout passes; :func:`require_gpu_release` raises
-:class:`GpuNotReleased` so the harness fails loudly.
+The check itself (``agent/gpu_release.py``) runs in the agent, next to the GPUs: a
+worker node's leftover process is seen there, not only the head's. Each agent
+watches every PID it followed as the server (its process tree, over the block); an
+agent that followed nothing requires its GPUs idle, as the preflight found them.
+:func:`require_gpu_release` raises :class:`GpuNotReleased` so the run fails loudly.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
-from strata_plugin.agent import nvml_lib
+from strata_plugin.agent.gpu_release import (
+    GpuHolder,
+    GpuReleaseResult,
+    gpu_holders,
+    wait_gpu_release,
+)
 
-
-@dataclass(frozen=True)
-class GpuHolder:
-    gpu: int
-    pid: int
-    used_bytes: int | None
-
-
-@dataclass(frozen=True)
-class GpuReleaseResult:
-    """``ok`` when released; ``skipped`` (and ok) when NVML is not available here."""
-
-    ok: bool
-    skipped: bool
-    detail: str
-    waited_s: float
-    holders: tuple[GpuHolder, ...] = ()
+__all__ = ["GpuHolder", "GpuNotReleased", "GpuReleaseResult", "gpu_holders",
+           "release_on_nodes", "require_gpu_release", "wait_gpu_release"]
 
 
 class GpuNotReleased(RuntimeError):
-    def __init__(self, result: GpuReleaseResult) -> None:
-        super().__init__(f"GPU memory not released: {result.detail}")
+    def __init__(self, result: GpuReleaseResult, node: str = "") -> None:
+        where = f" on {node}" if node else ""
+        super().__init__(f"GPU memory not released{where}: {result.detail}")
         self.result = result
+        self.node = node
 
 
-def gpu_holders(nv: Any) -> list[GpuHolder]:
-    out = []
-    for i in range(nv.nvmlDeviceGetCount()):
-        h = nv.nvmlDeviceGetHandleByIndex(i)
-        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            if hasattr(nv, fn):
-                for p in getattr(nv, fn)(h):
-                    out.append(GpuHolder(i, int(p.pid), getattr(p, "usedGpuMemory", None)))
-    return out
-
-
-def wait_gpu_release(
-    pids: Iterable[int],
-    timeout_s: float = 30.0,
-    poll_s: float = 0.5,
-    require_idle: bool = False,
-    nvml: Any | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> GpuReleaseResult:
-    """Poll NVML until none of ``pids`` holds GPU memory (any process, with ``require_idle``).
-
-    In a container NVML may report host PIDs that differ from the ones the
-    harness knows; pass ``require_idle=True`` when the GPUs were idle before
-    the server started (preflight checked that).
-    """
-    watched = set(pids)
-    nv, reason = nvml_lib.load_nvml(nvml)
-    if nv is None:
-        return GpuReleaseResult(True, True, f"skipped: {reason}", 0.0)
-    start = clock()
-    try:
-        while True:
-            try:
-                holders = [h for h in gpu_holders(nv) if require_idle or h.pid in watched]
-            except Exception as e:
-                return GpuReleaseResult(
-                    False,
-                    False,
-                    f"NVML query failed: {nvml_lib.error_text(nv, e)}",
-                    clock() - start,
-                )
-            waited = clock() - start
-            if not holders:
-                what = (
-                    "no process holds GPU memory"
-                    if require_idle
-                    else (f"none of pids {sorted(watched)} holds GPU memory")
-                )
-                return GpuReleaseResult(True, False, f"{what} after {waited:.1f}s", waited)
-            if waited >= timeout_s:
-                held = ", ".join(
-                    f"pid {h.pid} on gpu{h.gpu}"
-                    + (f" ({h.used_bytes / 2**20:.0f} MiB)" if h.used_bytes is not None else "")
-                    for h in holders
-                )
-                return GpuReleaseResult(
-                    False, False, f"still held after {waited:.1f}s: {held}", waited, tuple(holders)
-                )
-            sleep(poll_s)
-    finally:
-        nvml_lib.shutdown(nv)
-
-
-def require_gpu_release(result: GpuReleaseResult) -> GpuReleaseResult:
+def require_gpu_release(result: GpuReleaseResult, node: str = "") -> GpuReleaseResult:
     if not result.ok:
-        raise GpuNotReleased(result)
+        raise GpuNotReleased(result, node)
     return result
+
+
+def release_on_nodes(handles: Sequence, timeout_s: float = 30.0) -> dict[str, GpuReleaseResult]:
+    """Every live agent checks its node's GPUs at once; results by node. An agent that
+    cannot answer gives a failed result with the reason (never a silent pass)."""
+    asked = []
+    out: dict[str, GpuReleaseResult] = {}
+    for h in handles:
+        try:
+            if not h.alive:
+                raise RuntimeError("the agent is not running")
+            asked.append((h, h.ask_gpu_release(timeout_s)))
+        except Exception as exc:
+            out[h.node] = GpuReleaseResult(False, False, f"could not ask the agent: {exc}", 0.0)
+    for h, label in asked:
+        try:
+            r = h.wait_gpu_release(label, timeout_s + 15.0)
+            holders = tuple(GpuHolder(int(g), int(p), u) for g, p, u in r.get("holders", []))
+            out[h.node] = GpuReleaseResult(bool(r["ok"]), bool(r["skipped"]), str(r["detail"]),
+                                           float(r["waited_s"]), holders)
+        except Exception as exc:
+            out[h.node] = GpuReleaseResult(False, False,
+                                           f"no answer from the agent: {type(exc).__name__}: "
+                                           f"{exc}", 0.0)
+    return out

@@ -7,6 +7,7 @@ one agent per node for a server's lifetime, and records clock offsets.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -54,11 +55,17 @@ def start_agents(sess: StrataSession, server: Server) -> list:
 
     handles = []
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
-    for name, argv in agent_commands(sess, server.pid, server).items():
-        out_dir = sess.run_dir / "nodes" / name
-        h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
-        handles.append(h)
-        nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+    try:
+        for name, argv in agent_commands(sess, server.pid, server).items():
+            out_dir = sess.run_dir / "nodes" / name
+            h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+            handles.append(h)
+            nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+    except BaseException:  # Ctrl-C or a failed start: the agents already up must not stay
+        for h in handles:
+            with contextlib.suppress(Exception):
+                h.stop(2.0)
+        raise
     sess.recorder.update_manifest(nodes=nodes)
     return handles
 
@@ -77,6 +84,32 @@ def restart_agent(sess: StrataSession, server: Server, node: str):
     nodes[node] = fit(node, h.measure_clock_offset()).manifest()
     sess.recorder.update_manifest(nodes=nodes)
     return h
+
+
+def snapshot_agents(sess: StrataSession, handles: list, label: str) -> None:
+    """Static snapshots of every node through its agent, into ``nodes/<node>/static/<label>``.
+
+    ``before`` is taken once per node (the first block), ``after`` at every block's end
+    (the last one stays), so the two bracket the whole run. A snapshot that fails is
+    recorded in the manifest with its reason and never stops the run.
+    """
+    import shutil
+
+    done = dict(sess.recorder.manifest.get("static_snapshots", {}))
+    for h in handles:
+        dest = sess.run_dir / "nodes" / h.node / "static" / label
+        if label == "before" and dest.is_dir():
+            continue
+        shutil.rmtree(dest, ignore_errors=True)  # an earlier block's "after"
+        try:
+            if not h.alive:
+                raise RuntimeError("the agent is not running")
+            h.snapshot(label, timeout_s=120.0)
+            result = "ok"
+        except Exception as exc:  # the run goes on; the report says the snapshot is missing
+            result = f"{type(exc).__name__}: {exc}"
+        done.setdefault(h.node, {})[label] = result
+    sess.recorder.update_manifest(static_snapshots=done)
 
 
 def stop_agents(sess: StrataSession, handles: list) -> None:

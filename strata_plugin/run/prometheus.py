@@ -378,19 +378,11 @@ def fetch_job(
     pad = max(2 * step_s, 15.0) if pad_s is None else pad_s
     start_s = start_ns / 1e9 - pad
     end_s = end_ns / 1e9 + pad
-    sel = f'{{job="{_escape(job.job)}"}}'
     # the middle of each scrape: values are read between its start and its end
-    times = _ScrapeTimes(
-        client.query_range(
-            f"timestamp(up{sel}) + scrape_duration_seconds{sel} / 2", start_s, end_s, step_s
-        )
-    )
+    times = _ScrapeTimes(client.query_range(scrape_time_query(job), start_s, end_s, step_s))
     if job.kind == "engine":
         return _fetch_engine(client, job, start_s, end_s, step_s, node_of, times)
-    # group mapping entries by query so a family is fetched once per matcher set
-    by_query: dict[str, list[PromMetric]] = defaultdict(list)
-    for m in job.mapping():
-        by_query[_selector(m.name, job.job, m.matchers)].append(m)
+    by_query = _mapping_queries(job)
     # (node, source, device, metric, kind) -> scrape time -> [sum, number of series]
     acc: dict[tuple[str, str, str, str, str], dict[float, list[float]]] = defaultdict(dict)
     for query, maps in by_query.items():
@@ -423,6 +415,30 @@ def fetch_job(
     return _dedupe(out)
 
 
+def scrape_time_query(job: Job) -> str:
+    sel = f'{{job="{_escape(job.job)}"}}'
+    return f"timestamp(up{sel}) + scrape_duration_seconds{sel} / 2"
+
+
+def _mapping_queries(job: Job) -> dict[str, list[PromMetric]]:
+    """Mapping entries grouped by query, so a family is fetched once per matcher set."""
+    by_query: dict[str, list[PromMetric]] = defaultdict(list)
+    for m in job.mapping():
+        by_query[_selector(m.name, job.job, m.matchers)].append(m)
+    return by_query
+
+
+def _engine_query(job: Job) -> str:
+    not_synthetic = "|".join(SYNTHETIC)
+    return f'{{job="{_escape(job.job)}",__name__!~"{not_synthetic}"}}'
+
+
+def job_queries(job: Job) -> list[str]:
+    """Every range query :func:`fetch_job` sends for ``job`` (the dry run lists them)."""
+    rest = [_engine_query(job)] if job.kind == "engine" else list(_mapping_queries(job))
+    return [scrape_time_query(job), *rest]
+
+
 def _fetch_engine(
     client: PromClient,
     job: Job,
@@ -434,9 +450,7 @@ def _fetch_engine(
 ) -> list[Sample]:
     from strata_plugin.agent.collectors.prom import NameMapper, PromSample, kind_of
 
-    not_synthetic = "|".join(SYNTHETIC)
-    query = f'{{job="{_escape(job.job)}",__name__!~"{not_synthetic}"}}'
-    series = client.query_range(query, start_s, end_s, step_s)
+    series = client.query_range(_engine_query(job), start_s, end_s, step_s)
     types = client.metadata()
     mapper = NameMapper()
     families = {_family(labels["__name__"], types) for labels, _ in series}

@@ -90,7 +90,16 @@ class Zip(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         p = self.where(module.__name__)
         module.__file__ = "strata-zip:" + p
         exec(compile(files[p], module.__file__, "exec"), module.__dict__)
-sys.meta_path.insert(0, Zip())
+class Fallback(Zip):
+    def find_spec(self, name, path=None, target=None):
+        if name in head.get("fallback", ()):
+            return Zip.find_spec(self, name, path, target)
+class Own(Zip):
+    def find_spec(self, name, path=None, target=None):
+        if name not in head.get("fallback", ()):
+            return Zip.find_spec(self, name, path, target)
+sys.meta_path.insert(0, Own())
+sys.meta_path.append(Fallback())
 import strata_remote
 sys.exit(strata_remote.remote_main(head, sys.argv[1:]))
 """
@@ -203,8 +212,30 @@ def remote_command_argv(
 _ZIP_CACHE: dict[str, bytes] = {}
 
 
+#: Modules the zip carries only as a fallback: the remote node's own copy wins, and a
+#: node without one still gets GPU data (``nvidia-ml-py``'s single-file ``pynvml``).
+FALLBACK_MODULES = ("pynvml",)
+
+
+def _fallback_sources() -> dict[str, bytes]:
+    """``{zip name: source}`` of each fallback module installed here as one .py file."""
+    import importlib.util
+
+    out = {}
+    for name in FALLBACK_MODULES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None) if spec else None
+        if origin and origin.endswith(".py") and not spec.submodule_search_locations:
+            out[f"{name}.py"] = Path(origin).read_bytes()
+    return out
+
+
 def agent_zip() -> bytes:
-    """The agent package as ``strata_agent/`` plus this file as ``strata_remote.py``.
+    """The agent package as ``strata_agent/``, this file as ``strata_remote.py``, and
+    the fallback modules (``pynvml``) installed here.
 
     Deterministic (fixed dates, sorted names), so its sha256 identifies the code shipped.
     """
@@ -217,6 +248,8 @@ def agent_zip() -> bytes:
             rel = path.relative_to(_AGENT_DIR).as_posix()
             _zip_add(z, f"{AGENT_MODULE}/{rel}", path.read_bytes())
         _zip_add(z, f"{REMOTE_MODULE}.py", Path(__file__).read_bytes())
+        for name, data in sorted(_fallback_sources().items()):
+            _zip_add(z, name, data)
     _ZIP_CACHE[key] = buf.getvalue()
     return _ZIP_CACHE[key]
 
@@ -229,7 +262,8 @@ def _zip_add(z: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 def header(mode: str, data: bytes, **extra: Any) -> bytes:
     """The first line on the remote stdin, then the zip itself."""
-    head = {"mode": mode, "zip_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    head = {"mode": mode, "zip_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "fallback": list(FALLBACK_MODULES)}
     head.update(extra)
     return json.dumps(head, separators=(",", ":")).encode() + b"\n"
 

@@ -20,7 +20,12 @@ from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
-from strata_plugin.run.nodes import restart_agent, start_agents, stop_agents
+from strata_plugin.run.nodes import (
+    restart_agent,
+    snapshot_agents,
+    start_agents,
+    stop_agents,
+)
 from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
 from strata_plugin.run.server import (
     LaunchSpec,
@@ -100,14 +105,18 @@ class StrataSession:
         self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
         self.started_ns = time.monotonic_ns()
-        # Tells the attribution whether missing GPU telemetry is a gap or just a CPU server.
-        self.recorder.update_manifest(gpu_expected=cfg.profile.server.engine in ("vllm", "sglang"))
+        # What analysis needs from the profile, resolved once (formats/telemetry.py): the
+        # interval, link caps, and whether GPUs and RDMA rails are expected (missing GPU
+        # telemetry is then a gap, not just a CPU server).
+        self.recorder.update_manifest(telemetry=cfg.profile.telemetry_facts().to_json())
         self.servers: dict[str, Server] = {}
         self.workers: dict[str, list] = {}  # remote worker processes by block id
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.incomplete_reason = ""
         self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
         self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
+        self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
+        self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
 
     # --- servers -------------------------------------------------------------------------
 
@@ -191,23 +200,39 @@ class StrataSession:
             w.stop()
             reaper.unregister(w)
 
-    def stop_server(self, server: Server) -> None:
-        """Stop the server and its workers, then confirm the GPU memory was released."""
+    def stop_server(self, server: Server, agents: list | None = None) -> None:
+        """Stop the server and its workers, then confirm the GPU memory was released on
+        every node, through that node's agent (the head alone, locally, when no agent
+        runs any more)."""
         pid = server.pid
         server.stop()
         reaper.unregister(server)
         self.stop_workers(server.block_key)
-        if pid is None or "nvml" not in self.cfg.profile.telemetry.collectors:
+        if ("nvml" not in self.cfg.profile.telemetry.collectors
+                or server.block_key in self.gpu_checked):
             return
-        from strata_plugin.run.gpu_release import require_gpu_release, wait_gpu_release
+        self.gpu_checked.add(server.block_key)  # once per block: its agents' answer stands
+        from strata_plugin.run.gpu_release import (
+            release_on_nodes,
+            require_gpu_release,
+            wait_gpu_release,
+        )
 
-        result = wait_gpu_release([pid], timeout_s=30.0)
+        live = [h for h in agents or [] if h.alive]
+        if live:
+            results = release_on_nodes(live, timeout_s=30.0)
+        elif pid is not None:
+            head = next((n.name for n in self.cfg.profile.nodes if n.role == "head"), "local")
+            results = {head: wait_gpu_release([pid], timeout_s=30.0)}
+        else:
+            return
         releases = dict(self.recorder.manifest.get("gpu_release", {}))
         releases[server.block_key] = {
-            "ok": result.ok, "skipped": result.skipped, "detail": result.detail,
-            "waited_s": round(result.waited_s, 3)}
+            node: {"ok": r.ok, "skipped": r.skipped, "detail": r.detail,
+                   "waited_s": round(r.waited_s, 3)} for node, r in sorted(results.items())}
         self.recorder.update_manifest(gpu_release=releases)
-        require_gpu_release(result)
+        for node, r in sorted(results.items()):
+            require_gpu_release(r, node)
 
     # --- before anything starts ---------------------------------------------------------
 
@@ -216,20 +241,10 @@ class StrataSession:
         from strata_plugin.run.preflight import PreflightError, preflight, require_preflight
 
         p = self.cfg.profile
-        tools: list[str] = []
-        if not self.cfg.server_url:
-            values = self.placeholder_values(p.server.port or 0)
-            for conf in p.server.configs:
-                argv = expand_placeholders(conf.argv, values)
-                if argv and argv[0] not in tools:
-                    tools.append(argv[0])
-        remote = [n for n in p.nodes if n.ssh_host]
-        if remote:
-            tools.append("ssh")
-        nodes = {n.name: _ssh_probe(n.ssh_host) for n in remote}
-        checks = preflight(ports=[p.server.port] if p.server.port and not self.cfg.server_url
-                           else [], tools=tools, nodes=nodes,
-                           gpus="nvml" in p.telemetry.collectors, host=p.server.host)
+        plan = self.preflight_plan()
+        nodes = {name: _ssh_probe(host) for name, host in plan["nodes"].items()}
+        checks = preflight(ports=plan["ports"], tools=plan["tools"], nodes=nodes,
+                           gpus=plan["gpus"], host=plan["host"])
         self.recorder.update_manifest(preflight=[c.__dict__ for c in checks])
         try:
             require_preflight(checks)
@@ -239,14 +254,32 @@ class StrataSession:
                     if p.setup_argv else "")
             raise PreflightFailed(f"{exc}{hint}") from None
 
+    def preflight_plan(self) -> dict:
+        """What the preflight checks: ports free, tools on PATH, nodes over ssh, idle GPUs."""
+        p = self.cfg.profile
+        tools: list[str] = []
+        if not self.cfg.server_url:
+            values = self.placeholder_values(p.server.port or 0)
+            for conf in p.server.configs:
+                argv = expand_placeholders(conf.argv, values)
+                if argv and argv[0] not in tools:
+                    tools.append(argv[0])
+        remote = {n.name: n.ssh_host for n in p.nodes if n.ssh_host}
+        if remote:
+            tools.append("ssh")
+        return {"ports": [p.server.port] if p.server.port and not self.cfg.server_url else [],
+                "tools": tools, "nodes": remote, "gpus": "nvml" in p.telemetry.collectors,
+                "host": p.server.host}
+
     # --- blocks: one server configuration's lifetime ------------------------------------
 
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
         block = Block(server=server, agents=start_agents(self, server))
         self.blocks[server.block_key] = block
-        t0 = time.monotonic_ns()
         try:
+            snapshot_agents(self, block.agents, "before")
+            t0 = time.monotonic_ns()
             time.sleep(self.cfg.profile.telemetry.baseline_s)
         except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
             stop_agents(self, block.agents)
@@ -265,9 +298,18 @@ class StrataSession:
                                    time.monotonic_ns())
         finally:
             try:
-                stop_agents(self, block.agents)
-            finally:  # an agent that died (e.g. its files hit a full disk) must not keep
-                self.stop_server(block.server)  # the server running
+                if not reaper.INTERRUPTED.is_set():
+                    snapshot_agents(self, block.agents, "after")
+            finally:
+                self._stop_block(block)
+
+    def _stop_block(self, block: Block) -> None:
+        """The server first (its agents then check every node's GPUs were released), the
+        agents last, whatever either does: a dead agent never keeps the server running."""
+        try:
+            self.stop_server(block.server, block.agents)
+        finally:
+            stop_agents(self, block.agents)
 
     def flush_telemetry(self, server: Server, timeout_s: float | None = None) -> bool:
         """Wait until every live agent of the server's block has sent a line one sampling
@@ -362,6 +404,7 @@ class StrataSession:
                 h.track_pids([server.pid])
 
     def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
+        from strata_plugin.load.case_runner import PlanningRunner
         from strata_plugin.load.client import Timeouts
 
         p = self.cfg.profile
@@ -377,6 +420,9 @@ class StrataSession:
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
+        if self.dry_plan is not None:
+            return PlanningRunner(setup, plan=self.dry_plan.add_case,
+                                  default_case_id=case_id_from(nodeid), history=self.history)
         return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
                           add_case=self.recorder.add_case, counters=process_counters(server),
                           progress_line=progress, default_case_id=case_id_from(nodeid),

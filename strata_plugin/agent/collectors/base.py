@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Tuple, Union
 
 #: (wall_ns, device, metric, value, kind) — kind is "gauge" or "counter".
-Emit = tuple[int, str, str, float | int, str]
+Emit = Tuple[int, str, str, Union[float, int], str]
 
 
 class Unavailable(Exception):

@@ -77,7 +77,7 @@ class DmonParser:
             return None
         device = f"gpu{ident}" if group == "GPU" else f"{group.lower()}{ident}"
         out = []
-        for (metric, kind), scale, text in zip(self.metrics, self.scales, values, strict=False):
+        for (metric, kind), scale, text in zip(self.metrics, self.scales, values):
             if text == "N/A":
                 continue
             try:

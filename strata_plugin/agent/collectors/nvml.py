@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, List, Tuple, Union
 
 from .. import nvml_lib
 from .base import Collector, Emit, Unavailable
 
-Values = list[tuple[str, float | int, str]]
+Values = List[Tuple[str, Union[float, int], str]]
 
 #: bit -> name, as nvmlClocksEventReason* in nvml.h
 CLOCK_EVENT_REASONS = (
@@ -363,7 +363,7 @@ class NvmlCollector(Collector):
                 self.mark_unavailable(f"gpu{gpu.index}/{m}", reason)
             return
         ok = []
-        for (fid, metric, kind), fv in zip(FIELDS, values, strict=False):
+        for (fid, metric, kind), fv in zip(FIELDS, values):
             ret = int(fv.nvmlReturn)
             if ret == 0:
                 ok.append((fid, metric, kind))
@@ -379,7 +379,7 @@ class NvmlCollector(Collector):
             vals = nv.nvmlDeviceGetFieldValues(h, ids)
             return [
                 (m, field_value(fv), k)
-                for (_, m, k), fv in zip(ok, vals, strict=False)
+                for (_, m, k), fv in zip(ok, vals)
                 if int(fv.nvmlReturn) == 0
             ]
 

@@ -1,0 +1,79 @@
+"""The run's resolved telemetry facts, as ``manifest.json`` records them at run start.
+
+The profile is read once (``configure/profile.py``); what analysis and the report need
+from it (the sampling interval, link capacities, whether GPUs and RDMA rails are
+expected) is written here into the manifest under ``telemetry``, so a run folder is
+analysed from its own record, never by re-reading the profile TOML with other defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The key of these facts in manifest.json.
+MANIFEST_KEY = "telemetry"
+#: The sampling interval a run folder without these facts is read with (the profile default).
+DEFAULT_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class TelemetryFacts:
+    interval_s: float = DEFAULT_INTERVAL_S
+    collectors: tuple[str, ...] = ()
+    #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
+    #: shared uplink): the network rules measure against it.
+    link_caps_bits_s: dict[str, float] = field(default_factory=dict)
+    gpu_expected: bool = False  # the engine runs on GPUs (vLLM, SGLang)
+    #: RDMA devices the collectives should use (NCCL_IB_HCA), in the profile's order.
+    expected_rails: tuple[str, ...] = ()
+    expects_rdma: bool = False  # rdma is sampled, or NCCL_IB_HCA is set
+
+    def to_json(self) -> dict[str, Any]:
+        return {"interval_s": self.interval_s, "collectors": list(self.collectors),
+                "link_caps_bits_s": dict(sorted(self.link_caps_bits_s.items())),
+                "gpu_expected": self.gpu_expected, "expected_rails": list(self.expected_rails),
+                "expects_rdma": self.expects_rdma}
+
+    def link_caps(self) -> dict[tuple[str, str], float]:
+        """(node, iface) -> bytes/s per direction, as the rails analysis wants them."""
+        out = {}
+        for key, bits in self.link_caps_bits_s.items():
+            node, sep, iface = key.rpartition("/")
+            if sep and node and iface:
+                out[(node, iface)] = bits / 8.0
+        return out
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> TelemetryFacts:
+        """The facts a run recorded; a folder from before they were recorded reads as the
+        defaults (its top-level ``gpu_expected`` still honoured). Values that do not
+        parse are dropped, never guessed."""
+        t = manifest.get(MANIFEST_KEY)
+        t = t if isinstance(t, Mapping) else {}
+        interval = _positive(t.get("interval_s")) or DEFAULT_INTERVAL_S
+        caps = {}
+        raw_caps = t.get("link_caps_bits_s")
+        for key, bits in (raw_caps.items() if isinstance(raw_caps, Mapping) else ()):
+            v = _positive(bits)
+            if v is not None and "/" in str(key):
+                caps[str(key)] = v
+        collectors = t.get("collectors")
+        rails = t.get("expected_rails")
+        return cls(
+            interval_s=interval,
+            collectors=tuple(str(c) for c in collectors) if isinstance(collectors, list) else (),
+            link_caps_bits_s=caps,
+            gpu_expected=bool(t.get("gpu_expected", manifest.get("gpu_expected", False))),
+            expected_rails=tuple(str(r) for r in rails) if isinstance(rails, list) else (),
+            expects_rdma=bool(t.get("expects_rdma", False)))
+
+
+def _positive(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
