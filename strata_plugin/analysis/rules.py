@@ -79,7 +79,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "psi_cpu_some": "cpu:psi_cpu_some_total_us",
     "psi_io_some": "cpu:psi_io_some_total_us",
     "psi_mem_some": "cpu:psi_memory_some_total_us",
-    "cgroup_throttled_frac": "cpu:cgroup_throttled_us",
+    "cgroup_throttled_frac": "cpu:cgroup_nr_throttled/cgroup_nr_periods (the server's cgroup)",
     "server_cpu_cores": "proc:cpu_user_s/cpu_system_s",
     "server_threads": "proc:num_threads (or thread_cpu_s devices)",
     "server_max_thread_cores": "proc:thread_cpu_s",
@@ -88,7 +88,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "major_faults_per_s": "proc:major_faults",
     "read_bytes_s": "proc:read_bytes",
     "disk_busy_frac": "disk:busy_ms",
-    "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes",
+    "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes (and cgroup_mem_*)",
     "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
@@ -662,7 +662,8 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
 
 
 def rule_cpu_contention(s: WindowSignals) -> _Outcome:
-    """Other work on the same cores delays the server's threads."""
+    """Other work on the same cores, the hypervisor (steal) or the server's own cgroup
+    quota (throttled periods) keeps the server's threads from the CPU."""
     r = _Rule("cpu_contention", s)
     margins = []
     if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
