@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis import rails
-from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
+from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline, request_metrics
 from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
@@ -153,6 +153,17 @@ def _queue_share(rec: RequestRecord) -> float | None:
     return max(0.0, ttft_ms - rec.timings.prompt_ms) / ttft_ms
 
 
+def _outside_share(rec: RequestRecord) -> float | None:
+    """The share of a request's time (dispatch to last token) that no server clock
+    accounts for: e2e - (llama.cpp prompt_ms + predicted_ms)."""
+    if not rec.ok or rec.timings is None:
+        return None
+    m = request_metrics(rec)
+    if m.outside_server_ms is None or not m.e2e_ms or m.e2e_ms <= 0:
+        return None
+    return min(1.0, m.outside_server_ms / m.e2e_ms)
+
+
 def request_facts(
     bundle: RunBundle, case_id: str, records: Sequence[RequestRecord], cm: CaseMetrics
 ) -> RequestFacts:
@@ -160,6 +171,7 @@ def request_facts(
     measured = [r for r in records if r.phase == "measured"]
     intervals = request_intervals(bundle, case_id)
     fracs = [f for f in (_queue_share(r) for r in measured) if f is not None]
+    outside = [f for f in (_outside_share(r) for r in measured) if f is not None]
     conc = info.params.get("concurrency")
     return RequestFacts(
         intervals_wall=intervals,
@@ -172,6 +184,7 @@ def request_facts(
         client_bound=info.client_bound,
         client_lateness_p99_ms=info.self_check("dispatch_lateness_p99_ms"),
         client_cpu_fraction=info.self_check("client_cpu_cores"),
+        outside_server_frac=statistics.median(outside) if outside else None,
     )
 
 

@@ -101,6 +101,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "kv_usage_max": "prom:kv_cache_usage",
     "preemptions": "prom:num_preemptions_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
+    "outside_server_frac": "requests: e2e - timings.prompt_ms - timings.predicted_ms",
     "chunk_gap_p99_p50": "requests: chunk gaps",
     "inflight_frac": "requests: dispatched..done windows",
     "client_bound": "cases.jsonl: client_bound (load generator self-check)",
@@ -171,6 +172,9 @@ class WindowSignals:
     kv_usage_max: float | None = None
     preemptions: float | None = None
     server_queue_frac: float | None = None
+    # median share of a request's time no server clock accounts for (network, proxy,
+    # client; and the server's queue, which the waiting count tells apart)
+    outside_server_frac: float | None = None
     chunk_gap_p99_p50: float | None = None
     concurrency: int | None = None
     inflight_frac: float | None = None
@@ -239,6 +243,7 @@ CLASSES = (
     "queueing",
     "kv_cache_capacity",
     "prefill_decode_interference",
+    "outside_server",
     "client_bound",
     "throttling",
     "headroom",
@@ -246,11 +251,22 @@ CLASSES = (
 MODIFIERS = ("throttling",)
 #: Classes that describe a symptom of load rather than a resource; they accompany
 #: a resource class and never make a window "contradictory" on their own.
-SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "client_bound")
+SERVING = (
+    "queueing",
+    "kv_cache_capacity",
+    "prefill_decode_interference",
+    "outside_server",
+    "client_bound",
+)
 #: Signals the load generator itself measures (its clock, its reads of the stream). When
 #: its self-check flags it, they describe the client's delays as much as the server's,
 #: so they are not trusted for that window: the rules that need them are unassessable.
-CLIENT_MEASURED = ("server_queue_frac", "inflight_frac", "chunk_gap_p99_p50")
+CLIENT_MEASURED = (
+    "server_queue_frac",
+    "inflight_frac",
+    "chunk_gap_p99_p50",
+    "outside_server_frac",
+)
 
 #: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
 #: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
@@ -772,16 +788,41 @@ def rule_network(s: WindowSignals) -> _Outcome:
 
 
 def rule_queueing(s: WindowSignals) -> _Outcome:
+    """Requests waited in the server's own queue.
+
+    The server's waiting count decides where it is measured: TTFT outside prefill
+    (``server_queue_frac``, seen from the client) grows for any delay between client and
+    server as well, so alone it only decides where the server reports no queue.
+    """
     r = _Rule("queueing", s)
     if s.waiting_mean is None and s.server_queue_frac is None:
         r.need("waiting_mean")
         return r.unassessable(TRACE_SERVER)
     margins = []
-    if s.waiting_mean is not None and r.cmp("waiting_mean", ">=", "waiting_requests_mean"):
+    queued = s.waiting_mean is not None and r.cmp(
+        "waiting_mean", ">=", "waiting_requests_mean"
+    )
+    if queued:
         margins.append(_m(s, "waiting_mean", "waiting_requests_mean"))
     if s.server_queue_frac is not None and r.cmp("server_queue_frac", ">=", "server_queue_frac"):
-        margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
+        if queued or s.waiting_mean is None:
+            margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
     return r.fire(*margins) if margins else r.o
+
+
+def rule_outside_server(s: WindowSignals) -> _Outcome:
+    """Time no server clock accounts for, while the server reports no queue: the network
+    path, a proxy or the client. Needs the waiting count to tell it from queueing."""
+    r = _Rule("outside_server", s)
+    if not r.need("outside_server_frac"):
+        return r.unassessable("llama.cpp timings (prompt_ms, predicted_ms) per request")
+    if not r.cmp("outside_server_frac", ">=", "outside_server_frac"):
+        return r.o
+    if not r.need("waiting_mean"):
+        return r.unassessable(TRACE_SERVER)
+    if r.cmp("waiting_mean", "<", "waiting_requests_mean"):
+        return r.fire(_m(s, "outside_server_frac", "outside_server_frac"))
+    return r.o
 
 
 def rule_kv_cache(s: WindowSignals) -> _Outcome:
@@ -835,7 +876,13 @@ HOST_RULES = (
     rule_cpu_contention,
 )
 CPU_SERVER_RULES = (rule_cpu_compute,)
-SERVING_RULES = (rule_queueing, rule_kv_cache, rule_interference, rule_client_bound)
+SERVING_RULES = (
+    rule_queueing,
+    rule_kv_cache,
+    rule_interference,
+    rule_outside_server,
+    rule_client_bound,
+)
 #: Rules that must be assessable before a window can be called clean ("headroom").
 CORE_GPU = (
     "host_cpu_launch",

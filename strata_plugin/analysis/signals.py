@@ -127,6 +127,7 @@ class RequestFacts:
     client_bound: bool | None
     client_lateness_p99_ms: float | None
     client_cpu_fraction: float | None
+    outside_server_frac: float | None = None  # median of outside_server_ms / e2e
 
 
 def _gpu_signals(view: HwView) -> dict:
@@ -432,6 +433,7 @@ def build_signals(
             else None,
             chunk_gap_p99_p50=gap,
             server_queue_frac=requests.server_queue_frac,
+            outside_server_frac=requests.outside_server_frac,
             concurrency=requests.concurrency,
             client_bound=requests.client_bound,
             client_lateness_p99_ms=requests.client_lateness_p99_ms,

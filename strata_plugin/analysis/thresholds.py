@@ -389,6 +389,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         f"{VAL}, Fault injection: queueing arms 0.85-0.89",
     ),
     Threshold(
+        "outside_server_frac",
+        0.25,
+        "of the request's time",
+        "[inferred] over a quarter of the median request's time (dispatch to last token) "
+        "is accounted by no server clock (llama.cpp timings prompt_ms + predicted_ms) "
+        "while the server reports no queue: network, a proxy or the client",
+    ),
+    Threshold(
         "kv_usage_high",
         0.95,
         "ratio",
