@@ -27,7 +27,14 @@ from strata_plugin.analysis.signals import (
     profile_expects_rdma,
     profile_link_caps,
 )
-from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples, node_clocks
+from strata_plugin.analysis.timeline import (
+    HwStat,
+    SampleStore,
+    Window,
+    load_samples,
+    node_clocks,
+    summarize_window,
+)
 from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
 
@@ -226,14 +233,50 @@ def metrics_for(bundle: RunBundle, case_id: str) -> CaseMetrics:
     return case_metrics(records, window_ns=_mono_window(bundle, case_id, window))
 
 
+def baseline_window(bundle: RunBundle, case_id: str) -> Window | None:
+    """The idle baseline held before this case's server block: the last one of its
+    configuration that started before the case."""
+    case = bundle.case_windows().get(case_id)
+    config = bundle.case_info(case_id).config_id
+    found = [
+        w
+        for w in bundle.windows()
+        if w.kind == "baseline"
+        and (not config or w.name == f"baseline:{config}")
+        and (case is None or w.start_ns <= case.start_ns)
+    ]
+    return max(found, key=lambda w: w.start_ns) if found else None
+
+
+def background_classes(ctx: RunContext, window: Window, hw: Sequence[HwStat]) -> set[str]:
+    """Classes already past threshold in the idle baseline (no requests: host classes)."""
+    sig = build_signals(
+        window=window.name,
+        duration_s=window.duration_s,
+        start_ns=window.start_ns,
+        end_ns=window.end_ns,
+        hw=hw,
+        requests=None,
+        gpu_present=ctx.gpu_present,
+        gpu_expected=ctx.gpu_expected,
+        multi_node=ctx.multi_node,
+        unavailable=ctx.unavailable,
+        link_caps=ctx.link_caps,
+        expect_rdma=ctx.expect_rdma,
+    )
+    return set(classify(sig).past_threshold) - {"headroom"}
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
     case_id: str,
     hw: Sequence[HwStat],
     cm: CaseMetrics | None = None,
+    baseline: tuple[Window, Sequence[HwStat]] | None = None,
 ) -> CaseAnalysis:
-    """One case from its hardware rows; ``cm`` when the case metrics are already known."""
+    """One case from its hardware rows; ``cm`` when the case metrics are already known;
+    ``baseline`` (its window and rows) marks which classes were there before the load."""
     info = bundle.case_info(case_id)
     window = bundle.case_windows().get(case_id)
     records = bundle.records.get(case_id, [])
@@ -271,6 +314,11 @@ def analyze_case(
             unavailable=ctx.unavailable,
         )
     verdict = classify(sig)
+    if baseline is not None and baseline[1]:
+        idle = background_classes(ctx, baseline[0], baseline[1])
+        verdict = replace(
+            verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
+        )
     if lost:
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
@@ -330,13 +378,14 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
     ``requests.jsonl`` lines of the case; samples and ``manifest.json`` as far as
     written. The ``cases.jsonl`` line is optional (client self-check, params).
     """
-    from strata_plugin.analysis.timeline import summarize_window
-
     with gc_paused():
         bundle, store = load_run(Path(run_dir), case_id)
         window = bundle.case_windows().get(case_id)
         hw = summarize_window(store, window) if window is not None else []
-        return analyze_case(bundle, run_context(bundle, store), case_id, hw)
+        base = baseline_window(bundle, case_id)
+        baseline = (base, summarize_window(store, base)) if base is not None else None
+        return analyze_case(bundle, run_context(bundle, store), case_id, hw,
+                            baseline=baseline)
 
 
 @dataclass
@@ -364,6 +413,12 @@ def _samples_and_summaries(
     with gc_paused():
         store = load_samples(Path(run_dir), node_clocks(manifest))
         return store, summarize_windows(store, windows)
+
+
+def _several(windows: Sequence[Window], name: str) -> bool:
+    """More than one window of that name (repeated baselines of one configuration):
+    the summary by name is only the last one's."""
+    return sum(1 for w in windows if w.name == name) > 1
 
 
 def _sample_bytes(run_dir: Path) -> int:
@@ -403,10 +458,19 @@ def analyze_run(run_dir: Path | str, *, parallel: bool | None = None) -> RunAnal
             else:
                 store, hw_by_window = _samples_and_summaries(str(run_dir), manifest, windows)
             ctx = run_context(bundle, store)
-            analyses = [
-                analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid])
-                for cid in bundle.case_ids()
-            ]
+            analyses = []
+            for cid in bundle.case_ids():
+                base = baseline_window(bundle, cid)
+                baseline = None
+                if base is not None:
+                    rows = hw_by_window.get(base.name)
+                    if rows is None or _several(windows, base.name):
+                        rows = summarize_window(store, base)
+                    baseline = (base, rows)
+                analyses.append(
+                    analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid],
+                                 baseline=baseline)
+                )
     finally:
         if pool is not None:
             pool.shutdown()

@@ -212,6 +212,18 @@ class Verdict:
     modifiers: tuple[str, ...] = ()  # e.g. ("throttling",)
     also_flagged: tuple[str, ...] = ()  # classes past threshold beyond the top two
     notes: tuple[str, ...] = ()
+    # of the classes past threshold, those past it in the idle baseline too (host
+    # background, there before the load); set by the case analysis, which has the baseline
+    background: tuple[str, ...] = ()
+
+    @property
+    def past_threshold(self) -> tuple[str, ...]:
+        """Every class past threshold, ranked: the named ones, then the rest."""
+        return (*self.classes, *self.also_flagged)
+
+    @property
+    def appeared_with_load(self) -> tuple[str, ...]:
+        return tuple(c for c in self.past_threshold if c not in self.background)
 
     @property
     def confidence_label(self) -> str:
@@ -979,7 +991,7 @@ def classify(s: WindowSignals) -> Verdict:
         pair = [outcomes[a], outcomes[b]]
         return Verdict(
             classes=(a, b),
-            evidence=_evidence(pair),
+            evidence=_evidence(pair + [o for o in ordered if o.cls not in (a, b)]),
             confidence=_round(min(0.4, 0.4 * penalty)),
             inconclusive=True,
             finer_trace=(trace,),
@@ -995,7 +1007,7 @@ def classify(s: WindowSignals) -> Verdict:
         traces = tuple(sorted({o.trace for o in unassessed if o.trace}))
         return Verdict(
             classes=tuple(o.cls for o in top),
-            evidence=_evidence(top + [outcomes[c] for c in modifiers]),
+            evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
             confidence=_round(max(0.1, conf)),
             inconclusive=False,
             finer_trace=traces if missing_signals else (),
