@@ -96,6 +96,8 @@ class RunSpec:
     gpu_expected: bool | None = None
     seed: int = 1
     run_id: str = "20250101T000000Z-test00"
+    # what the host does during the idle baseline too (other users' load: background)
+    baseline_behaviour: dict[str, float] = field(default_factory=dict)
 
 
 def _proc_record(spec: CaseSpec, rng: random.Random) -> ProcDelta | None:
@@ -363,8 +365,8 @@ def make_run(root: Path, run: RunSpec) -> Path:
     markers.append(
         Marker("baseline", "baseline:default", "", wall(mono), wall(mono + int(run.baseline_s * S)))
     )
+    windows = [(wall(mono), wall(mono + int(run.baseline_s * S)), run.baseline_behaviour)]
     mono += int(run.baseline_s * S)
-    windows = []
     cases_lines, records = [], []
     for spec in run.cases:
         mono += int(run.gap_between_cases_s * S)

@@ -50,6 +50,7 @@ CPU_CLEAN = WindowSignals(
     kv_usage_max=0.2,
     preemptions=0.0,
     server_queue_frac=0.05,
+    outside_server_frac=0.02,
     chunk_gap_p99_p50=1.3,
     prefill_stall_frac=0.01,
     prefill_stall_share=0.2,
@@ -167,6 +168,8 @@ ALONE = [
         CPU_CLEAN,
         dict(prefill_stall_frac=0.4, prefill_stall_share=0.9),
     ),
+    # latency added between client and server: TTFT outside prefill, no server queue
+    ("outside_server", CPU_CLEAN, dict(outside_server_frac=0.6, server_queue_frac=0.8)),
     ("client_bound", CPU_CLEAN, dict(client_bound=True)),
     (
         "gpu_compute",
@@ -281,9 +284,9 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
     """A starved load generator inflates client-side TTFT (queueing), leaves the server
     idle (input_starved) and delays its reads of the stream (chunk gaps): none of that
     is the server's doing, and a contradiction between the first two must not hide it."""
-    starved = dict(
-        server_queue_frac=0.9, inflight_frac=0.45, prefill_stall_frac=0.5, prefill_stall_share=0.9
-    )
+    # a server that reports no waiting count: client-side TTFT is all queueing can go by
+    starved = dict(server_queue_frac=0.9, inflight_frac=0.45, prefill_stall_frac=0.5,
+                   prefill_stall_share=0.9, waiting_mean=None)
     without_flag = v(CPU_CLEAN, **starved)
     assert without_flag.inconclusive  # what the same numbers say when nobody flags the client
     verdict = v(CPU_CLEAN, **starved, client_bound=True)
@@ -299,9 +302,25 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
             "chunk_gap_p99_p50",
             "prefill_stall_frac",
             "prefill_stall_share",
+            "outside_server_frac",
         ]
     )
     assert any("fell behind" in n for n in verdict.notes)
+
+
+def test_latency_outside_the_server_is_not_blamed_on_its_queue():
+    # The server's own count says nothing waited: TTFT outside prefill is the path.
+    verdict = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7)
+    assert_only(verdict, "outside_server")
+    q = {e.metric: e for e in verdict.evidence if e.cls == "outside_server"}
+    assert q["outside_server_frac"].met and q["waiting_mean"].met  # waiting < 0.5
+    # The same requests with a queue on the server: queueing, not the path.
+    queued = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, waiting_mean=5.0)
+    assert_only(queued, "queueing")
+    # No waiting count: the path cannot be told from a queue; queueing goes by TTFT.
+    blind = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, waiting_mean=None)
+    assert "outside_server" not in blind.classes and "queueing" in blind.classes
+    assert any(m.startswith("waiting_mean") for m in blind.missing_signals)
 
 
 def test_a_late_client_still_sees_a_server_side_queue_and_resources():

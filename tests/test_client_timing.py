@@ -172,3 +172,27 @@ def test_reasoning_then_content_gives_ttft_and_ttfo(send: Send) -> None:
         assert abs(first_answer - first_any - 2 * GAP_S * 1e9) < TOL_NS  # ttfo: 2 gaps later
 
     _timed(send, Reply(items=items), check, api="chat")
+
+
+HEAD_S = 0.4  # the server's silence before its status line
+
+
+def test_dispatch_is_stamped_before_the_request_goes_not_at_the_response_head(
+    send: Send,
+) -> None:
+    # A server that sits on the request (a queue, a slow proxy) before answering: TTFT
+    # and TTFB must include that wait. Were dispatched_ns stamped once the response head
+    # came, both would silently drop it (and connect time with it).
+    items = [(0.0, _llama_token(0)), (0.0, _LLAMA_END)]
+
+    def check(rec: RequestRecord, seen: Any) -> None:
+        assert rec.ok, rec.error
+        assert rec.dispatched_ns <= seen.received_ns, "dispatch stamped after the server read it"
+        assert seen.received_ns - rec.dispatched_ns < TOL_NS
+        assert rec.first_byte_ns is not None
+        ttfb = rec.first_byte_ns - rec.dispatched_ns
+        assert ttfb >= HEAD_S * 1e9 - TOL_NS, f"ttfb {ttfb / MS} ms"
+        ttft = rec.events[0].t_ns - rec.dispatched_ns
+        assert ttft >= HEAD_S * 1e9, f"ttft {ttft / MS} ms"
+
+    _timed(send, Reply(items=items, head_delay_s=HEAD_S), check)

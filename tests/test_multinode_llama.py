@@ -353,18 +353,16 @@ def test_two_node_decode_crosses_the_veth_and_the_capped_link_is_named(lab, tmp_
     )
     # the busier direction ran at >= 0.62 of the cap (the block was link-bound), so both
     # together carry about 1.6x that: the link is a finding
-    assert sig["net_wire_busy"] >= 0.95 and sig["net_util"] >= 0.55, sig
+    # The capped link must cross a network threshold: if it does not, the thresholds
+    # (not this test) are wrong for alternating RPC traffic, and that is the news.
+    assert sig["net_wire_busy"] >= 1.0 or sig["net_util"] >= 0.7, sig
     kinds = {f.kind for f in rep.by_class("network")}
-    if sig["net_util"] >= 0.7 or sig["net_wire_busy"] >= 1.0:
-        assert kinds & {"net_saturated", "net_round_trip_bound"}, rep.findings
-    if sig["net_util"] >= 0.7 or sig["net_wire_busy"] >= 1.0:
-        # named (a shared VM may rank cpu_contention, from its steal time, above it)
-        assert "network" in v_cap.classes + v_cap.also_flagged, v_cap
-        if "network" in v_cap.classes:
-            assert any(e.metric in ("net_util", "net_wire_busy") and e.met
-                       for e in v_cap.evidence), v_cap.evidence
-    else:
-        print("  link under both network thresholds in this block: no network claim")
+    assert kinds & {"net_saturated", "net_round_trip_bound"}, rep.findings
+    # past threshold with its evidence in the verdict (a shared VM may rank
+    # cpu_contention, from its steal time, above it: every class past threshold is kept)
+    assert "network" in v_cap.past_threshold, v_cap
+    assert any(e.cls == "network" and e.metric in ("net_util", "net_wire_busy") and e.met
+               for e in v_cap.evidence), v_cap.evidence
     # 3. the uncapped window against the veth's own speed (sysfs: 10000 Mbit/s): no
     #    network verdict
     speed = int(Path(f"/sys/class/net/{lab.head_if}/speed").read_text()) * 1e6 / 8

@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rescan", type=float, default=2.0, help="seconds between process-tree scans")
     p.add_argument("--top-threads", type=int, default=8, help="busiest threads emitted per tick")
     p.add_argument("--no-threads", action="store_true", help="skip per-thread reads")
-    p.add_argument("--cgroup", default="self", help="self | pid:<N> | a cgroup directory | none")
+    p.add_argument(
+        "--cgroup",
+        default="self",
+        help="whose cgroup the cpu and mem collectors read: server (the first tracked "
+        "process) | pid:<N> | self | a cgroup directory | none",
+    )
     p.add_argument("--ib-root", default="/sys/class/infiniband", help="RDMA sysfs root")
     p.add_argument("--prom-url", help="the engine's Prometheus /metrics URL")
     p.add_argument(
@@ -123,11 +128,11 @@ def make_collectors(args: argparse.Namespace, targets: ProcessTargets) -> list[C
         elif name == "cpu":
             from .collectors.cpu import CpuCollector
 
-            out.append(CpuCollector(cgroup=args.cgroup))
+            out.append(CpuCollector(cgroup=args.cgroup, targets=targets))
         elif name == "mem":
             from .collectors.mem import MemCollector
 
-            out.append(MemCollector())
+            out.append(MemCollector(cgroup=args.cgroup, targets=targets))
         elif name == "disk":
             from .collectors.disk import DiskCollector
 

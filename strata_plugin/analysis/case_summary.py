@@ -18,7 +18,13 @@ from typing import Any
 
 from strata_plugin.analysis import interference, rails
 from strata_plugin.analysis.clocks import node_clocks
-from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline, ttft_ms
+from strata_plugin.analysis.metrics import (
+    CaseMetrics,
+    case_metrics,
+    headline,
+    request_metrics,
+    ttft_ms,
+)
 from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
@@ -26,7 +32,13 @@ from strata_plugin.analysis.signals import (
     RequestFacts,
     build_signals,
 )
-from strata_plugin.analysis.timeline import HwStat, SampleStore, Window, load_samples
+from strata_plugin.analysis.timeline import (
+    HwStat,
+    SampleStore,
+    Window,
+    load_samples,
+    summarize_window,
+)
 from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.formats.telemetry import TelemetryFacts
@@ -177,6 +189,17 @@ def _queue_share(rec: RequestRecord) -> float | None:
     return max(0.0, ttft - rec.timings.prompt_ms) / ttft
 
 
+def _outside_share(rec: RequestRecord) -> float | None:
+    """The share of a request's time (dispatch to last token) that no server clock
+    accounts for: e2e - (llama.cpp prompt_ms + predicted_ms)."""
+    if not rec.ok or rec.timings is None:
+        return None
+    m = request_metrics(rec)
+    if m.outside_server_ms is None or not m.e2e_ms or m.e2e_ms <= 0:
+        return None
+    return min(1.0, m.outside_server_ms / m.e2e_ms)
+
+
 def request_facts(
     bundle: RunBundle, case_id: str, records: Sequence[RequestRecord], cm: CaseMetrics
 ) -> RequestFacts:
@@ -184,6 +207,7 @@ def request_facts(
     measured = [r for r in records if r.phase == "measured"]
     intervals = request_intervals(bundle, case_id)
     fracs = [f for f in (_queue_share(r) for r in measured) if f is not None]
+    outside = [f for f in (_outside_share(r) for r in measured) if f is not None]
     conc = info.params.get("concurrency")
     return RequestFacts(
         intervals_wall=intervals,
@@ -196,6 +220,7 @@ def request_facts(
         client_bound=info.client_bound,
         client_lateness_p99_ms=info.self_check("dispatch_lateness_p99_ms"),
         client_cpu_fraction=info.self_check("client_cpu_cores"),
+        outside_server_frac=statistics.median(outside) if outside else None,
     )
 
 
@@ -304,14 +329,50 @@ def interference_signals(
     )
 
 
+def baseline_window(bundle: RunBundle, case_id: str) -> Window | None:
+    """The idle baseline held before this case's server block: the last one of its
+    configuration that started before the case."""
+    case = bundle.case_windows().get(case_id)
+    config = bundle.case_info(case_id).config_id
+    found = [
+        w
+        for w in bundle.windows()
+        if w.kind == "baseline"
+        and (not config or w.name == f"baseline:{config}")
+        and (case is None or w.start_ns <= case.start_ns)
+    ]
+    return max(found, key=lambda w: w.start_ns) if found else None
+
+
+def background_classes(ctx: RunContext, window: Window, hw: Sequence[HwStat]) -> set[str]:
+    """Classes already past threshold in the idle baseline (no requests: host classes)."""
+    sig = build_signals(
+        window=window.name,
+        duration_s=window.duration_s,
+        start_ns=window.start_ns,
+        end_ns=window.end_ns,
+        hw=hw,
+        requests=None,
+        gpu_present=ctx.gpu_present,
+        gpu_expected=ctx.gpu_expected,
+        multi_node=ctx.multi_node,
+        unavailable=ctx.unavailable,
+        link_caps=ctx.link_caps,
+        expect_rdma=ctx.expect_rdma,
+    )
+    return set(classify(sig).past_threshold) - {"headroom"}
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
     case_id: str,
     hw: Sequence[HwStat],
     cm: CaseMetrics | None = None,
+    baseline: tuple[Window, Sequence[HwStat]] | None = None,
 ) -> CaseAnalysis:
-    """One case from its hardware rows; ``cm`` when the case metrics are already known."""
+    """One case from its hardware rows; ``cm`` when the case metrics are already known;
+    ``baseline`` (its window and rows) marks which classes were there before the load."""
     info = bundle.case_info(case_id)
     window = bundle.case_windows().get(case_id)
     records = bundle.records.get(case_id, [])
@@ -351,6 +412,11 @@ def analyze_case(
             unavailable=ctx.unavailable,
         )
     verdict = the_verdict(info.raw, sig, inter)
+    if baseline is not None and baseline[1]:
+        idle = background_classes(ctx, baseline[0], baseline[1])
+        verdict = replace(
+            verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
+        )
     if lost:
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
@@ -411,15 +477,16 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
     ``requests.jsonl`` lines of the case; samples and ``manifest.json`` as far as
     written. The ``cases.jsonl`` line is optional (client self-check, params).
     """
-    from strata_plugin.analysis.timeline import summarize_window
-
     with gc_paused():
         bundle, store = load_run(Path(run_dir), case_id)
         if control_cases(bundle, case_id):  # a treatment is judged against its control
             bundle = load_bundle(Path(run_dir))
         window = bundle.case_windows().get(case_id)
         hw = summarize_window(store, window) if window is not None else []
-        return analyze_case(bundle, run_context(bundle, store), case_id, hw)
+        base = baseline_window(bundle, case_id)
+        baseline = (base, summarize_window(store, base)) if base is not None else None
+        return analyze_case(bundle, run_context(bundle, store), case_id, hw,
+                            baseline=baseline)
 
 
 @dataclass
@@ -447,6 +514,12 @@ def _samples_and_summaries(
     with gc_paused():
         store = load_samples(Path(run_dir), node_clocks(manifest))
         return store, summarize_windows(store, windows)
+
+
+def _several(windows: Sequence[Window], name: str) -> bool:
+    """More than one window of that name (repeated baselines of one configuration):
+    the summary by name is only the last one's."""
+    return sum(1 for w in windows if w.name == name) > 1
 
 
 def _sample_bytes(run_dir: Path) -> int:
@@ -486,10 +559,19 @@ def analyze_run(run_dir: Path | str, *, parallel: bool | None = None) -> RunAnal
             else:
                 store, hw_by_window = _samples_and_summaries(str(run_dir), manifest, windows)
             ctx = run_context(bundle, store)
-            analyses = [
-                analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid])
-                for cid in bundle.case_ids()
-            ]
+            analyses = []
+            for cid in bundle.case_ids():
+                base = baseline_window(bundle, cid)
+                baseline = None
+                if base is not None:
+                    rows = hw_by_window.get(base.name)
+                    if rows is None or _several(windows, base.name):
+                        rows = summarize_window(store, base)
+                    baseline = (base, rows)
+                analyses.append(
+                    analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid],
+                                 baseline=baseline)
+                )
     finally:
         if pool is not None:
             pool.shutdown()

@@ -88,6 +88,9 @@ class RequestMetrics:
     server_prefill_tok_s: float | None  # prompt_n / prompt_ms
     server_decode_tok_s: float | None  # predicted_n / predicted_ms
     ttft_minus_server_prompt_ms: float | None  # queue + HTTP + tokenize, outside prefill
+    # e2e - (server prompt + decode ms): what no server clock accounts for (network,
+    # proxy, client, and the server's own queue, which llama.cpp timings leave out)
+    outside_server_ms: float | None
     draft_n: int | None
     draft_accepted: int | None
     spec_acceptance: float | None  # this request's draft_accepted / draft_n
@@ -212,6 +215,11 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         server_decode_tok_s=_rate(s_decode_n, s_decode_ms) if (s_decode_n or 0) >= 2 else None,
         ttft_minus_server_prompt_ms=(
             ttft - s_prompt_ms if ttft is not None and s_prompt_ms is not None else None
+        ),
+        outside_server_ms=(
+            max(0.0, e2e - s_prompt_ms - s_decode_ms)
+            if e2e is not None and s_prompt_ms is not None and s_decode_ms is not None
+            else None
         ),
         draft_n=draft_n,
         draft_accepted=draft_acc,

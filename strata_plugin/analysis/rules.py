@@ -79,7 +79,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "psi_cpu_some": "cpu:psi_cpu_some_total_us",
     "psi_io_some": "cpu:psi_io_some_total_us",
     "psi_mem_some": "cpu:psi_memory_some_total_us",
-    "cgroup_throttled_frac": "cpu:cgroup_throttled_us",
+    "cgroup_throttled_frac": "cpu:cgroup_nr_throttled/cgroup_nr_periods (the server's cgroup)",
     "server_cpu_cores": "proc:cpu_user_s/cpu_system_s",
     "server_threads": "proc:num_threads (or thread_cpu_s devices)",
     "server_max_thread_cores": "proc:thread_cpu_s",
@@ -88,7 +88,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "major_faults_per_s": "proc:major_faults",
     "read_bytes_s": "proc:read_bytes",
     "disk_busy_frac": "disk:busy_ms",
-    "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes",
+    "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes (and cgroup_mem_*)",
     "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
@@ -101,6 +101,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "kv_usage_max": "prom:kv_cache_usage",
     "preemptions": "prom:num_preemptions_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
+    "outside_server_frac": "requests: e2e - timings.prompt_ms - timings.predicted_ms",
     "chunk_gap_p99_p50": "requests: chunk gaps",
     "prefill_stall_frac": "requests: token events against dispatch..first token of prefills",
     "prefill_stall_share": "requests: token events against dispatch..first token of prefills",
@@ -175,6 +176,9 @@ class WindowSignals:
     kv_usage_max: float | None = None
     preemptions: float | None = None
     server_queue_frac: float | None = None
+    # median share of a request's time no server clock accounts for (network, proxy,
+    # client; and the server's queue, which the waiting count tells apart)
+    outside_server_frac: float | None = None
     chunk_gap_p99_p50: float | None = None
     # prefill-decode interference (analysis/interference.py); ab_*: against the A/B
     # control, only for a treatment arm
@@ -218,6 +222,18 @@ class Verdict:
     modifiers: tuple[str, ...] = ()  # e.g. ("throttling",)
     also_flagged: tuple[str, ...] = ()  # classes past threshold beyond the top two
     notes: tuple[str, ...] = ()
+    # of the classes past threshold, those past it in the idle baseline too (host
+    # background, there before the load); set by the case analysis, which has the baseline
+    background: tuple[str, ...] = ()
+
+    @property
+    def past_threshold(self) -> tuple[str, ...]:
+        """Every class past threshold, ranked: the named ones, then the rest."""
+        return (*self.classes, *self.also_flagged)
+
+    @property
+    def appeared_with_load(self) -> tuple[str, ...]:
+        return tuple(c for c in self.past_threshold if c not in self.background)
 
     @property
     def confidence_label(self) -> str:
@@ -249,6 +265,7 @@ CLASSES = (
     "queueing",
     "kv_cache_capacity",
     "prefill_decode_interference",
+    "outside_server",
     "client_bound",
     "throttling",
     "headroom",
@@ -256,7 +273,13 @@ CLASSES = (
 MODIFIERS = ("throttling",)
 #: Classes that describe a symptom of load rather than a resource; they accompany
 #: a resource class and never make a window "contradictory" on their own.
-SERVING = ("queueing", "kv_cache_capacity", "prefill_decode_interference", "client_bound")
+SERVING = (
+    "queueing",
+    "kv_cache_capacity",
+    "prefill_decode_interference",
+    "outside_server",
+    "client_bound",
+)
 #: Signals the load generator itself measures (its clock, its reads of the stream). When
 #: its self-check flags it, they describe the client's delays as much as the server's,
 #: so they are not trusted for that window: the rules that need them are unassessable.
@@ -267,6 +290,7 @@ CLIENT_MEASURED = (
     "prefill_stall_frac",
     "prefill_stall_share",
     "ab_prefill_stall_ratio",
+    "outside_server_frac",
 )
 
 #: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
@@ -679,7 +703,8 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
 
 
 def rule_cpu_contention(s: WindowSignals) -> _Outcome:
-    """Other work on the same cores delays the server's threads."""
+    """Other work on the same cores, the hypervisor (steal) or the server's own cgroup
+    quota (throttled periods) keeps the server's threads from the CPU."""
     r = _Rule("cpu_contention", s)
     margins = []
     if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
@@ -788,16 +813,41 @@ def rule_network(s: WindowSignals) -> _Outcome:
 
 
 def rule_queueing(s: WindowSignals) -> _Outcome:
+    """Requests waited in the server's own queue.
+
+    The server's waiting count decides where it is measured: TTFT outside prefill
+    (``server_queue_frac``, seen from the client) grows for any delay between client and
+    server as well, so alone it only decides where the server reports no queue.
+    """
     r = _Rule("queueing", s)
     if s.waiting_mean is None and s.server_queue_frac is None:
         r.need("waiting_mean")
         return r.unassessable(TRACE_SERVER)
     margins = []
-    if s.waiting_mean is not None and r.cmp("waiting_mean", ">=", "waiting_requests_mean"):
+    queued = s.waiting_mean is not None and r.cmp(
+        "waiting_mean", ">=", "waiting_requests_mean"
+    )
+    if queued:
         margins.append(_m(s, "waiting_mean", "waiting_requests_mean"))
     if s.server_queue_frac is not None and r.cmp("server_queue_frac", ">=", "server_queue_frac"):
-        margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
+        if queued or s.waiting_mean is None:
+            margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
     return r.fire(*margins) if margins else r.o
+
+
+def rule_outside_server(s: WindowSignals) -> _Outcome:
+    """Time no server clock accounts for, while the server reports no queue: the network
+    path, a proxy or the client. Needs the waiting count to tell it from queueing."""
+    r = _Rule("outside_server", s)
+    if not r.need("outside_server_frac"):
+        return r.unassessable("llama.cpp timings (prompt_ms, predicted_ms) per request")
+    if not r.cmp("outside_server_frac", ">=", "outside_server_frac"):
+        return r.o
+    if not r.need("waiting_mean"):
+        return r.unassessable(TRACE_SERVER)
+    if r.cmp("waiting_mean", "<", "waiting_requests_mean"):
+        return r.fire(_m(s, "outside_server_frac", "outside_server_frac"))
+    return r.o
 
 
 def rule_kv_cache(s: WindowSignals) -> _Outcome:
@@ -875,7 +925,13 @@ HOST_RULES = (
     rule_cpu_contention,
 )
 CPU_SERVER_RULES = (rule_cpu_compute,)
-SERVING_RULES = (rule_queueing, rule_kv_cache, rule_interference, rule_client_bound)
+SERVING_RULES = (
+    rule_queueing,
+    rule_kv_cache,
+    rule_interference,
+    rule_outside_server,
+    rule_client_bound,
+)
 #: Rules that must be assessable before a window can be called clean ("headroom").
 CORE_GPU = (
     "host_cpu_launch",
@@ -972,7 +1028,7 @@ def classify(s: WindowSignals) -> Verdict:
         pair = [outcomes[a], outcomes[b]]
         return Verdict(
             classes=(a, b),
-            evidence=_evidence(pair),
+            evidence=_evidence(pair + [o for o in ordered if o.cls not in (a, b)]),
             confidence=_round(min(0.4, 0.4 * penalty)),
             inconclusive=True,
             finer_trace=(trace,),
@@ -988,7 +1044,7 @@ def classify(s: WindowSignals) -> Verdict:
         traces = _in_question(unassessed, s)
         return Verdict(
             classes=tuple(o.cls for o in top),
-            evidence=_evidence(top + [outcomes[c] for c in modifiers]),
+            evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
             confidence=_round(max(0.1, conf)),
             inconclusive=False,
             finer_trace=traces if missing_signals else (),

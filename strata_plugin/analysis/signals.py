@@ -126,6 +126,7 @@ class RequestFacts:
     client_bound: bool | None
     client_lateness_p99_ms: float | None
     client_cpu_fraction: float | None
+    outside_server_frac: float | None = None  # median of outside_server_ms / e2e
 
 
 def _gpu_signals(view: HwView) -> dict:
@@ -227,6 +228,38 @@ def _psi(view: HwView, kind: str, node: str | None) -> float | None:
     return max(avg) / 100.0 if avg else None
 
 
+def cgroup_throttled_frac(view: HwView, node: str | None) -> float | None:
+    """Share of the server cgroup's CFS periods in which it was throttled (0..1).
+
+    Linux kernel docs, scheduler/sched-bwc.rst, Statistics: ``nr_periods`` enforcement
+    intervals elapsed, ``nr_throttled`` of them throttled. Throttled *time* is summed
+    over the CPUs the group ran on, so over a window it can exceed the window; the
+    period count cannot. Without period counts: throttled time per core, capped at 1.
+    """
+    periods = _rate(view, "cpu", "cgroup_nr_periods", node)
+    n_throttled = _rate(view, "cpu", "cgroup_nr_throttled", node)
+    if periods and n_throttled is not None:
+        return min(1.0, max(0.0, n_throttled / periods))
+    if periods == 0.0 and n_throttled is not None:
+        return 0.0  # no period elapsed: the group did not run into its quota
+    throttled_us = _rate(view, "cpu", "cgroup_throttled_us", node)
+    if throttled_us is None:
+        return None
+    cores = [r for r in view.select("cpu", "busy_s", node) if r.device.startswith("cpu")]
+    return min(1.0, throttled_us / 1e6 / max(1, len(cores)))
+
+
+def cgroup_mem_free_frac(view: HwView, node: str | None) -> float | None:
+    """What the server's cgroup may still allocate, as a share of its limit (the lowest
+    in the window); None without a limit."""
+    limit = [r.mean for r in view.select("mem", "cgroup_mem_limit_bytes", node) if r.mean]
+    usage = [r.max for r in view.select("mem", "cgroup_mem_usage_bytes", node)
+             if r.max is not None]
+    if not limit or not usage:
+        return None
+    return max(0.0, (limit[0] - usage[0]) / limit[0])
+
+
 def _host_signals(view: HwView, node: str | None) -> dict:
     cores = [r for r in view.select("cpu", "busy_s", node) if r.device.startswith("cpu")]
     n_cores = len(cores) or None
@@ -235,7 +268,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         total = sum(r.rate or 0.0 for r in cores)
     iowait = _rate(view, "cpu", "iowait_s", node, device="")
     steal = _rate(view, "cpu", "steal_s", node, device="")
-    throttled = _rate(view, "cpu", "cgroup_throttled_us", node)
+    throttled = cgroup_throttled_frac(view, node)
     user = _rate(view, "proc", "cpu_user_s", node)
     system = _rate(view, "proc", "cpu_system_s", node)
     server_cpu = None if user is None and system is None else (user or 0.0) + (system or 0.0)
@@ -257,6 +290,9 @@ def _host_signals(view: HwView, node: str | None) -> dict:
     avail = [r for r in view.select("mem", "mem_available_bytes", node) if r.min is not None]
     total_mem = [r.mean for r in view.select("mem", "mem_total_bytes", node) if r.mean]
     mem_frac = avail[0].min / total_mem[0] if avail and total_mem else None
+    cg_frac = cgroup_mem_free_frac(view, node)
+    if cg_frac is not None:  # the server's own limit binds first when it is tighter
+        mem_frac = cg_frac if mem_frac is None else min(mem_frac, cg_frac)
     return dict(
         n_cores=n_cores,
         host_busy_cores=total,
@@ -265,7 +301,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         psi_cpu_some=_psi(view, "cpu", node),
         psi_io_some=_psi(view, "io", node),
         psi_mem_some=_psi(view, "memory", node),
-        cgroup_throttled_frac=throttled / 1e6 if throttled is not None else None,
+        cgroup_throttled_frac=throttled,
         server_cpu_cores=server_cpu,
         server_threads=server_threads,
         server_max_thread_cores=max_thread,
@@ -348,6 +384,7 @@ def build_signals(
             else None,
             chunk_gap_p99_p50=gap,
             server_queue_frac=requests.server_queue_frac,
+            outside_server_frac=requests.outside_server_frac,
             concurrency=requests.concurrency,
             client_bound=requests.client_bound,
             client_lateness_p99_ms=requests.client_lateness_p99_ms,

@@ -296,9 +296,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "cgroup_throttled_frac",
         0.05,
-        "of window",
-        f"{CGROUP_V2} (throttled_usec) and {CGROUP_V1} (throttled_time, ns): throttled "
-        "time over the window > 5% [inferred 5%]",
+        "of CFS periods",
+        f"{CGROUP_V1} and {CGROUP_V2}: nr_throttled / nr_periods of the server's own "
+        "cgroup; throttled in over 5% of its enforcement periods [inferred 5%]",
     ),
     Threshold(
         "cpu_samples_disagree_factor",
@@ -343,7 +343,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "mem_available_frac_min",
         0.10,
-        "of MemTotal",
+        "of MemTotal (or of the server cgroup's limit)",
         "[inferred] Linux kernel docs, filesystems/proc.rst, meminfo MemAvailable (page "
         f"cache is not free memory). {VAL}, Fault injection: memory-hog arms 0.074",
     ),
@@ -387,6 +387,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] the median request waited over half its TTFT outside prefill "
         "(ttft - llama.cpp timings.prompt_ms). "
         f"{VAL}, Fault injection: queueing arms 0.85-0.89",
+    ),
+    Threshold(
+        "outside_server_frac",
+        0.25,
+        "of the request's time",
+        "[inferred] over a quarter of the median request's time (dispatch to last token) "
+        "is accounted by no server clock (llama.cpp timings prompt_ms + predicted_ms) "
+        "while the server reports no queue: network, a proxy or the client",
     ),
     Threshold(
         "kv_usage_high",

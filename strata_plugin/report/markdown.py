@@ -318,6 +318,12 @@ def verdict_md(v: Verdict) -> str:
         lines.append(f"\nModifier: {', '.join(v.modifiers)}.\n")
     if v.also_flagged:
         lines.append(f"\nAlso past threshold: {', '.join(v.also_flagged)}.\n")
+    if v.background:
+        lines.append(
+            f"\nHost background (past threshold in the idle baseline too): "
+            f"{', '.join(v.background)}; appeared with the load: "
+            f"{', '.join(v.appeared_with_load) or 'none'}.\n"
+        )
     for n in v.notes:
         lines.append(f"\n- {n}")
     if v.notes:

@@ -21,11 +21,14 @@ def _local_argv(sess: StrataSession, node: str, server_pid: int | None,
     from strata_plugin.agent.handle import agent_argv
 
     t = sess.cfg.profile.telemetry
+    # The server's own cgroup (its quota, throttling, memory limit), not the agent's: on
+    # a node without a server process to follow there is no cgroup worth reading.
+    cgroup = "server" if server_pid or t.pid_pattern else "none"
     return agent_argv(
         node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
         pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
         log_patterns=dict(t.log_patterns), collectors=list(t.collectors),
-        python=sys.executable)
+        python=sys.executable, cgroup=cgroup)
 
 
 def agent_commands(sess: StrataSession, server_pid: int | None,

@@ -10,16 +10,16 @@ which is exact for any window and needs no state in the agent.
 * host counters ``ctxt``, ``intr``; gauges ``procs_running``, ``procs_blocked``,
   ``load1``, ``load5``, ``load15``, ``runnable`` (from /proc/loadavg);
 * PSI (/proc/pressure/*, when present): ``psi_<cpu|io|memory>_<some|full>_s``;
-* cgroup (v2 cpu.stat, or the v1 cpu controller's): ``cgroup_usage_s``,
+* cgroup (v2 cpu.stat, or the v1 cpu controller's) of the server process
+  (``--cgroup server`` / ``pid:<N>``; ``self`` is the agent's own): ``cgroup_usage_s``,
   ``cgroup_user_s``, ``cgroup_system_s``, ``cgroup_nr_periods``,
-  ``cgroup_nr_throttled``, ``cgroup_throttled_s``.
+  ``cgroup_nr_throttled``, ``cgroup_throttled_s``; gauge ``cgroup_quota_cores`` (the
+  CFS quota over its period) when a quota is set. See ``agent/cgroups.py``.
 """
 
 from __future__ import annotations
 
-import os
-
-from .. import procfs
+from .. import cgroups, procfs
 from ..procfs import PreadFile, parse_kv
 from .base import Collector, Emit, Unavailable
 
@@ -29,33 +29,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 def cgroup_cpu_stat_files(pid: int | str = "self", root: str = CGROUP_ROOT) -> list[str]:
     """cpu.stat files that describe ``pid``'s cgroup: the v2 one and/or the v1 cpu controller's."""
-    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/cgroup")
-    if not data:
-        return []
-    out = []
-    for line in data.decode().splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.lstrip("/")
-        if controllers == "":
-            candidates = [
-                os.path.join(root, path, "cpu.stat"),
-                os.path.join(root, "unified", path, "cpu.stat"),
-            ]
-        elif "cpu" in controllers.split(","):
-            candidates = [
-                os.path.join(root, d, path, "cpu.stat")
-                for d in ("cpu", "cpu,cpuacct", "cpuacct,cpu")
-            ]
-        else:
-            continue
-        for c in candidates:
-            if os.path.exists(c) and c not in out:
-                out.append(c)
-                break
-    return out
+    return cgroups.cpu_stat_files(cgroups.cgroup_dirs(pid, root))
 
 
 def _psi(data: bytes) -> dict[str, float]:
@@ -75,10 +49,16 @@ class CpuCollector(Collector):
     source = "cpu"
 
     def __init__(
-        self, cgroup: str = "self", per_core: bool = True, proc_root: str | None = None
+        self,
+        cgroup: str = "self",
+        per_core: bool = True,
+        proc_root: str | None = None,
+        targets=None,
     ) -> None:
         super().__init__()
         self.cgroup = cgroup
+        self.targets = targets  # ProcessTargets, for --cgroup server
+        self._cg_dirs = cgroups.CgroupDirs()
         self.per_core = per_core
         # proc_root lets tests and the cost benchmark read a saved /proc (e.g. a 192-core stat)
         self.proc_root = proc_root or procfs.PROC
@@ -96,15 +76,8 @@ class CpuCollector(Collector):
                 self._psi[res] = f
             else:
                 self.mark_unavailable(f"psi_{res}", f"{f.path}: {f.error or 'empty'}")
-        if self.cgroup.startswith("pid:"):
-            files = cgroup_cpu_stat_files(int(self.cgroup[4:]))
-        elif self.cgroup == "self":
-            files = cgroup_cpu_stat_files("self")
-        elif self.cgroup in ("", "none"):
-            files = []
-        else:
-            files = [os.path.join(self.cgroup, "cpu.stat")]
-        for path in files:
+        self._cg_dirs, what = cgroups.resolve(self.cgroup, server_pid(self.targets))
+        for path in cgroups.cpu_stat_files(self._cg_dirs):
             f = PreadFile(path, 4096)
             if f.ok:
                 self._cg.append(f)
@@ -112,13 +85,21 @@ class CpuCollector(Collector):
         for f in self._cg:
             seen.update(parse_kv(f.read() or b""))
         if not self._cg:
-            self.mark_unavailable("cgroup", f"no readable cgroup cpu.stat for {self.cgroup!r}")
+            self.mark_unavailable(
+                "cgroup", f"no readable cgroup cpu.stat for {self.cgroup!r} ({what})"
+            )
         elif "nr_throttled" not in seen:
             self.mark_unavailable(
                 "cgroup_nr_throttled",
                 "cgroup cpu.stat has no nr_throttled (cpu controller not enabled)",
             )
-        self.info(kind="cgroup", source=self.source, files=[f.path for f in self._cg])
+        self.info(
+            kind="cgroup",
+            source=self.source,
+            cgroup=what,
+            files=[f.path for f in self._cg],
+            quota_cores=cgroups.cpu_quota_cores(self._cg_dirs),
+        )
 
     def close(self) -> None:
         for f in [self._stat, self._loadavg, *self._psi.values(), *self._cg]:
@@ -184,4 +165,19 @@ class CpuCollector(Collector):
                 if key in kv:
                     val = kv[key] * scale if scale != 1 else kv[key]
                     out.append((wall_ns, "", name, val, "counter"))
+            quota = cgroups.cpu_quota_cores(self._cg_dirs)
+            if quota is not None:
+                out.append((wall_ns, "", "cgroup_quota_cores", quota, "gauge"))
         return out
+
+
+def server_pid(targets) -> int | None:
+    """The first process the agent tracks (for ``--cgroup server``), or None."""
+    if targets is None:
+        return None
+    try:
+        targets.refresh(force=True)
+    except Exception:
+        return None
+    roots = getattr(targets, "roots", ()) or getattr(targets, "pids", ())
+    return roots[0] if roots else None

@@ -3,11 +3,17 @@
 MemAvailable rather than MemFree is the "could still be allocated" figure;
 Cached and Mlocked say how much of it is page cache a weight file lives in or
 memory pinned by the server.
+
+The server's own cgroup (``--cgroup``, as for the cpu collector) adds its memory
+limit and usage (gauges ``cgroup_mem_limit_bytes``, only when a limit is set, and
+``cgroup_mem_usage_bytes``) and the times it hit the limit or was OOM-killed
+(counters ``cgroup_mem_max_events``, ``cgroup_mem_oom_kills``): a server limited by its
+container runs short of memory while the host's MemAvailable stays high.
 """
 
 from __future__ import annotations
 
-from .. import procfs
+from .. import cgroups, procfs
 from ..procfs import PreadFile
 from .base import Collector, Emit, Unavailable
 
@@ -41,16 +47,26 @@ VMSTAT = {
 class MemCollector(Collector):
     source = "mem"
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup: str = "none", targets=None) -> None:
         super().__init__()
         self._meminfo = PreadFile(f"{procfs.PROC}/meminfo", 1 << 14)
         self._vmstat = PreadFile(f"{procfs.PROC}/vmstat", 1 << 16)
+        self.cgroup = cgroup
+        self.targets = targets
+        self._cg_dirs = cgroups.CgroupDirs()
 
     def probe(self) -> None:
         if not self._meminfo.ok:
             raise Unavailable(f"/proc/meminfo unreadable: {self._meminfo.error}")
         if not self._vmstat.ok:
             self.mark_unavailable("vmstat", f"/proc/vmstat unreadable: {self._vmstat.error}")
+        from .cpu import server_pid
+
+        self._cg_dirs, what = cgroups.resolve(self.cgroup, server_pid(self.targets))
+        found = cgroups.memory_values(self._cg_dirs)
+        if not found:
+            self.mark_unavailable("cgroup", f"no cgroup memory files for {self.cgroup!r} ({what})")
+        self.info(kind="cgroup_memory", source=self.source, cgroup=what, metrics=sorted(found))
 
     def close(self) -> None:
         self._meminfo.close()
@@ -75,4 +91,7 @@ class MemCollector(Collector):
                 name = VMSTAT.get(key)
                 if name:
                     out.append((wall_ns, "", name, int(val), "counter"))
+        if self._cg_dirs.found:
+            for name, (val, kind) in cgroups.memory_values(self._cg_dirs).items():
+                out.append((wall_ns, "", name, val, kind))
         return out

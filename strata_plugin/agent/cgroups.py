@@ -1,0 +1,172 @@
+"""The server's own cgroup: where its CPU quota, throttling and memory limit live.
+
+A server in a container, a pod or a systemd slice is limited by its cgroup, not by the
+host: a CPU quota throttles it on an idle machine, a memory limit reclaims or kills it
+with the host's MemAvailable high. The agent reads the cgroup *of the server process*
+(``pid:<N>``, or ``server``: the first process the agent tracks), not its own.
+
+Both layouts are read (Linux kernel docs, admin-guide/cgroup-v2.rst; for v1,
+scheduler/sched-bwc.rst and admin-guide/cgroup-v1/memory.rst): a v2 directory from the
+``0::/path`` line of ``/proc/<pid>/cgroup`` (under the mount itself, or ``unified/`` on
+a hybrid host), and the v1 ``cpu`` and ``memory`` hierarchies from their own lines.
+Files that a layout lacks are skipped; the collector says which were found.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import procfs
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: A v1 memory limit at or above this is "no limit" (the kernel prints PAGE_COUNTER_MAX
+#: in bytes, 2^63 rounded down to a page).
+V1_NO_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class CgroupDirs:
+    """The directories that hold one process's cgroup files (empty when absent)."""
+
+    v2: str = ""
+    v1_cpu: str = ""
+    v1_memory: str = ""
+    lines: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.v2 or self.v1_cpu or self.v1_memory)
+
+
+def cgroup_dirs(pid: int | str = "self", root: str = CGROUP_ROOT) -> CgroupDirs:
+    """Where ``pid``'s cgroup lives, for v2 and the v1 cpu and memory controllers."""
+    data = procfs.read_bytes(f"{procfs.PROC}/{pid}/cgroup")
+    if not data:
+        return CgroupDirs()
+    v2 = v1_cpu = v1_mem = ""
+    lines = tuple(data.decode(errors="replace").splitlines())
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        ctrls = controllers.split(",")
+        if controllers == "":
+            for base in (root, os.path.join(root, "unified")):
+                d = os.path.join(base, path)
+                if os.path.exists(os.path.join(d, "cgroup.controllers")):
+                    v2 = d
+                    break
+        elif "cpu" in ctrls:
+            v1_cpu = _first_dir(root, ("cpu", "cpu,cpuacct", "cpuacct,cpu"), path)
+        elif "memory" in ctrls:
+            v1_mem = _first_dir(root, ("memory",), path)
+    return CgroupDirs(v2, v1_cpu, v1_mem, lines)
+
+
+def _first_dir(root: str, mounts: tuple[str, ...], path: str) -> str:
+    for m in mounts:
+        d = os.path.join(root, m, path)
+        if os.path.isdir(d):
+            return d
+    return ""
+
+
+def cpu_stat_files(dirs: CgroupDirs) -> list[str]:
+    """The cpu.stat that holds the group's CPU limit: the v1 cpu controller's when the
+    controller lives on v1 (a hybrid host, whose v2 group is then not the one limited),
+    else the v2 directory's."""
+    for d in (dirs.v1_cpu, dirs.v2):
+        if d and os.path.exists(os.path.join(d, "cpu.stat")):
+            return [os.path.join(d, "cpu.stat")]
+    return []
+
+
+def _read_text(path: str) -> str | None:
+    data = procfs.read_bytes(path, 4096)
+    return None if data is None else data.decode(errors="replace").strip()
+
+
+def cpu_quota_cores(dirs: CgroupDirs) -> float | None:
+    """The CFS quota in cores (quota / period), or None when unlimited or unreadable.
+
+    v2 ``cpu.max`` is "<quota|max> <period>"; v1 has ``cpu.cfs_quota_us`` (-1: none) and
+    ``cpu.cfs_period_us``.
+    """
+    if dirs.v1_cpu:
+        q = _read_text(os.path.join(dirs.v1_cpu, "cpu.cfs_quota_us"))
+        p = _read_text(os.path.join(dirs.v1_cpu, "cpu.cfs_period_us"))
+        if q and p and q.lstrip("-").isdigit() and p.isdigit() and int(q) > 0 and int(p) > 0:
+            return int(q) / int(p)
+    if dirs.v2:
+        text = _read_text(os.path.join(dirs.v2, "cpu.max"))
+        if text:
+            words = text.split()
+            if len(words) == 2 and words[0].isdigit() and words[1].isdigit() and int(words[1]):
+                return int(words[0]) / int(words[1])
+    return None
+
+
+def memory_values(dirs: CgroupDirs) -> dict[str, tuple[float, str]]:
+    """Memory limit, usage and limit events of the cgroup: metric -> (value, kind).
+
+    ``cgroup_mem_limit_bytes`` (only when a limit is set), ``cgroup_mem_usage_bytes``,
+    ``cgroup_mem_max_events`` (v2 memory.events "max": allocations that hit the limit;
+    v1 memory.failcnt), ``cgroup_mem_oom_kills`` (v2 memory.events / v1 memory.oom_control
+    "oom_kill").
+    """
+    out: dict[str, tuple[float, str]] = {}
+    if dirs.v2 and os.path.exists(os.path.join(dirs.v2, "memory.current")):
+        limit = _read_text(os.path.join(dirs.v2, "memory.max"))
+        if limit and limit.isdigit():
+            out["cgroup_mem_limit_bytes"] = (int(limit), "gauge")
+        cur = _read_text(os.path.join(dirs.v2, "memory.current"))
+        if cur and cur.isdigit():
+            out["cgroup_mem_usage_bytes"] = (int(cur), "gauge")
+        ev = procfs.read_bytes(os.path.join(dirs.v2, "memory.events"), 4096)
+        kv = procfs.parse_kv(ev or b"")
+        if "max" in kv:
+            out["cgroup_mem_max_events"] = (kv["max"], "counter")
+        if "oom_kill" in kv:
+            out["cgroup_mem_oom_kills"] = (kv["oom_kill"], "counter")
+    elif dirs.v1_memory:
+        limit = _read_text(os.path.join(dirs.v1_memory, "memory.limit_in_bytes"))
+        if limit and limit.isdigit() and int(limit) < V1_NO_LIMIT:
+            out["cgroup_mem_limit_bytes"] = (int(limit), "gauge")
+        cur = _read_text(os.path.join(dirs.v1_memory, "memory.usage_in_bytes"))
+        if cur and cur.isdigit():
+            out["cgroup_mem_usage_bytes"] = (int(cur), "gauge")
+        fail = _read_text(os.path.join(dirs.v1_memory, "memory.failcnt"))
+        if fail and fail.isdigit():
+            out["cgroup_mem_max_events"] = (int(fail), "counter")
+        oom = procfs.read_bytes(os.path.join(dirs.v1_memory, "memory.oom_control"), 4096)
+        kv = procfs.parse_kv(oom or b"")
+        if "oom_kill" in kv:
+            out["cgroup_mem_oom_kills"] = (kv["oom_kill"], "counter")
+    return out
+
+
+def resolve(spec: str, server_pid: int | None = None) -> tuple[CgroupDirs, str]:
+    """The cgroup a ``--cgroup`` value names, and a description (or why it is absent).
+
+    ``self`` (the agent's own), ``pid:<N>``, ``server`` (``server_pid``, the first process
+    the agent tracks), a directory, or ``none``/"".
+    """
+    if spec in ("", "none"):
+        return CgroupDirs(), "not asked for (--cgroup none)"
+    if spec == "server":
+        if server_pid is None:
+            return CgroupDirs(), "no server process found when the agent started"
+        spec = f"pid:{server_pid}"
+    if spec == "self" or spec.startswith("pid:"):
+        pid = "self" if spec == "self" else spec[4:]
+        dirs = cgroup_dirs(pid)
+        if not dirs.found:
+            return dirs, f"no cgroup directory found for {spec}"
+        return dirs, spec
+    # a directory: the layout is told by its files (cgroup.controllers only exists in v2)
+    if os.path.exists(os.path.join(spec, "cgroup.controllers")):
+        return CgroupDirs(v2=spec), spec
+    return CgroupDirs(v1_cpu=spec, v1_memory=spec), spec

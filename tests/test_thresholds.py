@@ -1,0 +1,256 @@
+"""Every rule at each of its thresholds: a small step under and over, generated from the
+one table (``analysis/thresholds.py``).
+
+Windows built far from every threshold let a changed comparison, a swapped threshold or
+a wrong scale pass unnoticed. Here each case puts one signal at ``value * (1 -+ STEP)``
+of its row, everything else where ``tests/test_attribution.py``'s clean windows keep it,
+and checks the class flips exactly there. A threshold row that no case covers must be
+listed in ``NOT_A_RULE_BOUNDARY`` with where it is tested instead, so a new number
+cannot join the table untested. ``PINNED`` holds the values as documented: a change to
+a number is then a deliberate edit of the table, its source and this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
+from strata_plugin.analysis.thresholds import THRESHOLDS, value
+from tests.test_attribution import CPU_CLEAN, GPU_2NODE, GPU_CLEAN
+
+STEP = 0.02  # 2% of the threshold each side
+
+
+@dataclass(frozen=True)
+class Boundary:
+    threshold: str
+    cls: str
+    base: WindowSignals
+    #: the window's changes for a value of the threshold's quantity
+    at: Callable[[float], dict]
+    op: str = ">="  # fires at or above (">="), above (">"), or below ("<")
+    absolute_step: float | None = None  # counts: a whole step, not a fraction
+    evidence: bool = True  # the rule records this comparison as evidence
+
+
+def one(signal: str, **fixed) -> Callable[[float], dict]:
+    return lambda x: {signal: x, **fixed}
+
+
+GPU_BUSY = dict(gpu_util=0.99, dram_active=0.3, sm_occupancy=0.3)
+CROWDED = dict(host_busy_cores=6.0, server_cpu_cores=1.0, runq_delay_per_cpu_s=0.6,
+               ctx_involuntary_per_cpu_s=300.0)
+
+CASES: tuple[Boundary, ...] = (
+    # host: CPU
+    Boundary("steal_frac", "cpu_contention", CPU_CLEAN, one("steal_frac")),
+    Boundary("cgroup_throttled_frac", "cpu_contention", CPU_CLEAN, one("cgroup_throttled_frac")),
+    Boundary("other_cpu_frac", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, "host_busy_cores": 1.0 + x * 8}),
+    Boundary("runq_delay_per_cpu_s", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, "runq_delay_per_cpu_s": x, "ctx_involuntary_per_cpu_s": 3.0}),
+    Boundary("involuntary_ctx_per_cpu_s", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, "ctx_involuntary_per_cpu_s": x, "runq_delay_per_cpu_s": 0.01}),
+    Boundary("server_cores_of_threads", "cpu_compute", CPU_CLEAN,
+             lambda x: {"server_cpu_cores": x * 8, "host_busy_cores": x * 8 + 0.1}),
+    Boundary("cores_busy_frac", "cpu_compute", CPU_CLEAN,
+             lambda x: {"host_busy_cores": x * 8, "server_cpu_cores": 4.0}),
+    Boundary("cpu_compute_server_share", "cpu_compute", CPU_CLEAN,
+             lambda x: {"host_busy_cores": 7.5, "server_cpu_cores": x * 7.5}),
+    # host: I/O, memory, network
+    Boundary("major_faults_per_s", "io_page_faults", CPU_CLEAN, one("major_faults_per_s")),
+    Boundary("read_bytes_s", "io_page_faults", CPU_CLEAN, one("read_bytes_s")),
+    Boundary("disk_busy_frac", "io_page_faults", CPU_CLEAN, one("disk_busy_frac")),
+    Boundary("mem_available_frac_min", "memory_pressure", CPU_CLEAN,
+             one("mem_available_frac"), op="<"),
+    Boundary("psi_some_frac", "memory_pressure", CPU_CLEAN, one("psi_mem_some")),
+    Boundary("net_link_frac", "network", CPU_CLEAN, one("net_util")),
+    Boundary("net_wire_busy", "network", CPU_CLEAN, one("net_wire_busy")),
+    Boundary("rail_error_events", "network", CPU_CLEAN, one("rdma_error_events"),
+             absolute_step=1.0),
+    Boundary("rail_congestion_per_s", "network", CPU_CLEAN, one("rdma_congestion_per_s")),
+    Boundary("socket_fallback_bytes_s", "network", CPU_CLEAN, one("socket_fallback_bytes_s")),
+    # serving
+    Boundary("inflight_frac_min", "input_starved", CPU_CLEAN, one("inflight_frac"), op="<"),
+    Boundary("waiting_requests_mean", "queueing", CPU_CLEAN, one("waiting_mean")),
+    Boundary("server_queue_frac", "queueing", CPU_CLEAN,
+             one("server_queue_frac", waiting_mean=None)),
+    Boundary("outside_server_frac", "outside_server", CPU_CLEAN, one("outside_server_frac")),
+    Boundary("kv_usage_high", "kv_cache_capacity", CPU_CLEAN, one("kv_usage_max")),
+    Boundary("preemptions_max", "kv_cache_capacity", CPU_CLEAN, one("preemptions"),
+             op=">", absolute_step=1.0),
+    Boundary("chunk_gap_p99_p50", "prefill_decode_interference", CPU_CLEAN,
+             one("chunk_gap_p99_p50")),
+    # GPU busy: which kind
+    Boundary("sm_active_compute", "gpu_compute", GPU_CLEAN,
+             one("sm_active", tensor_active=0.75, **GPU_BUSY)),
+    Boundary("tensor_active_compute", "gpu_compute", GPU_CLEAN,
+             one("tensor_active", sm_active=0.7, **GPU_BUSY)),
+    Boundary("sm_active_high", "gpu_compute", GPU_CLEAN,
+             one("sm_active", tensor_active=0.1, **GPU_BUSY)),
+    Boundary("dram_active_bound", "gpu_memory_bandwidth", GPU_CLEAN,
+             lambda x: {**GPU_BUSY, "sm_active": 0.7, "tensor_active": 0.2, "dram_active": x}),
+    Boundary("sm_active_busy", "gpu_latency_low_occupancy", GPU_CLEAN,
+             one("sm_active", dram_active=0.2, tensor_active=0.1, sm_occupancy=0.1)),
+    Boundary("dram_active_low", "gpu_latency_low_occupancy", GPU_CLEAN,
+             one("dram_active", sm_active=0.6, tensor_active=0.1, sm_occupancy=0.1), op="<"),
+    Boundary("tensor_active_low", "gpu_latency_low_occupancy", GPU_CLEAN,
+             one("tensor_active", sm_active=0.6, dram_active=0.2, sm_occupancy=0.1), op="<"),
+    Boundary("occupancy_low", "gpu_latency_low_occupancy", GPU_CLEAN,
+             one("sm_occupancy", sm_active=0.6, dram_active=0.2, tensor_active=0.1), op="<"),
+    Boundary("rdma_link_frac", "gpu_communication", GPU_2NODE,
+             one("rdma_util", gpu_util=0.95, sm_active=0.3, tensor_active=0.05)),
+    Boundary("nvlink_bytes_s", "gpu_communication", GPU_CLEAN, one("nvlink_bytes_s")),
+    Boundary("pcie_link_frac", "gpu_pcie_copy", GPU_CLEAN,
+             lambda x: {"pcie_bytes_s": x * value("pcie_bytes_s_cap")}),
+    Boundary("pcie_active_bytes_s", "gpu_pcie_copy", GPU_CLEAN,
+             one("pcie_bytes_s", sm_active=0.2)),
+    Boundary("pcie_sm_max", "gpu_pcie_copy", GPU_CLEAN, one("sm_active", pcie_bytes_s=2e9),
+             op="<"),
+    Boundary("thread_core_saturated", "host_cpu_launch", GPU_CLEAN,
+             one("server_max_thread_cores")),
+    # GPU: peers and throttling
+    Boundary("imbalance_cv", "waiting_on_peer", GPU_CLEAN, one("sm_active_cv")),
+    Boundary("imbalance_max_min", "waiting_on_peer", GPU_CLEAN, one("gpu_util_max_min")),
+    Boundary("straggler_rel_dev", "waiting_on_peer", GPU_CLEAN, one("straggler_rel_dev")),
+    Boundary("throttle_frac", "throttling", GPU_CLEAN, one("throttle_frac")),
+    Boundary("sm_clock_low_frac", "throttling", GPU_CLEAN,
+             one("sm_clock_low_frac", sm_active=0.6, dram_active=0.45, tensor_active=0.1)),
+    # "is the GPU busy?" by NVML utilization where SM activity is not measured
+    Boundary("gpu_util_busy", "throttling", GPU_CLEAN,
+             one("gpu_util", sm_active=None, sm_clock_low_frac=0.5), evidence=False),
+)
+
+#: Rows no classifier boundary covers, and where they are tested instead.
+NOT_A_RULE_BOUNDARY = {
+    "pcie_bytes_s_cap": "the scale of pcie_link_frac (its case uses it)",
+    "comm_sm_max": "no effect on a verdict today: gpu_communication also fires for "
+    "sm_active < sm_active_busy, the same 0.5 (an equivalent mutant; docs/validation.md)",
+    "comm_tensor_max": "no effect on a verdict today, as comm_sm_max",
+    "gpu_idle_util_pct": "a timeline window fraction (test_timeline.py), not a rule input",
+    "sm_clock_ratio_min": "a timeline window fraction (test_timeline.py), not a rule input",
+    "rail_active_bytes_s": "rails.py's imbalance filter (test_rails.py)",
+    "net_drop_events": "a rails finding, not a classifier input (test_rails.py)",
+    "iowait_frac": "corroboration: raises io_page_faults' score, never fires it alone",
+    "client_bound": "a boolean (test_attribution.py, the client_bound cases)",
+    "client_lateness_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "client_handling_lag_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "client_cpu_cores": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "client_delay_share": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "chunk_gaps_min": "signals.build_signals (test_chunk_gap_ratio_needs_enough_gaps below)",
+    "cpu_samples_disagree_factor": "the contradiction check (test below)",
+    "cpu_samples_disagree_slack_cores": "the contradiction check (test below)",
+    "full_margin": "scores (test_scores_reach_one_at_the_full_margin below)",
+    "dominance_margin": "ambiguous pairs (test_attribution.py, ambiguity cases)",
+    "missing_penalty": "confidence (test_attribution.py, missing-signal cases)",
+}
+
+#: The table's values as documented; see the module docstring.
+PINNED = {
+    "sm_active_busy": 0.5, "sm_active_high": 0.8, "gpu_util_busy": 0.8,
+    "gpu_idle_util_pct": 10.0, "sm_active_compute": 0.6, "tensor_active_compute": 0.5,
+    "dram_active_bound": 0.5, "dram_active_low": 0.4, "tensor_active_low": 0.3,
+    "occupancy_low": 0.25, "comm_sm_max": 0.5, "comm_tensor_max": 0.2,
+    "rdma_link_frac": 0.5, "nvlink_bytes_s": 1e11, "pcie_bytes_s_cap": 55e9,
+    "pcie_link_frac": 0.5, "pcie_active_bytes_s": 1e9, "pcie_sm_max": 0.3,
+    "throttle_frac": 0.05, "sm_clock_ratio_min": 0.9, "sm_clock_low_frac": 0.2,
+    "imbalance_cv": 0.15, "imbalance_max_min": 1.2, "straggler_rel_dev": 0.15,
+    "rail_active_bytes_s": 1e6, "rail_error_events": 1.0, "rail_congestion_per_s": 100.0,
+    "socket_fallback_bytes_s": 10e6, "thread_core_saturated": 0.9,
+    "runq_delay_per_cpu_s": 0.1, "psi_some_frac": 0.10, "cores_busy_frac": 0.9,
+    "server_cores_of_threads": 0.85, "cpu_compute_server_share": 0.5,
+    "other_cpu_frac": 0.25, "involuntary_ctx_per_cpu_s": 50.0, "steal_frac": 0.05,
+    "cgroup_throttled_frac": 0.05, "cpu_samples_disagree_factor": 1.1,
+    "cpu_samples_disagree_slack_cores": 0.5, "major_faults_per_s": 20.0,
+    "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
+    "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
+    "net_drop_events": 1.0, "waiting_requests_mean": 0.5, "server_queue_frac": 0.5,
+    "outside_server_frac": 0.25, "kv_usage_high": 0.95, "preemptions_max": 0.0,
+    "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,
+    "client_bound": 1.0, "client_lateness_p99_ms": 5.0, "client_handling_lag_p99_ms": 5.0,
+    "client_cpu_cores": 0.85, "client_delay_share": 0.05, "full_margin": 0.25,
+    "dominance_margin": 0.5, "missing_penalty": 0.85,
+}
+
+
+def named(v: Verdict) -> set[str]:
+    return {*v.classes, *v.also_flagged, *v.modifiers}
+
+
+def _values(b: Boundary) -> tuple[float, float]:
+    """(just short of firing, just past it) for the boundary's comparison: the threshold
+    itself is on the side its operator puts it, so ">=" vs ">" and "<" vs "<=" differ."""
+    t = value(b.threshold)
+    step = b.absolute_step if b.absolute_step is not None else abs(t) * STEP
+    if b.op == "<":
+        return t, t - step  # "<": the threshold itself does not fire
+    if b.op == ">":
+        return t, t + step
+    return t - step, t  # ">=": the threshold itself fires
+
+
+@pytest.mark.parametrize("b", CASES, ids=[f"{b.threshold}-{b.cls}" for b in CASES])
+def test_the_rule_flips_at_its_threshold(b: Boundary) -> None:
+    short, past = _values(b)
+    quiet = classify(dataclasses.replace(b.base, **b.at(short)))
+    fired = classify(dataclasses.replace(b.base, **b.at(past)))
+    assert b.cls not in named(quiet), (b.threshold, short, quiet)
+    assert b.cls in named(fired), (b.threshold, past, fired)
+    if b.evidence:
+        ev = [e for e in fired.evidence if e.cls == b.cls and e.threshold == b.threshold]
+        assert ev and any(e.met for e in ev), fired.evidence
+
+
+def test_every_threshold_is_covered_or_says_where_it_is_tested() -> None:
+    covered = {b.threshold for b in CASES}
+    names = {t.name for t in THRESHOLDS}
+    assert names == covered | set(NOT_A_RULE_BOUNDARY), (
+        sorted(names - covered - set(NOT_A_RULE_BOUNDARY)),
+        sorted((covered | set(NOT_A_RULE_BOUNDARY)) - names),
+    )
+    assert not covered & set(NOT_A_RULE_BOUNDARY)
+
+
+def test_the_table_holds_the_documented_values() -> None:
+    assert {t.name: t.value for t in THRESHOLDS} == PINNED
+
+
+def test_proc_and_cpu_samples_that_disagree_make_the_verdict_inconclusive() -> None:
+    host = 4.0
+    edge = value("cpu_samples_disagree_factor") * host + value("cpu_samples_disagree_slack_cores")
+    ok = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=host,
+                                      server_cpu_cores=edge - 0.05))
+    bad = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=host,
+                                       server_cpu_cores=edge + 0.05))
+    assert not any("disagree" in n for n in ok.notes), ok
+    assert bad.inconclusive and any("disagree" in n for n in bad.notes), bad
+
+
+def test_scores_reach_one_at_the_full_margin() -> None:
+    from strata_plugin.analysis.rules import _margin
+
+    t, full = 2.0, value("full_margin")
+    assert _margin(t * (1 + full), t, ">=") == 1.0
+    assert _margin(t * (1 + full * 0.9), t, ">=") == pytest.approx(0.9)
+    assert _margin(t * (1 - full), t, "<") == 1.0
+
+
+def test_chunk_gap_ratio_needs_enough_gaps() -> None:
+    from strata_plugin.analysis.signals import RequestFacts, build_signals
+
+    def ratio(n: int) -> float | None:
+        facts = RequestFacts(intervals_wall=((0, 10**9),), chunk_gap_p50=10.0,
+                             chunk_gap_p99=50.0, n_chunk_gaps=n, tpot_p50=10.0,
+                             server_queue_frac=None, concurrency=2, client_bound=False,
+                             client_lateness_p99_ms=None, client_cpu_fraction=None)
+        return build_signals(window="w", duration_s=1.0, start_ns=0, end_ns=10**9, hw=[],
+                             requests=facts, gpu_present=False, gpu_expected=False,
+                             multi_node=False, unavailable=()).chunk_gap_p99_p50
+
+    n = int(value("chunk_gaps_min"))
+    assert ratio(n - 1) is None
+    assert ratio(n) == pytest.approx(5.0)
