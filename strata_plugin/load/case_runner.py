@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
-from strata_plugin.formats.records import RequestRecord
+from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
@@ -82,6 +82,19 @@ class CaseResult:
     injected: tuple[RequestRecord, ...] = ()
     validation: tuple[tuple[str, int, int], ...] = ()  # (validator, passed, total)
     ab: ABArm | None = None
+    #: failed requests the case expects: True (any), or these error classes
+    allow_errors: bool | tuple[str, ...] = False
+
+    def unexpected_errors(self) -> dict[str, int]:
+        """Failed requests (warm-up, measured, injected) the case did not allow, by class."""
+        if self.allow_errors is True:
+            return {}
+        allowed = () if self.allow_errors is False else self.allow_errors
+        out: dict[str, int] = {}
+        for r in (*self.warmup_records, *self.records, *self.injected):
+            if r.error is not None and r.error.cls not in allowed:
+                out[r.error.cls] = out.get(r.error.cls, 0) + 1
+        return dict(sorted(out.items()))
 
     @property
     def headline(self) -> dict[str, float | int | str]:
@@ -179,14 +192,24 @@ class CaseRunner:
     def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
             inject: Injection | None = None, ab: ABArm | None = None,
             extra: dict | None = None, extra_body: dict | None = None,
-            validators: tuple = ()) -> CaseResult:
+            validators: tuple = (),
+            allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile).
+
+        A failed request fails the test at its teardown, with the failures counted by
+        class, unless ``allow_errors`` is True or names its class (a fault case).
 
         ``ab`` makes the case one arm of an A/B group; ``extra`` adds fields to its
         ``cases.jsonl`` line (the older ``extra={"ab_group": ..., "ab_arm": ...}`` form is
         still read as an ``ab``).
         """
         case_id = case_id or self.default_case_id
+        if not isinstance(allow_errors, bool):
+            allow_errors = tuple(allow_errors)
+            unknown = sorted(set(allow_errors) - set(ERROR_CLASSES))
+            if unknown:
+                raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
+                                 f"the classes are {', '.join(ERROR_CLASSES)}")
         extra = dict(extra or {})
         if ab is None and "ab_group" in extra:
             rep = extra.pop("repetition", None)
@@ -235,7 +258,8 @@ class CaseRunner:
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
                             warm_res.records if warm_res else (), metrics, res.self_check,
                             problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
-                            tuple(injected), validation, ab)
+                            tuple(injected), validation, ab,
+                            allow_errors)
         self.case_lines[case_id] = line = {
             "case_id": case_id, "name": w.name, "params": w.params(),
             "scaled_from": nominal.params() if nominal != w else None,

@@ -2,9 +2,10 @@
 
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
-case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, report.md and
-plots/*.png. Nothing written depends on the time of writing, dict order or the
-machine's matplotlib settings, so the same raw files give the same bytes.
+case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
+(report/ci_outputs.py), report.md and plots/*.png. Nothing written depends on the time
+of writing, dict order or the machine's matplotlib settings, so the same raw files give
+the same bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.report import plots
 from strata_plugin.report.benchjson import benchmark_json
+from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
@@ -275,6 +277,9 @@ def write_report(run_dir: Path | str) -> Path:
     (run_dir / "benchmark.json").write_text(
         json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
     )
+    ci_cases = [CiCase(a.case_id, a.config_id, a.headline, {}) for a in analyses]
+    for name, text in ci_files(ci_cases).items():
+        (run_dir / name).write_text(text)
     report = run_dir / "report.md"
     report.write_text(render(data))
     return report
