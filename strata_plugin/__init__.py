@@ -28,12 +28,14 @@ if TYPE_CHECKING:
         mixed_effects,
         outputs_identical,
     )
+    from strata_plugin.analysis.sufficiency import SampleTarget
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
     from strata_plugin.load.validators import code_passes, extract_code, json_fields
     from strata_plugin.load.workload import Workload
 
 _WHERE = {
     "Workload": "strata_plugin.load.workload",
+    "SampleTarget": "strata_plugin.analysis.sufficiency",
     "Injection": "strata_plugin.load.case_runner",
     "ABArm": "strata_plugin.load.case_runner",
     "CaseResult": "strata_plugin.load.case_runner",
@@ -52,6 +54,7 @@ __all__ = [
     "CaseRunner",
     "Effect",
     "Injection",
+    "SampleTarget",
     "Workload",
     "code_passes",
     "effect",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
+from strata_plugin.analysis.sufficiency import SampleTarget
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
@@ -119,6 +120,26 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
     return specs
 
 
+def merge_loads(results: list[LoadResult]) -> LoadResult:
+    """Batches of one measured phase as one: every record, one window, the worst self-check."""
+    if len(results) == 1:
+        return results[0]
+    checks = [r.self_check for r in results]
+    merged = SelfCheck(
+        client_cpu_cores=max(c.client_cpu_cores for c in checks),
+        dispatch_lateness_p99_ms=max(c.dispatch_lateness_p99_ms for c in checks),
+        handling_lag_p99_ms=max(c.handling_lag_p99_ms for c in checks),
+        client_bound=any(c.client_bound for c in checks),
+        reasons=tuple(dict.fromkeys(x for c in checks for x in c.reasons)),
+        late_requests=sum(c.late_requests for c in checks),
+        late_events=sum(c.late_events for c in checks),
+        dispatch_delay_share=max(c.dispatch_delay_share for c in checks),
+        handling_lag_share=max(c.handling_lag_share for c in checks),
+    )
+    return LoadResult(tuple(r for res in results for r in res.records),
+                      min(r.start_ns for r in results), max(r.end_ns for r in results), merged)
+
+
 def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
     """Compare what the server reported with what the case asked for."""
     problems = []
@@ -193,11 +214,14 @@ class CaseRunner:
             inject: Injection | None = None, ab: ABArm | None = None,
             extra: dict | None = None, extra_body: dict | None = None,
             validators: tuple = (),
-            allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
+            allow_errors: bool | tuple[str, ...] = False,
+            until: SampleTarget | None = None) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile).
 
         A failed request fails the test at its teardown, with the failures counted by
         class, unless ``allow_errors`` is True or names its class (a fault case).
+        ``until`` runs more measured requests, in batches, until the percentiles it names
+        are supported by the successful count (analysis/sufficiency.py), within its bounds.
 
         ``ab`` makes the case one arm of an A/B group; ``extra`` adds fields to its
         ``cases.jsonl`` line (the older ``extra={"ab_group": ..., "ab_arm": ...}`` form is
@@ -238,6 +262,9 @@ class CaseRunner:
         injector = self._start_injection(inject, case_id, injected, scale) if inject else None
         try:
             res = self._load(jobs, w, progress)
+            target_line = None
+            if until is not None:
+                res, target_line = self._until_supported(res, w, until, case_id, body, progress)
         finally:
             if injector:
                 injector.join()
@@ -273,11 +300,55 @@ class CaseRunner:
                           if inject else None),
             **extra, **(ab.fields() if ab else {}),
         }
+        if target_line is not None:
+            line["sample_target"] = target_line
         self._add_case(line)
         self.results.append(result)
         if ab is not None:
             self.history.setdefault(ab.group, []).append(result)
         return result
+
+    def _until_supported(self, first: LoadResult, w: Workload, target: SampleTarget,
+                         case_id: str, body: tuple, progress: Progress
+                         ) -> tuple[LoadResult, dict]:
+        """More measured requests until ``target`` is met, or its count or time runs out.
+
+        Each batch asks for what is still missing, trimmed to what the pace so far fits
+        into the time left, so the case ends near ``max_s`` rather than a batch past it.
+        """
+        results = [first]
+        n = len(first.records)
+        stopped = "supported"
+        while True:
+            ok = sum(1 for res in results for r in res.records if r.ok)
+            elapsed_s = (results[-1].end_ns - first.start_ns) / 1e9
+            if ok >= target.needed:
+                break
+            if n >= target.max_requests:
+                stopped = "max_requests"
+                break
+            if elapsed_s >= target.max_s:
+                stopped = "max_s"
+                break
+            batch = min(target.needed - ok, target.max_requests - n)
+            per_request_s = elapsed_s / n if n else 0.0
+            if per_request_s > 0:
+                fit = int((target.max_s - elapsed_s) / per_request_s)
+                batch = max(1, min(batch, max(fit, w.concurrency)))
+            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body)
+            offsets = arrival_offsets_s(w, n + batch)
+            base = offsets[n] if offsets is not None else 0.0
+            jobs = [Job(s, None if offsets is None else offsets[n + i] - base)
+                    for i, s in enumerate(specs)]
+            progress.total += batch
+            results.append(self._load(jobs, w, progress))
+            n += batch
+        ok = sum(1 for res in results for r in res.records if r.ok)
+        line = {"percentiles": list(target.percentiles), "confidence": target.confidence,
+                "needed": target.needed, "max_requests": target.max_requests,
+                "max_s": target.max_s, "measured": n, "ok": ok, "batches": len(results),
+                "met": ok >= target.needed, "stopped_by": stopped}
+        return merge_loads(results), line
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

@@ -4,8 +4,8 @@ Written beside ``benchmark.json`` by every report (live or offline):
 
 * ``bencher.json``: Bencher Metric Format (BMF), read by ``bencher run --adapter json
   --file bencher.json`` (bencher.dev, Reference > Bencher Metric Format). One benchmark
-  per case, one measure per metric; a value with bounds carries them as
-  ``lower_value`` / ``upper_value``.
+  per case, one measure per metric; a percentile whose count gives order-statistic
+  bounds (analysis/sufficiency.py) carries them as ``lower_value`` / ``upper_value``.
 * ``metrics.txt``: OpenMetrics text, read by GitLab's merge-request metrics report
   (``artifacts: reports: metrics: metrics.txt``; GitLab docs, CI > Testing > Metrics
   reports). One gauge family per metric, one sample per case, ended by ``# EOF``.

@@ -40,6 +40,10 @@ class ReportData:
     case_plots: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
+    #: lines under a case's percentile table, by case id (e.g. sample sufficiency)
+    case_notes: dict[str, list[str]] = field(default_factory=dict)
+    #: whole sections, before the thresholds
+    extra_sections: list[str] = field(default_factory=list)
 
 
 def _cmd(argv: Any) -> str:
@@ -328,6 +332,7 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     rows = dist_rows(a)
     if rows:
         out.append(md_table(("metric", "n", "mean", "p50", "p90", "p95", "p99", "max"), rows))
+    out.extend("\n" + note for note in d.case_notes.get(a.case_id, ()))
     thr = [
         ("output tok/s", cm.output_tok_s),
         ("input tok/s", cm.input_tok_s),
@@ -490,5 +495,5 @@ def thresholds_section() -> str:
 def render(d: ReportData) -> str:
     parts = [header(d), limits(d), summary_table(d), "\n## Cases\n"]
     parts.extend(case_section(d, a) for a in d.analyses)
-    parts.extend([ab_section(d), run_timeline(d), thresholds_section()])
+    parts.extend([ab_section(d), run_timeline(d), *d.extra_sections, thresholds_section()])
     return "".join(parts)

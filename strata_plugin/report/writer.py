@@ -22,11 +22,13 @@ from strata_plugin.analysis.case_summary import (
     request_intervals,
 )
 from strata_plugin.analysis.clocks import clock_warnings
+from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots
+from strata_plugin.report import plots, sufficiency_md
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -148,6 +150,34 @@ def _run_plot(
     return "run.png", omitted
 
 
+def _sufficiency(
+    bundle: RunBundle, analyses: list[CaseAnalysis]
+) -> dict[str, tuple[PercentileSupport, ...]]:
+    """Each case's reported percentiles with the counts they rest on."""
+    out = {}
+    for a in analyses:
+        recs = bundle.records.get(a.case_id, [])
+        out[a.case_id] = tuple(
+            s for m in SUFFICIENCY_METRICS for s in support(m, values(recs, m, bundle.metrics_of))
+        )
+    return out
+
+
+def _ci_bounds(
+    a: CaseAnalysis, supports: tuple[PercentileSupport, ...]
+) -> dict[str, tuple[float, float]]:
+    """Order-statistic bounds of the headline percentiles that have both."""
+    out = {}
+    for s in supports:
+        key = f"{s.metric.removesuffix('_ms')}_{s.label()}_ms"
+        v = a.headline.get(key)
+        if s.lower is None or s.upper is None or not isinstance(v, (int, float)):
+            continue
+        if s.lower <= v <= s.upper:
+            out[key] = (s.lower, s.upper)
+    return out
+
+
 def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
     m = data.bundle.manifest
     cases = []
@@ -228,6 +258,13 @@ def write_report(run_dir: Path | str) -> Path:
         limits=run_limits(bundle, store, ctx, analyses),
     )
 
+    sufficiency = _sufficiency(bundle, analyses)
+    for a in analyses:
+        line = sufficiency_md.case_line(sufficiency[a.case_id])
+        if line:
+            data.case_notes.setdefault(a.case_id, []).append(line)
+    data.extra_sections.append(sufficiency_md.section(sufficiency))
+
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     for old in plot_dir.glob("*.png"):
@@ -277,7 +314,10 @@ def write_report(run_dir: Path | str) -> Path:
     (run_dir / "benchmark.json").write_text(
         json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
     )
-    ci_cases = [CiCase(a.case_id, a.config_id, a.headline, {}) for a in analyses]
+    ci_cases = [
+        CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
+        for a in analyses
+    ]
     for name, text in ci_files(ci_cases).items():
         (run_dir / name).write_text(text)
     report = run_dir / "report.md"
