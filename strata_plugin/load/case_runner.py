@@ -215,19 +215,23 @@ class CaseRunner:
             extra: dict | None = None, extra_body: dict | None = None,
             validators: tuple = (),
             allow_errors: bool | tuple[str, ...] = False,
-            until: SampleTarget | None = None) -> CaseResult:
+            until: SampleTarget | None = None,
+            timeslice_s: float | None = None) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile).
 
         A failed request fails the test at its teardown, with the failures counted by
         class, unless ``allow_errors`` is True or names its class (a fault case).
         ``until`` runs more measured requests, in batches, until the percentiles it names
         are supported by the successful count (analysis/sufficiency.py), within its bounds.
+        ``timeslice_s`` asks the report for fixed timeslices of the measured window.
 
         ``ab`` makes the case one arm of an A/B group; ``extra`` adds fields to its
         ``cases.jsonl`` line (the older ``extra={"ab_group": ..., "ab_arm": ...}`` form is
         still read as an ``ab``).
         """
         case_id = case_id or self.default_case_id
+        if timeslice_s is not None and not timeslice_s > 0:
+            raise ValueError(f"timeslice_s must be > 0 seconds, got {timeslice_s!r}")
         if not isinstance(allow_errors, bool):
             allow_errors = tuple(allow_errors)
             unknown = sorted(set(allow_errors) - set(ERROR_CLASSES))
@@ -302,6 +306,8 @@ class CaseRunner:
         }
         if target_line is not None:
             line["sample_target"] = target_line
+        if timeslice_s is not None:
+            line["timeslice_s"] = float(timeslice_s)
         self._add_case(line)
         self.results.append(result)
         if ab is not None:

@@ -26,9 +26,10 @@ from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.rules import THRESHOLDS
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.signals import profile_interval_s
+from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots, sufficiency_md
+from strata_plugin.report import plots, steady_state_md, sufficiency_md
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -163,6 +164,30 @@ def _sufficiency(
     return out
 
 
+def _steady(
+    bundle: RunBundle, analyses: list[CaseAnalysis]
+) -> dict[str, steady_state_md.CaseSteady]:
+    """Each case's plateau, and its timeslices when the case asked for them."""
+    out = {}
+    for a in analyses:
+        recs = bundle.records.get(a.case_id, [])
+        conc = a.params.get("concurrency")
+        steady = steady_state(
+            recs,
+            concurrency=conc if isinstance(conc, int) else None,
+            arrival=str(a.params.get("arrival", "closed")),
+            metrics_of=bundle.metrics_of,
+        )
+        slice_s = a.info.get("timeslice_s")
+        slices: tuple = ()
+        if isinstance(slice_s, (int, float)) and slice_s > 0:
+            slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))
+        out[a.case_id] = steady_state_md.CaseSteady(
+            a.metrics, steady, slices, float(slice_s) if slices else None
+        )
+    return out
+
+
 def _ci_bounds(
     a: CaseAnalysis, supports: tuple[PercentileSupport, ...]
 ) -> dict[str, tuple[float, float]]:
@@ -264,6 +289,7 @@ def write_report(run_dir: Path | str) -> Path:
         if line:
             data.case_notes.setdefault(a.case_id, []).append(line)
     data.extra_sections.append(sufficiency_md.section(sufficiency))
+    data.extra_sections.append(steady_state_md.section(_steady(bundle, analyses)))
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
