@@ -30,12 +30,15 @@ if TYPE_CHECKING:
     )
     from strata_plugin.analysis.sufficiency import SampleTarget
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
+    from strata_plugin.load.trace import TraceWorkload, read_trace
     from strata_plugin.load.validators import code_passes, extract_code, json_fields
     from strata_plugin.load.workload import Workload
 
 _WHERE = {
     "Workload": "strata_plugin.load.workload",
     "SampleTarget": "strata_plugin.analysis.sufficiency",
+    "TraceWorkload": "strata_plugin.load.trace",
+    "read_trace": "strata_plugin.load.trace",
     "Injection": "strata_plugin.load.case_runner",
     "ABArm": "strata_plugin.load.case_runner",
     "CaseResult": "strata_plugin.load.case_runner",
@@ -55,6 +58,7 @@ __all__ = [
     "Effect",
     "Injection",
     "SampleTarget",
+    "TraceWorkload",
     "Workload",
     "code_passes",
     "effect",
@@ -62,6 +66,7 @@ __all__ = [
     "json_fields",
     "mixed_effects",
     "outputs_identical",
+    "read_trace",
 ]
 
 

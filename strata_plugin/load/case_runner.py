@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
@@ -19,6 +20,9 @@ from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
+
+if TYPE_CHECKING:
+    from strata_plugin.load.trace import TraceWorkload
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class ABArm:
 @dataclass(frozen=True)
 class CaseResult:
     case_id: str
-    workload: Workload
+    workload: Workload | TraceWorkload
     config_id: str
     records: tuple[RequestRecord, ...]  # measured phase only
     warmup_records: tuple[RequestRecord, ...]
@@ -355,6 +359,41 @@ class CaseRunner:
                 "max_s": target.max_s, "measured": n, "ok": ok, "batches": len(results),
                 "met": ok >= target.needed, "stopped_by": stopped}
         return merge_loads(results), line
+
+    def replay(self, tw: TraceWorkload, *, case_id: str | None = None,
+               allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
+        """Replay a trace (load/trace.py) as one case at its own, or scaled, timing."""
+        from strata_plugin.load.replay import check_trace, trace_jobs
+
+        case_id = case_id or self.default_case_id
+        setup = self.setup
+        if setup.api == "chat":
+            raise ValueError("trace replay sends token-ID prompts: it needs the completions, "
+                             "llamacpp or sglang API, not chat")
+        jobs = trace_jobs(tw, case_id, setup.token_space, salt=setup.salt, model=setup.model)
+        t_case = time.monotonic_ns()
+        res = run_load(jobs, base_url=setup.base_url, api=setup.api,
+                       concurrency=min(tw.max_in_flight, len(jobs), 1024),
+                       timeouts=setup.timeouts, headers=setup.headers, counters=self._counters,
+                       on_record=self._record, progress=Progress(len(jobs)))
+        self._mark("measured", case_id, case_id, res.start_ns, res.end_ns)
+        self._mark("case", case_id, case_id, t_case, res.end_ns)
+        metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
+        problems = tuple(check_trace(tw.requests, res.records, tw.expect_stop))
+        result = CaseResult(case_id, tw, setup.config_id, res.records, (), metrics,
+                            res.self_check, problems, (res.start_ns, res.end_ns), 0.0,
+                            allow_errors=allow_errors)
+        self.case_lines[case_id] = line = {
+            "case_id": case_id, "name": tw.name, "params": tw.params(), "scaled_from": None,
+            "config_id": setup.config_id, "block_id": setup.block_id,
+            "server_startup_s": setup.startup_s, "api": setup.api,
+            "window_mono_ns": [res.start_ns, res.end_ns], "warmup_s": 0.0,
+            "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
+            "problems": list(problems), "headline": result.headline, "validation": [],
+            "injection": None}
+        self._add_case(line)
+        self.results.append(result)
+        return result
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

@@ -29,7 +29,7 @@ from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots, steady_state_md, sufficiency_md
+from strata_plugin.report import plots, prefix_cache_md, steady_state_md, sufficiency_md
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -290,6 +290,7 @@ def write_report(run_dir: Path | str) -> Path:
             data.case_notes.setdefault(a.case_id, []).append(line)
     data.extra_sections.append(sufficiency_md.section(sufficiency))
     data.extra_sections.append(steady_state_md.section(_steady(bundle, analyses)))
+    data.extra_sections.append(prefix_cache_md.section(analyses))
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
