@@ -28,8 +28,10 @@ if TYPE_CHECKING:
         mixed_effects,
         outputs_identical,
     )
+    from strata_plugin.analysis.metrics import Slo
     from strata_plugin.analysis.sufficiency import SampleTarget
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
+    from strata_plugin.load.sweep import CapacitySweep
     from strata_plugin.load.trace import TraceWorkload, read_trace
     from strata_plugin.load.validators import code_passes, extract_code, json_fields
     from strata_plugin.load.workload import Workload
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 _WHERE = {
     "Workload": "strata_plugin.load.workload",
     "SampleTarget": "strata_plugin.analysis.sufficiency",
+    "CapacitySweep": "strata_plugin.load.sweep",
+    "Slo": "strata_plugin.analysis.metrics",
     "TraceWorkload": "strata_plugin.load.trace",
     "read_trace": "strata_plugin.load.trace",
     "Injection": "strata_plugin.load.case_runner",
@@ -53,11 +57,13 @@ _WHERE = {
 }
 __all__ = [
     "ABArm",
+    "CapacitySweep",
     "CaseResult",
     "CaseRunner",
     "Effect",
     "Injection",
     "SampleTarget",
+    "Slo",
     "TraceWorkload",
     "Workload",
     "code_passes",

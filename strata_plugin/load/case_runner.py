@@ -22,6 +22,7 @@ from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, r
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 if TYPE_CHECKING:
+    from strata_plugin.load.sweep import CapacitySweep, SweepResult
     from strata_plugin.load.trace import TraceWorkload
 
 
@@ -394,6 +395,12 @@ class CaseRunner:
         self._add_case(line)
         self.results.append(result)
         return result
+
+    def sweep(self, sweep: CapacitySweep, *, case_id: str | None = None) -> SweepResult:
+        """A capacity sweep (load/sweep.py): rate steps to saturation, refined at the knee."""
+        from strata_plugin.load.sweep import run_sweep
+
+        return run_sweep(self, sweep, case_id or self.default_case_id)
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

@@ -29,7 +29,13 @@ from strata_plugin.analysis.signals import profile_interval_s
 from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
-from strata_plugin.report import plots, prefix_cache_md, steady_state_md, sufficiency_md
+from strata_plugin.report import (
+    capacity_md,
+    plots,
+    prefix_cache_md,
+    steady_state_md,
+    sufficiency_md,
+)
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -308,6 +314,7 @@ def write_report(run_dir: Path | str) -> Path:
         used.add(name)
         data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
+    data.extra_sections.append(capacity_md.section(bundle, analyses, plot_dir))
 
     for group, arms in ab_groups(bundle).items():
         data.ab.append(
