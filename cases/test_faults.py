@@ -188,7 +188,7 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResul
     quiet = faults.wait_quiet(server.pid, max_wait_s=15)
     watch = faults.GroundTruth(server.pid).start()
     try:
-        result = strata.run(w, case_id=case_id, scale=False,
+        result = strata.run(w, case_id=case_id, scale=False, allow_errors=True,
                             extra={"fault": sc.fault, "fault_arm": arm, "repetition": rep})
         # The fault stays on until the agent's next tick has closed the window.
         time.sleep(interval + 0.3)

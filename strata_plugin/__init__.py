@@ -24,12 +24,21 @@ __version__ = "0.2.0"
 if TYPE_CHECKING:
     from strata_plugin.analysis.ab_groups import mixed_effects, outputs_identical
     from strata_plugin.analysis.effects import Effect, effect
+    from strata_plugin.analysis.metrics import Slo
+    from strata_plugin.analysis.sufficiency import SampleTarget
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
+    from strata_plugin.load.sweep import CapacitySweep
+    from strata_plugin.load.trace import TraceWorkload, read_trace
     from strata_plugin.load.validators import code_passes, extract_code, json_fields
     from strata_plugin.load.workload import Workload
 
 _WHERE = {
     "Workload": "strata_plugin.load.workload",
+    "SampleTarget": "strata_plugin.analysis.sufficiency",
+    "CapacitySweep": "strata_plugin.load.sweep",
+    "Slo": "strata_plugin.analysis.metrics",
+    "TraceWorkload": "strata_plugin.load.trace",
+    "read_trace": "strata_plugin.load.trace",
     "Injection": "strata_plugin.load.case_runner",
     "ABArm": "strata_plugin.load.case_runner",
     "CaseResult": "strata_plugin.load.case_runner",
@@ -44,10 +53,14 @@ _WHERE = {
 }
 __all__ = [
     "ABArm",
+    "CapacitySweep",
     "CaseResult",
     "CaseRunner",
     "Effect",
     "Injection",
+    "SampleTarget",
+    "Slo",
+    "TraceWorkload",
     "Workload",
     "code_passes",
     "effect",
@@ -55,6 +68,7 @@ __all__ = [
     "json_fields",
     "mixed_effects",
     "outputs_identical",
+    "read_trace",
 ]
 
 

@@ -1,4 +1,5 @@
-"""``python -m strata_plugin report|compare|agent|setup``: offline tools, the agent, setup."""
+"""``python -m strata_plugin report|compare|bench|agent|setup``: offline tools, an ad-hoc
+benchmark, the agent, setup."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ USAGE = """usage: python -m strata_plugin COMMAND [ARGS]
 commands:
   report RUN_DIR        regenerate every derived file of a run from its raw files
   compare RUN_A RUN_B   per-case deltas with confidence intervals
+  bench URL --workload isl=256,osl=64,concurrency=4,requests=40 [--api API]
+                        measure one workload against a running server; writes a run
+                        folder and its report (--help for more)
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
   setup [ARGS]          build llama-server and generate the embedded target's models
                         (cached in ~/.cache/strata; --print-paths, --clean, --help)
@@ -29,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.report.cli import compare_main
 
         return compare_main(rest)
+    if command == "bench":
+        from strata_plugin.plugin.bench_cli import bench_main
+
+        return bench_main(rest)
     if command == "setup":
         from strata_plugin.embedded.llama_setup import main as setup_main
 

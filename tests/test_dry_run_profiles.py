@@ -82,7 +82,8 @@ def test_dry_run_lists_worker_env_names_queries_and_preflight(tmp_path):
     dcgm = plan["commands"]["agent-worker"]["collectors"]["dcgm"]
     assert dcgm[:2] == ["dcgmi", "dmon"] and dcgm[dcgm.index("-d") + 1] == "500"
     assert [c["case_id"] for c in plan["cases"]][:2] == [
-        "test_prefill[baseline-prefill_128k_1_c1]", "test_prefill[baseline-prefill_32k_1_c16]"]
+        "cases/test_matrix.py::test_prefill[baseline-prefill_128k_1_c1]",
+        "cases/test_matrix.py::test_prefill[baseline-prefill_32k_1_c16]"]  # pytest node ids
     assert plan["cases"][0]["params"]["isl"] == 128 * 1024  # no [scale]: nominal sizes
     for path in (tmp_path / "dry").rglob("*"):
         if path.is_file():

@@ -20,7 +20,18 @@ from strata_plugin.formats.records import ClockAnchor, RequestRecord
 from strata_plugin.formats.windows import Marker
 
 #: Files the report writes; everything else in a run folder is raw.
-DERIVED = ("case_summary.csv", "case_hw_summary.csv", "summary.json", "report.md", "benchmark.json")
+DERIVED = (
+    "case_summary.csv",
+    "case_hw_summary.csv",
+    "summary.json",
+    "report.md",
+    "benchmark.json",
+    # report/ci_outputs.py CI_FILES (analysis may not import report/)
+    "bencher.json",
+    "metrics.txt",
+    "github-benchmark-smaller.json",
+    "github-benchmark-bigger.json",
+)
 DERIVED_DIRS = ("plots",)
 
 

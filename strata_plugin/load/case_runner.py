@@ -12,12 +12,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
-from strata_plugin.formats.records import RequestRecord
+from strata_plugin.analysis.sufficiency import SampleTarget
+from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
+
+if TYPE_CHECKING:
+    from strata_plugin.load.sweep import CapacitySweep, SweepResult
+    from strata_plugin.load.trace import TraceWorkload
 
 
 class NoTokens(RuntimeError):
@@ -133,7 +139,7 @@ class ABArm:
 @dataclass(frozen=True)
 class CaseResult:
     case_id: str
-    workload: Workload
+    workload: Workload | TraceWorkload
     config_id: str
     records: tuple[RequestRecord, ...]  # measured phase only
     warmup_records: tuple[RequestRecord, ...]
@@ -145,6 +151,19 @@ class CaseResult:
     injected: tuple[RequestRecord, ...] = ()
     validation: tuple[tuple[str, int, int], ...] = ()  # (validator, passed, total)
     ab: ABArm | None = None
+    #: failed requests the case expects: True (any), or these error classes
+    allow_errors: bool | tuple[str, ...] = False
+
+    def unexpected_errors(self) -> dict[str, int]:
+        """Failed requests (warm-up, measured, injected) the case did not allow, by class."""
+        if self.allow_errors is True:
+            return {}
+        allowed = () if self.allow_errors is False else self.allow_errors
+        out: dict[str, int] = {}
+        for r in (*self.warmup_records, *self.records, *self.injected):
+            if r.error is not None and r.error.cls not in allowed:
+                out[r.error.cls] = out.get(r.error.cls, 0) + 1
+        return dict(sorted(out.items()))
 
     @property
     def headline(self) -> dict[str, float | int | str]:
@@ -167,6 +186,26 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
             temperature=0.0, seed=w.seed, cache_prompt=(w.prefix == "shared"), isl=w.isl,
             model=setup.model, extra_body=extra_body))
     return specs
+
+
+def merge_loads(results: list[LoadResult]) -> LoadResult:
+    """Batches of one measured phase as one: every record, one window, the worst self-check."""
+    if len(results) == 1:
+        return results[0]
+    checks = [r.self_check for r in results]
+    merged = SelfCheck(
+        client_cpu_cores=max(c.client_cpu_cores for c in checks),
+        dispatch_lateness_p99_ms=max(c.dispatch_lateness_p99_ms for c in checks),
+        handling_lag_p99_ms=max(c.handling_lag_p99_ms for c in checks),
+        client_bound=any(c.client_bound for c in checks),
+        reasons=tuple(dict.fromkeys(x for c in checks for x in c.reasons)),
+        late_requests=sum(c.late_requests for c in checks),
+        late_events=sum(c.late_events for c in checks),
+        dispatch_delay_share=max(c.dispatch_delay_share for c in checks),
+        handling_lag_share=max(c.handling_lag_share for c in checks),
+    )
+    return LoadResult(tuple(r for res in results for r in res.records),
+                      min(r.start_ns for r in results), max(r.end_ns for r in results), merged)
 
 
 def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
@@ -258,14 +297,31 @@ class CaseRunner:
     def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
             inject: Injection | None = None, ab: ABArm | None = None,
             extra: dict | None = None, extra_body: dict | None = None,
-            validators: tuple = ()) -> CaseResult:
+            validators: tuple = (),
+            allow_errors: bool | tuple[str, ...] = False,
+            until: SampleTarget | None = None,
+            timeslice_s: float | None = None) -> CaseResult:
         """Run warm-ups then measured requests of ``w`` (scaled by the profile).
+
+        A failed request fails the test at its teardown, with the failures counted by
+        class, unless ``allow_errors`` is True or names its class (a fault case).
+        ``until`` runs more measured requests, in batches, until the percentiles it names
+        are supported by the successful count (analysis/sufficiency.py), within its bounds.
+        ``timeslice_s`` asks the report for fixed timeslices of the measured window.
 
         ``ab`` makes the case one arm of an A/B group; ``extra`` adds fields to its
         ``cases.jsonl`` line (the older ``extra={"ab_group": ..., "ab_arm": ...}`` form is
         still read as an ``ab``).
         """
         case_id = case_id or self.default_case_id
+        if timeslice_s is not None and not timeslice_s > 0:
+            raise ValueError(f"timeslice_s must be > 0 seconds, got {timeslice_s!r}")
+        if not isinstance(allow_errors, bool):
+            allow_errors = tuple(allow_errors)
+            unknown = sorted(set(allow_errors) - set(ERROR_CLASSES))
+            if unknown:
+                raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
+                                 f"the classes are {', '.join(ERROR_CLASSES)}")
         extra, ab = _ab_from_extra(extra, ab)
         self._require_token_ids()
         nominal = w
@@ -293,6 +349,9 @@ class CaseRunner:
                     if inject and clock else None)
         try:
             res = self._load(jobs, w, progress, clock)
+            target_line = None
+            if until is not None:
+                res, target_line = self._until_supported(res, w, until, case_id, body, progress)
         finally:
             if clock:
                 clock.load_done.set()
@@ -317,7 +376,8 @@ class CaseRunner:
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
                             warm_res.records if warm_res else (), metrics, res.self_check,
                             problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
-                            tuple(injected), validation, ab)
+                            tuple(injected), validation, ab,
+                            allow_errors)
         self.case_lines[case_id] = line = {
             "case_id": case_id, "name": w.name, "params": w.params(),
             "scaled_from": nominal.params() if nominal != w else None,
@@ -331,6 +391,10 @@ class CaseRunner:
                            "after": inject.after, **placed} if inject else None),
             **extra, **(ab.fields() if ab else {}),
         }
+        if target_line is not None:
+            line["sample_target"] = target_line
+        if timeslice_s is not None:
+            line["timeslice_s"] = float(timeslice_s)
         self._add_case(line)
         self.results.append(result)
         if ab is not None:
@@ -344,6 +408,89 @@ class CaseRunner:
             raise ValueError(
                 "the chat API takes text, and its template adds tokens: exact input lengths "
                 "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
+
+    def _until_supported(self, first: LoadResult, w: Workload, target: SampleTarget,
+                         case_id: str, body: tuple, progress: Progress
+                         ) -> tuple[LoadResult, dict]:
+        """More measured requests until ``target`` is met, or its count or time runs out.
+
+        Each batch asks for what is still missing, trimmed to what the pace so far fits
+        into the time left, so the case ends near ``max_s`` rather than a batch past it.
+        """
+        results = [first]
+        n = len(first.records)
+        stopped = "supported"
+        while True:
+            ok = sum(1 for res in results for r in res.records if r.ok)
+            elapsed_s = (results[-1].end_ns - first.start_ns) / 1e9
+            if ok >= target.needed:
+                break
+            if n >= target.max_requests:
+                stopped = "max_requests"
+                break
+            if elapsed_s >= target.max_s:
+                stopped = "max_s"
+                break
+            batch = min(target.needed - ok, target.max_requests - n)
+            per_request_s = elapsed_s / n if n else 0.0
+            if per_request_s > 0:
+                fit = int((target.max_s - elapsed_s) / per_request_s)
+                batch = max(1, min(batch, max(fit, w.concurrency)))
+            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body)
+            offsets = arrival_offsets_s(w, n + batch)
+            base = offsets[n] if offsets is not None else 0.0
+            jobs = [Job(s, None if offsets is None else offsets[n + i] - base)
+                    for i, s in enumerate(specs)]
+            progress.total += batch
+            results.append(self._load(jobs, w, progress))
+            n += batch
+        ok = sum(1 for res in results for r in res.records if r.ok)
+        line = {"percentiles": list(target.percentiles), "confidence": target.confidence,
+                "needed": target.needed, "max_requests": target.max_requests,
+                "max_s": target.max_s, "measured": n, "ok": ok, "batches": len(results),
+                "met": ok >= target.needed, "stopped_by": stopped}
+        return merge_loads(results), line
+
+    def replay(self, tw: TraceWorkload, *, case_id: str | None = None,
+               allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
+        """Replay a trace (load/trace.py) as one case at its own, or scaled, timing."""
+        from strata_plugin.load.replay import check_trace, trace_jobs
+
+        case_id = case_id or self.default_case_id
+        setup = self.setup
+        if setup.api == "chat":
+            raise ValueError("trace replay sends token-ID prompts: it needs the completions, "
+                             "llamacpp or sglang API, not chat")
+        jobs = trace_jobs(tw, case_id, setup.token_space, salt=setup.salt, model=setup.model)
+        t_case = time.monotonic_ns()
+        res = run_load(jobs, base_url=setup.base_url, api=setup.api,
+                       concurrency=min(tw.max_in_flight, len(jobs), 1024),
+                       timeouts=setup.timeouts, headers=setup.headers, counters=self._counters,
+                       on_record=self._record, progress=Progress(len(jobs)))
+        self._mark("measured", case_id, case_id, res.start_ns, res.end_ns)
+        self._mark("case", case_id, case_id, t_case, res.end_ns)
+        metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
+        problems = tuple(check_trace(tw.requests, res.records, tw.expect_stop))
+        result = CaseResult(case_id, tw, setup.config_id, res.records, (), metrics,
+                            res.self_check, problems, (res.start_ns, res.end_ns), 0.0,
+                            allow_errors=allow_errors)
+        self.case_lines[case_id] = line = {
+            "case_id": case_id, "name": tw.name, "params": tw.params(), "scaled_from": None,
+            "config_id": setup.config_id, "block_id": setup.block_id,
+            "server_startup_s": setup.startup_s, "api": setup.api,
+            "window_mono_ns": [res.start_ns, res.end_ns], "warmup_s": 0.0,
+            "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
+            "problems": list(problems), "headline": result.headline, "validation": [],
+            "injection": None}
+        self._add_case(line)
+        self.results.append(result)
+        return result
+
+    def sweep(self, sweep: CapacitySweep, *, case_id: str | None = None) -> SweepResult:
+        """A capacity sweep (load/sweep.py): rate steps to saturation, refined at the knee."""
+        from strata_plugin.load.sweep import run_sweep
+
+        return run_sweep(self, sweep, case_id or self.default_case_id)
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""
@@ -413,6 +560,11 @@ class CaseRunner:
         return t
 
 
+class PlanEnds(RuntimeError):
+    """A planned (dry-run) test cannot go on without measured results or a running server:
+    it stops there, and the dry run reports how far it planned."""
+
+
 class PlanningRunner(CaseRunner):
     """The dry run's runner: each ``run`` writes the case as it would run, sends nothing.
 
@@ -430,11 +582,21 @@ class PlanningRunner(CaseRunner):
     def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
             inject: Injection | None = None, ab: ABArm | None = None,
             extra: dict | None = None, extra_body: dict | None = None,
-            validators: tuple = ()) -> CaseResult:
+            validators: tuple = (), allow_errors: bool | tuple[str, ...] = False,
+            until: SampleTarget | None = None,
+            timeslice_s: float | None = None) -> CaseResult:
         case_id = case_id or self.default_case_id
         extra, ab = _ab_from_extra(extra, ab)
         self._require_token_ids()
         scaled = self.scaled(w) if scale else w
+        if until is not None:
+            extra["sample_target"] = {"percentiles": list(until.percentiles),
+                                      "max_requests": until.max_requests, "max_s": until.max_s}
+        if timeslice_s is not None:
+            extra["timeslice_s"] = timeslice_s
+        if allow_errors:
+            extra["allow_errors"] = allow_errors if isinstance(allow_errors, bool) else list(
+                allow_errors)
         injected = None
         if inject is not None:
             iw = self.scaled(inject.workload) if scale else inject.workload
@@ -460,6 +622,30 @@ class PlanningRunner(CaseRunner):
         if ab is not None:
             self.history.setdefault(ab.group, []).append(result)
         return result
+
+
+    def replay(self, tw: TraceWorkload, *, case_id: str | None = None,
+               allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
+        case_id = case_id or self.default_case_id
+        line = {"planned": True, "case_id": case_id, "name": tw.name, "params": tw.params(),
+                "config_id": self.setup.config_id, "block_id": self.setup.block_id,
+                "api": self.setup.api, "replay": True}
+        self.case_lines[case_id] = line
+        self._add_case(line)
+        raise PlanEnds("a trace replay is planned as one case; its requests are sent only "
+                       "in a real run")
+
+    def sweep(self, sweep: CapacitySweep, *, case_id: str | None = None) -> SweepResult:
+        case_id = case_id or self.default_case_id
+        line = {"planned": True, "case_id": case_id, "name": sweep.workload.name,
+                "params": sweep.workload.params(), "config_id": self.setup.config_id,
+                "block_id": self.setup.block_id, "api": self.setup.api,
+                "sweep": {"start_rate": sweep.start_rate, "factor": sweep.factor,
+                          "max_steps": sweep.max_steps, "refine": sweep.refine}}
+        self.case_lines[case_id] = line
+        self._add_case(line)
+        raise PlanEnds("a capacity sweep's later steps depend on the measured ones: only its "
+                       "first step is known before a real run")
 
 
 def _not_recorded(*_args: object) -> None:

@@ -67,6 +67,19 @@ def regressions(sess: StrataSession, runner: CaseRunner) -> list[str]:
     return out
 
 
+def unexpected_errors(runner: CaseRunner) -> list[str]:
+    """One line per case whose requests failed in ways the case did not allow."""
+    out = []
+    for r in runner.results:
+        by_class = r.unexpected_errors()
+        if by_class:
+            total = len(r.warmup_records) + len(r.records) + len(r.injected)
+            counts = ", ".join(f"{cls}: {n}" for cls, n in by_class.items())
+            out.append(f"case {r.case_id}: {sum(by_class.values())} of {total} requests "
+                       f"failed ({counts})")
+    return out
+
+
 def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
                 runner: CaseRunner) -> None:
     outcome = _outcome(item)
@@ -103,6 +116,10 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         pytest.fail("\n".join(f"worker {w.node} of server {server.config_id} died during the "
                               f"case (exit {w.exit_code()})\n--- log tail ---\n"
                               f"{log_tail(w.log_path)}" for w in dead), pytrace=False)
+    failed = unexpected_errors(runner)
+    if failed:
+        pytest.fail("server errors the case does not allow (strata.run(..., allow_errors=...) "
+                    "allows them):\n" + "\n".join(failed), pytrace=False)
     worse = regressions(sess, runner)
     if worse:
         pytest.fail("regression against the baseline run:\n" + "\n".join(worse), pytrace=False)

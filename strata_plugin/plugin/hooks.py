@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata_plugin.plugin.options import add_options
+from strata_plugin.plugin.options import add_options, adhoc_workload
 from strata_plugin.plugin.state import phase_reports_key, run_state
 
 #: The markers of Strata's own API (docs/writing-cases.md).
@@ -26,6 +26,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if adhoc_workload(config) is not None:
+        _collect_adhoc_case(config)
+
+
+def _collect_adhoc_case(config: pytest.Config) -> None:
+    """``--strata-workload``: collect the generated case (plugin/adhoc_case.py).
+
+    Alone when no test paths were given (not the repository's whole matrix), else
+    beside the paths given.
+    """
+    from strata_plugin.plugin import adhoc_case
+
+    path = adhoc_case.__file__
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        config.args.append(path)
+    else:
+        config.args[:] = [path]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -92,12 +109,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     try:
         yield
     except Exception as exc:
-        from strata_plugin.run.dry_run import NotStarted
+        from strata_plugin.load.case_runner import PlanEnds
 
         first = str(exc).splitlines()[0] if str(exc) else ""
         stopped = f"{type(exc).__name__}: {first}".rstrip(": ")
         reason = (f"; {first}: the rest is known only in a real run"
-                  if isinstance(exc, NotStarted) else
+                  if isinstance(exc, PlanEnds) else
                   f"; the plan ends where the test checks measured results ({type(exc).__name__})")
     planned = len(runner.case_lines)
     sess.dry_plan.end_test(pyfuncitem.nodeid, runner.setup.block_id, planned, stopped)

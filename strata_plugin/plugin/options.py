@@ -22,6 +22,9 @@ OPTIONS = (
      "percent a metric may worsen vs the baseline before a test fails", "10"),
     ("--strata-regression-metrics", "strata_regression_metrics",
      "comma-separated request metrics the baseline gate checks", "ttft_ms,tpot_ms"),
+    ("--strata-api", "strata_api",
+     "the server's API, replacing the profile's server.api: chat, completions, llamacpp "
+     "or sglang", ""),
 )
 
 
@@ -32,6 +35,35 @@ def add_options(parser: pytest.Parser) -> None:
         parser.addini(ini, help_text, default=default)
     group.addoption("--strata-dry-run", action="store_true", dest="strata_dry_run",
                     help="write every command that would run into the run folder; start nothing")
+    group.addoption("--strata-workload", dest="strata_workload", default=None,
+                    metavar="KEY=VALUE,...",
+                    help="run one generated case with this workload, e.g. "
+                         "isl=256,osl=64,concurrency=4,requests=40 (Workload's fields; "
+                         "not scaled by the profile)")
+
+
+def adhoc_workload(config: pytest.Config):
+    """The ``--strata-workload`` workload, or None; a bad one is a usage error."""
+    text = config.getoption("strata_workload", None)
+    if not text:
+        return None
+    from strata_plugin.load.workload_spec import WorkloadSpecError, parse_workload
+
+    try:
+        return parse_workload(text)
+    except WorkloadSpecError as exc:
+        raise pytest.UsageError(f"--strata-workload: {exc}") from None
+
+
+def _with_api(profile, api: str):
+    """The profile with its server's API replaced (``--strata-api``)."""
+    import dataclasses
+
+    from strata_plugin.load.client.spec import API_FLAVOURS
+
+    if api not in API_FLAVOURS:
+        raise pytest.UsageError(f"--strata-api {api!r}: expected one of {', '.join(API_FLAVOURS)}")
+    return dataclasses.replace(profile, server=dataclasses.replace(profile.server, api=api))
 
 
 def _value(config: pytest.Config, ini: str) -> str:
@@ -51,8 +83,12 @@ def build_config(config: pytest.Config) -> StrataConfig:
         raise pytest.UsageError("--strata-max-regression: expected a number (percent)") from None
     baseline = _value(config, "strata_baseline")
     reports = Path(_value(config, "strata_reports_dir"))
+    profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
+    api = _value(config, "strata_api").strip()
+    if api:
+        profile = _with_api(profile, api)
     return StrataConfig(
-        profile=load_profile(resolve_profile(_value(config, "strata_profile"), root)),
+        profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
         run_id=_value(config, "strata_run_id") or new_run_id(),
         server_url=_value(config, "strata_server_url"),

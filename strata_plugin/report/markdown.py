@@ -51,6 +51,10 @@ class ReportData:
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
     static: list[NodeStatic] = field(default_factory=list)
+    #: lines under a case's percentile table, by case id (e.g. sample sufficiency)
+    case_notes: dict[str, list[str]] = field(default_factory=dict)
+    #: whole sections, before the thresholds
+    extra_sections: list[str] = field(default_factory=list)
 
 
 def _cmd(argv: Any) -> str:
@@ -441,6 +445,7 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     rows = dist_rows(a)
     if rows:
         out.append(md_table(("metric", "n", "mean", "p50", "p90", "p95", "p99", "max"), rows))
+    out.extend("\n" + note for note in d.case_notes.get(a.case_id, ()))
     thr = [
         ("output tok/s", cm.output_tok_s),
         ("input tok/s", cm.input_tok_s),
@@ -695,5 +700,5 @@ def render(d: ReportData) -> str:
             f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
             + case_section(d, a) + "\n</details>\n"
         )
-    parts.extend([run_timeline(d), thresholds_section()])
+    parts.extend([run_timeline(d), *d.extra_sections, thresholds_section()])
     return "".join(parts)

@@ -2,9 +2,10 @@
 
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
-case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, report.md and
-plots/*.png. Nothing written depends on the time of writing, dict order or the
-machine's matplotlib settings, so the same raw files give the same bytes.
+case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
+(report/ci_outputs.py), report.md and plots/*.png. Nothing written depends on the time
+of writing, dict order or the machine's matplotlib settings, so the same raw files give
+the same bytes.
 """
 
 from __future__ import annotations
@@ -28,13 +29,24 @@ from strata_plugin.analysis.case_summary import (
     request_intervals,
 )
 from strata_plugin.analysis.clocks import clock_warnings
+from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import run_static
+from strata_plugin.analysis.steady_state import steady_state, timeslices
+from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.formats.telemetry import TelemetryFacts
-from strata_plugin.report import ab_plots, plots
+from strata_plugin.report import (
+    ab_plots,
+    capacity_md,
+    plots,
+    prefix_cache_md,
+    steady_state_md,
+    sufficiency_md,
+)
 from strata_plugin.report.benchjson import benchmark_json
+from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import AbGroup, ReportData, render
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
@@ -189,6 +201,58 @@ def _run_plot(
     return "run.png", omitted
 
 
+def _sufficiency(
+    bundle: RunBundle, analyses: list[CaseAnalysis]
+) -> dict[str, tuple[PercentileSupport, ...]]:
+    """Each case's reported percentiles with the counts they rest on."""
+    out = {}
+    for a in analyses:
+        recs = bundle.records.get(a.case_id, [])
+        out[a.case_id] = tuple(
+            s for m in SUFFICIENCY_METRICS for s in support(m, values(recs, m, bundle.metrics_of))
+        )
+    return out
+
+
+def _steady(
+    bundle: RunBundle, analyses: list[CaseAnalysis]
+) -> dict[str, steady_state_md.CaseSteady]:
+    """Each case's plateau, and its timeslices when the case asked for them."""
+    out = {}
+    for a in analyses:
+        recs = bundle.records.get(a.case_id, [])
+        conc = a.params.get("concurrency")
+        steady = steady_state(
+            recs,
+            concurrency=conc if isinstance(conc, int) else None,
+            arrival=str(a.params.get("arrival", "closed")),
+            metrics_of=bundle.metrics_of,
+        )
+        slice_s = a.info.get("timeslice_s")
+        slices: tuple = ()
+        if isinstance(slice_s, (int, float)) and slice_s > 0:
+            slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))
+        out[a.case_id] = steady_state_md.CaseSteady(
+            a.metrics, steady, slices, float(slice_s) if slices else None
+        )
+    return out
+
+
+def _ci_bounds(
+    a: CaseAnalysis, supports: tuple[PercentileSupport, ...]
+) -> dict[str, tuple[float, float]]:
+    """Order-statistic bounds of the headline percentiles that have both."""
+    out = {}
+    for s in supports:
+        key = f"{s.metric.removesuffix('_ms')}_{s.label()}_ms"
+        v = a.headline.get(key)
+        if s.lower is None or s.upper is None or not isinstance(v, (int, float)):
+            continue
+        if s.lower <= v <= s.upper:
+            out[key] = (s.lower, s.upper)
+    return out
+
+
 def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
     m = data.bundle.manifest
     cases = []
@@ -271,6 +335,15 @@ def write_report(run_dir: Path | str) -> Path:
         static=run_static(run_dir),
     )
 
+    sufficiency = _sufficiency(bundle, analyses)
+    for a in analyses:
+        line = sufficiency_md.case_line(sufficiency[a.case_id])
+        if line:
+            data.case_notes.setdefault(a.case_id, []).append(line)
+    data.extra_sections.append(sufficiency_md.section(sufficiency))
+    data.extra_sections.append(steady_state_md.section(_steady(bundle, analyses)))
+    data.extra_sections.append(prefix_cache_md.section(analyses))
+
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     for old in plot_dir.glob("*.png"):
@@ -287,6 +360,7 @@ def write_report(run_dir: Path | str) -> Path:
         used.add(name)
         data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
+    data.extra_sections.append(capacity_md.section(bundle, analyses, plot_dir))
 
     case_metrics = {a.case_id: a.metrics for a in analyses}
     for group, arms in ab_groups(bundle).items():
@@ -328,6 +402,12 @@ def write_report(run_dir: Path | str) -> Path:
     (run_dir / "benchmark.json").write_text(
         json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
     )
+    ci_cases = [
+        CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
+        for a in analyses
+    ]
+    for name, text in ci_files(ci_cases).items():
+        (run_dir / name).write_text(text)
     report = run_dir / "report.md"
     report.write_text(render(data))
     return report

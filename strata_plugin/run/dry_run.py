@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
+from strata_plugin.load.case_runner import PlanEnds
 from strata_plugin.run.nodes import agent_commands
 from strata_plugin.run.server import write_command
 
@@ -30,7 +31,7 @@ DRY_RUN_PORT = 30000
 SERVER_PID = "<server pid>"
 
 
-class NotStarted(RuntimeError):
+class NotStarted(PlanEnds):
     """A dry-run test asked for something only a running server has (its PID, its
     process): the test stops there, and the dry run reports how far it planned."""
 

@@ -1,0 +1,136 @@
+"""report.md's capacity section: each sweep's steps, knee, capacity at the SLO, plot.
+
+The steps are ordinary cases tagged ``sweep`` in cases.jsonl; everything here is
+recomputed from their requests (analysis/capacity.py), so the offline report draws
+the same figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from strata_plugin.analysis.capacity import (
+    FOLLOW_MIN,
+    GOOD_FRACTION,
+    SweepStep,
+    capacity_at_slo,
+    knee,
+    parse_slo,
+    step_figures,
+)
+from strata_plugin.analysis.case_summary import CaseAnalysis
+from strata_plugin.analysis.metrics import Slo
+from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.report.fmt import md_num
+from strata_plugin.report.tables import md_table
+
+TITLE = "Capacity"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "sweep"
+
+
+def sweeps(bundle: RunBundle, analyses: Sequence[CaseAnalysis]
+           ) -> dict[str, list[tuple[CaseAnalysis, SweepStep, Slo, float]]]:
+    out: dict[str, list[tuple[CaseAnalysis, SweepStep, Slo, float]]] = {}
+    for a in analyses:
+        name = a.info.get("sweep")
+        rate = a.info.get("offered_rate")
+        if not name or not isinstance(rate, (int, float)):
+            continue
+        slo = parse_slo(str(a.info.get("slo") or ""))
+        gf = float(a.info.get("good_fraction") or GOOD_FRACTION)
+        step = step_figures(bundle.records.get(a.case_id, []), float(rate), slo)
+        out.setdefault(str(name), []).append((a, step, slo, gf))
+    return out
+
+
+def plot(path: Path, name: str, steps: Sequence[SweepStep], slo: Slo,
+         k: SweepStep | None, cap: SweepStep | None) -> None:
+    """Latency against achieved throughput, the SLO as a line, knee and capacity marked."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pts = sorted((s for s in steps if s.achieved_rate is not None), key=lambda s: s.offered_rate)
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        matplotlib.rcParams.update({"svg.hashsalt": "strata", "font.size": 7,
+                                    "axes.formatter.useoffset": False})
+        fig = Figure(figsize=(10.0, 3.6), dpi=110)
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, 2)
+        for ax, metric, limit in ((axes[0], "ttft", slo.ttft_ms), (axes[1], "tpot", slo.tpot_ms)):
+            x = [s.achieved_rate for s in pts]
+            for stat, style in (("p50", "o-"), ("p99", "s--")):
+                y = [getattr(s, f"{metric}_{stat}_ms") for s in pts]
+                ax.plot(x, [v if v is not None else float("nan") for v in y], style,
+                        label=f"{metric} {stat}", ms=4)
+            for s in pts:
+                ax.annotate(f"{s.offered_rate:.3g}", (s.achieved_rate, getattr(s,
+                    f"{metric}_p99_ms") or 0.0), fontsize=5, xytext=(2, 2),
+                    textcoords="offset points")
+            if limit is not None:
+                ax.axhline(limit, color="tab:red", lw=1, label=f"SLO {metric} <= {limit:g} ms")
+            if k is not None and k.achieved_rate is not None:
+                ax.axvline(k.achieved_rate, color="tab:green", ls=":", lw=1.2,
+                           label=f"knee (offered {k.offered_rate:.3g}/s)")
+            if cap is not None and cap.achieved_rate is not None:
+                ax.axvline(cap.achieved_rate, color="tab:purple", ls="-.", lw=1,
+                           label=f"capacity at SLO (offered {cap.offered_rate:.3g}/s)")
+            ax.set_xlabel("achieved requests/s")
+            ax.set_ylabel(f"{metric} (ms)")
+            ax.set_yscale("log")
+            ax.legend(fontsize=5, loc="upper left")
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"capacity sweep {name} (points labelled with the offered rate)",
+                     fontsize=8)
+        fig.subplots_adjust(left=0.07, right=0.99, bottom=0.14, top=0.88, wspace=0.2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
+
+
+def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path) -> str:
+    groups = sweeps(bundle, analyses)
+    if not groups:
+        return ""
+    out = [f"\n## {TITLE}\n\n",
+           "Each sweep offers rising Poisson rates until the server stops following: a "
+           f"step is saturated when requests complete at under {FOLLOW_MIN:g} of the rate "
+           "they arrived at (`follow`: completions over the span from the first to the "
+           "last, against arrivals over theirs), so the queue grows for as long as the "
+           "step lasts (`ttft growth`: last third's median TTFT over the first third's, "
+           "for reading, not deciding). The knee is the "
+           "highest unsaturated rate below the first saturated one; capacity at the SLO is "
+           "the highest offered rate whose goodput fraction (succeeded and met every SLO) "
+           "reaches the target. The verdict column is each step's own bottleneck verdict, "
+           "so it says what saturates first.\n"]
+    for name, items in groups.items():
+        steps = [s for _, s, _, _ in items]
+        slo, gf = items[0][2], items[0][3]
+        k, cap = knee(steps), capacity_at_slo(steps, gf)
+        out.append(f"\n### Sweep `{name}`\n\n")
+        out.append(f"SLO {slo.describe()}, goodput target {md_num(100 * gf)}% of requests. "
+                   f"**Knee: {md_num(k.offered_rate) + ' req/s offered' if k else 'not found'}"
+                   f"**; **capacity at the SLO: "
+                   f"{md_num(cap.offered_rate) + ' req/s offered' if cap else 'none'}**"
+                   + (f" (goodput {md_num(cap.goodput_req_s)} req/s)" if cap else "") + ".\n\n")
+        rows = []
+        for a, s, _, _ in sorted(items, key=lambda x: x[1].offered_rate):
+            rows.append((md_num(s.offered_rate), md_num(s.achieved_rate), md_num(s.follow),
+                         md_num(s.ttft_growth), f"{s.n_ok}/{s.n_requests}", md_num(s.ttft_p50_ms),
+                         md_num(s.ttft_p99_ms), md_num(s.tpot_p50_ms), md_num(s.tpot_p99_ms),
+                         md_num(None if s.goodput_fraction is None
+                                else 100 * s.goodput_fraction) + "%",
+                         "yes: " + s.reason if s.saturated else "no",
+                         a.verdict.summary() or "none"))
+        out.append(md_table(("offered req/s", "achieved req/s", "follow", "ttft growth", "ok",
+                             "ttft p50 ms",
+                             "ttft p99 ms", "tpot p50 ms", "tpot p99 ms", "good", "saturated",
+                             "verdict"), rows))
+        png = f"capacity-{_safe(name)}.png"
+        plot(plot_dir / png, name, steps, slo, k, cap)
+        out.append(f"\n![capacity {name}](plots/{png})\n")
+    return "".join(out)

@@ -1,0 +1,193 @@
+"""Trace replay: the committed sample traces read in each public format, exact shared
+prefixes, arrival times kept against a scripted server, and the real llama-server
+reporting cached tokens for shared blocks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strata_plugin import TraceWorkload, read_trace
+from strata_plugin.load.case_runner import CaseRunner, CaseSetup
+from strata_plugin.load.client import Timeouts
+from strata_plugin.load.generator import CLIENT_LATENESS_P99_MS
+from strata_plugin.load.trace import TraceError, trace_prompt
+from strata_plugin.load.workload import TokenSpace
+from tests.sse_script_server import Reply, ScriptServer, Seen, sse
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+HOME = str(Path.home())  # pytester moves HOME; the embedded target's cache is under the real one
+TRACES = ROOT / "tests" / "data" / "traces"
+SPACE = TokenSpace(300, 1000)
+
+
+def test_samples_are_what_the_generator_writes(tmp_path):
+    """The committed files are the generator's output, byte for byte."""
+    before = {p.name: p.read_bytes() for p in TRACES.glob("*_sample.*")}
+    assert len(before) == 4
+    copy = tmp_path / "traces"
+    copy.mkdir()
+    (copy / "make_sample_traces.py").write_text((TRACES / "make_sample_traces.py").read_text())
+    subprocess.run([sys.executable, str(copy / "make_sample_traces.py")], check=True)
+    assert {p.name: p.read_bytes() for p in copy.glob("*_sample.*")} == before
+
+
+@pytest.mark.parametrize("name, fmt, n", [
+    ("mooncake_sample.jsonl", "mooncake", 16),
+    ("burstgpt_sample.csv", "burstgpt", 15),  # the failed request (0 response tokens) left out
+    ("azure_sample.csv", "azure", 16),
+    ("strata_sample.jsonl", "strata", 16),
+])
+def test_each_format_reads_in_seconds_from_the_first_request(name, fmt, n):
+    t = read_trace(TRACES / name)
+    assert t.fmt == fmt and len(t.requests) == n
+    assert t.requests[0].t_s == 0.0
+    assert all(a.t_s <= b.t_s for a, b in zip(t.requests, t.requests[1:]))
+    assert 1.0 < t.duration_s < 10.0  # ms, s and date-times all became seconds
+    assert all(q.isl >= 1 and q.osl >= 1 for q in t.requests)
+
+
+def test_mooncake_units_and_blocks():
+    t = read_trace(TRACES / "mooncake_sample.jsonl")
+    first = json.loads((TRACES / "mooncake_sample.jsonl").read_text().splitlines()[1])
+    assert t.requests[1].t_s == pytest.approx(first["timestamp"] / 1000)
+    assert t.requests[1].blocks == tuple(str(i) for i in first["hash_ids"])
+    assert t.requests[1].block_tokens == 512
+
+
+def test_azure_timestamps_keep_sub_millisecond_order():
+    t = read_trace(TRACES / "azure_sample.csv")
+    rows = (TRACES / "azure_sample.csv").read_text().splitlines()[1:3]
+    assert rows[0].startswith("2023-11-16 18:15:46.6805900")
+    assert t.requests[1].t_s == pytest.approx(46.698932 - 46.68059, abs=1e-6)
+
+
+def test_shared_blocks_share_exact_tokens_and_nothing_more():
+    t = read_trace(TRACES / "mooncake_sample.jsonl")
+    tw = TraceWorkload(t, length_scale=0.1)  # blocks of 51 tokens
+    reqs = tw.requests
+    a, b = reqs[0], reqs[1]  # hash ids [0, 1, 6] and [0, 1, 7, 8]
+    pa, pb = trace_prompt(a, 0, SPACE, salt="s"), trace_prompt(b, 1, SPACE, salt="s")
+    assert len(pa) == a.isl and len(pb) == b.isl
+    assert a.block_tokens == 51
+    assert pa[:102] == pb[:102]  # two shared blocks
+    assert pa[102:153] != pb[102:153]  # the third block is each request's own
+    other = trace_prompt(a, 0, SPACE, salt="another run")
+    assert other[:102] != pa[:102]  # a new run's salt: a cold cache again
+
+
+def test_strata_prefix_groups():
+    tw = TraceWorkload(read_trace(TRACES / "strata_sample.jsonl"))
+    groups = {}
+    for i, q in enumerate(tw.requests):
+        if q.blocks:
+            groups.setdefault(q.blocks, []).append(trace_prompt(q, i, SPACE)[:128])
+    assert sorted(groups) == [("group:a",), ("group:b",)]
+    for heads in groups.values():
+        assert len(set(heads)) == 1
+    assert len({h[0] for h in groups.values()}) == 2
+
+
+def test_bad_traces_are_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": "x", "output_length": 3}\n')
+    with pytest.raises(TraceError, match=r"bad.jsonl:1: input_length='x' is not a number"):
+        read_trace(bad)
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceError, match="unknown trace columns"):
+        read_trace(other)
+    with pytest.raises(ValueError, match="time_scale"):
+        TraceWorkload(read_trace(TRACES / "azure_sample.csv"), time_scale=0)
+
+
+def llama_reply(seen: Seen) -> Reply:
+    if seen.method == "GET":
+        return Reply([(0.0, b"ok")], framing="length", content_type="text/plain")
+    body = seen.json
+    n = body["n_predict"]
+    items = [(0.003, sse({"content": "a", "tokens": [400 + i], "stop": False}))
+             for i in range(n)]
+    items.append((0.001, sse({"content": "", "stop": True, "stop_type": "limit",
+                              "tokens_evaluated": len(body["prompt"]), "tokens_predicted": n,
+                              "timings": {"prompt_n": len(body["prompt"]), "prompt_ms": 1.0,
+                                          "predicted_n": n, "predicted_ms": 2.0,
+                                          "cache_n": 0}})))
+    return Reply(items)
+
+
+def test_replay_keeps_the_trace_times_against_a_scripted_server():
+    lines: list[dict] = []
+    tw = TraceWorkload(read_trace(TRACES / "burstgpt_sample.csv"), time_scale=0.5)
+    with ScriptServer(llama_reply) as srv:
+        setup = CaseSetup(srv.url, "llamacpp", "c", SPACE, Timeouts(read_s=10), salt="r")
+        runner = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
+                            add_case=lines.append)
+        r = runner.replay(tw, case_id="trace")
+        posts = sorted(s.received_ns for s in srv.seen if s.method == "POST")
+    assert r.problems == () and r.metrics.n_ok == 15
+    assert not r.self_check.client_bound
+    assert r.self_check.dispatch_lateness_p99_ms < CLIENT_LATENESS_P99_MS
+    # Arrivals at the server follow the (halved) trace times.
+    got = [(t - posts[0]) / 1e9 for t in posts]
+    want = [q.t_s for q in tw.requests]
+    errs = sorted(abs(g - w) for g, w in zip(got, want))
+    assert errs[len(errs) // 2] < 0.02 and errs[-1] < 0.2, errs
+    p = lines[-1]["params"]
+    assert (p["arrival"], p["trace_format"], p["requests"], p["time_scale"]) == (
+        "trace", "burstgpt", 15, 0.5)
+    assert lines[-1]["headline"]["n_ok"] == 15
+
+
+CASES = """
+from pathlib import Path
+from strata_plugin import TraceWorkload, Workload, read_trace
+
+TRACE = Path({trace!r})
+
+def test_mooncake_replay(strata):
+    tw = TraceWorkload(read_trace(TRACE), length_scale=0.1, time_scale=1.0,
+                       max_requests=12)
+    r = strata.replay(tw, case_id="mooncake")
+    assert not r.problems, r.problems
+    assert not r.self_check.client_bound, r.self_check
+
+def test_cold(strata):
+    r = strata.run(Workload("cold", isl=128, osl=4, concurrency=2, requests=4), scale=False)
+    assert not r.problems, r.problems
+"""
+
+
+@pytest.mark.integration
+def test_replay_on_the_embedded_target_shows_cached_prefix_tokens(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("HOME", HOME)
+    pytester.makeini(f"[pytest]\nstrata_reports_dir = {pytester.path / 'reports'}\n")
+    pytester.makepyfile(test_cases=CASES.format(trace=str(TRACES / "mooncake_sample.jsonl")))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strata-run-id=t1",
+                                           timeout=900)
+    result.assert_outcomes(passed=2)
+    run = pytester.path / "reports" / "t1"
+    records = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    by_case: dict[str, list[dict]] = {}
+    for rec in records:
+        by_case.setdefault(rec["case_id"], []).append(rec)
+
+    def cached(rec: dict) -> int:
+        return (rec["usage"].get("cached_tokens") or (rec.get("timings") or {}).get("cache_n")
+                or 0)
+
+    trace = by_case["mooncake"]
+    assert len(trace) == 12
+    assert sum(cached(x) for x in trace) > 0  # shared blocks came from the cache
+    assert sum(cached(x) for x in by_case["test_cold[default]"]) == 0
+    text = (run / "report.md").read_text()
+    sec = text[text.index("## Prefix cache"):]
+    row = next(x for x in sec.splitlines() if x.startswith("| `mooncake` |"))
+    assert not row.endswith("| 0% |")
