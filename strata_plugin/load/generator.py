@@ -19,8 +19,11 @@ import requests
 
 from strata_plugin.analysis.stats import percentile
 from strata_plugin.formats.records import ProcDelta, RequestRecord
-from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.load.client.attempt import Attempt
+from strata_plugin.load.client.loopstats import LoopStats
 from strata_plugin.load.client.mux import StreamMux
+from strata_plugin.load.client.slots import run_slots
 
 #: Client self-check thresholds (the client is suspect above these).
 #: 5 ms of dispatch lateness is a fraction of any TTFT worth measuring on a GPU
@@ -100,22 +103,75 @@ def run_load(
     counters: Counters | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     progress: Progress | None = None,
+    keep_alive: bool = False,
 ) -> LoadResult:
-    """Send every job, at most ``concurrency`` in flight, and return their records."""
+    """Send every job, at most ``concurrency`` in flight, and return their records.
+
+    One loop thread sends every request and reads every stream
+    (:mod:`strata_plugin.load.client.slots`); HTTPS or a proxy falls back to a
+    thread per request. ``keep_alive`` reuses connections (a server's idle close
+    is handled); off, every request has its own connection, as a new user would.
+    """
+    shared = concurrency > 1
+    hdrs = dict(headers or {})
+    if not keep_alive:
+        hdrs["Connection"] = "close"
+
+    def after(rec: RequestRecord, before: tuple[float, int, int]) -> RequestRecord:
+        if counters is None:
+            return rec
+        now = counters()
+        return replace(rec, proc=ProcDelta(cpu_s=now[0] - before[0],
+                                           major_faults=now[1] - before[1],
+                                           read_bytes=now[2] - before[2], shared=shared))
+
+    def record(rec: RequestRecord) -> None:
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.add(rec)
+
+    with StreamMux() as mux:
+        if not mux.handles(base_url):
+            return _run_in_threads(jobs, base_url, api, concurrency, timeouts, hdrs,
+                                   counters, after, record)
+        with requests.Session() as session:
+            # Every request is prepared (requests: headers, body, auth) before the clock starts.
+            attempts = [Attempt(session, base_url, api, j.spec, 0, timeouts, hdrs) for j in jobs]
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            start_ns = time.monotonic_ns()
+            mux.take_stats()  # samples from before the run are not the run's
+            work = [(a, None if j.offset_s is None else start_ns + int(j.offset_s * 1e9))
+                    for a, j in zip(attempts, jobs, strict=True)]
+            records = tuple(run_slots(mux, work, concurrency, on_record=lambda _, r: record(r),
+                                      before=counters, after=after))
+            loop = mux.take_stats()
+    end_ns = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return LoadResult(records, start_ns, end_ns,
+                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop))
+
+
+def _run_in_threads(
+    jobs: Sequence[Job],
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str],
+    counters: Counters | None,
+    after: Callable[[RequestRecord, tuple[float, int, int]], RequestRecord],
+    record: Callable[[RequestRecord], None],
+) -> LoadResult:
+    """HTTPS or a proxy: ``requests`` sends and reads each request in a thread of its own."""
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     start_ns = time.monotonic_ns()
     local = threading.local()
-    shared = concurrency > 1
-    # One connection per request: a kept-alive connection that the server closed while
-    # idle (llama-server: after 5 s) fails the next request before it is sent.
-    headers = {**(headers or {}), "Connection": "close"}
-
-    def session() -> requests.Session:
-        if not hasattr(local, "s"):
-            local.s = requests.Session()
-        return local.s
 
     def one(job: Job) -> RequestRecord:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
         if job.offset_s is None:
             scheduled = time.monotonic_ns()
         else:
@@ -124,23 +180,14 @@ def run_load(
             if delay > 0:
                 time.sleep(delay)
         before = counters() if counters else None
-        rec = mux.send_streaming(session(), base_url, api, job.spec, scheduled_ns=scheduled,
-                                 timeouts=timeouts, headers=headers)
-        if before is not None and counters is not None:
-            after = counters()
-            rec = replace(rec, proc=ProcDelta(cpu_s=after[0] - before[0],
-                                              major_faults=after[1] - before[1],
-                                              read_bytes=after[2] - before[2], shared=shared))
-        if on_record:
-            on_record(rec)
-        if progress:
-            progress.add(rec)
+        rec = send_streaming(local.s, base_url, api, job.spec, scheduled_ns=scheduled,
+                             timeouts=timeouts, headers=headers)
+        if before is not None:
+            rec = after(rec, before)
+        record(rec)
         return rec
 
-    # Caller threads send and wait; one selector loop reads and stamps every stream
-    # (a thread per stream pays ~3x the CPU per event and falls behind past ~100 streams).
-    with StreamMux() as mux, ThreadPoolExecutor(max_workers=concurrency,
-                                                thread_name_prefix="strata-load") as pool:
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="strata-load") as pool:
         records = tuple(pool.map(one, jobs))
     end_ns = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -149,7 +196,8 @@ def run_load(
                       self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)))
 
 
-def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> SelfCheck:
+def self_check(records: Sequence[RequestRecord], client_cpu_cores: float,
+               loop: LoopStats | None = None) -> SelfCheck:
     lateness = [max(0, r.dispatched_ns - r.scheduled_ns) / 1e6 for r in records]
     lags = [max(0, e.handled_ns - e.t_ns) / 1e6 for r in records for e in r.events if e.handled_ns]
     lived_ms = sum(max(0, (r.done_ns or r.dispatched_ns) - r.dispatched_ns) / 1e6
