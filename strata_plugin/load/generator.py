@@ -40,6 +40,18 @@ CLIENT_CPU_CORES = 0.85
 #: 10 ms late, 0.6%.) A p99 over a few dozen requests is their maximum, so without the
 #: share one scheduling hiccup would flag the client.
 CLIENT_DELAY_SHARE = 0.05
+#: The timing error the client promises for its stamps: an event is stamped at most
+#: this long after its bytes arrived. A stamp is taken when a read returns, so bytes
+#: that wait in the socket while the loop is busy are stamped late and the stamps
+#: cannot show it; the loop's lag (a 5 ms probe timer's lateness) can, and its p99 is
+#: the run's stated timing error bound. The run is flagged client-bound when the part
+#: of that lag the loop's own work caused has a p99 above this (a host too busy to
+#: wake the loop on time widens the stated bound but is not the client's limit), when
+#: a read finds more than CLIENT_READ_BACKLOG_BYTES waiting at p99 (more than one
+#: read's worth), or when the send lag (scheduled -> the request's last byte out) p99
+#: is above this for CLIENT_DELAY_SHARE of the requests' time.
+CLIENT_TIMING_ERROR_MS = 5.0
+CLIENT_READ_BACKLOG_BYTES = 64 * 1024
 
 Counters = Callable[[], tuple[float, int, int]]  # (cpu_s, major_faults, read_bytes)
 
@@ -55,6 +67,14 @@ class SelfCheck:
     late_events: int = 0  # handled more than CLIENT_HANDLING_LAG_P99_MS after arrival
     dispatch_delay_share: float = 0.0  # summed lateness / summed schedule-to-end time
     handling_lag_share: float = 0.0  # summed handling lag / summed dispatch-to-end time
+    # The loop's view (None where requests ran in threads: HTTPS, a proxy).
+    timing_error_bound_ms: float | None = None  # stamps are this late at p99: the loop lag
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
+    loop_own_lag_p99_ms: float | None = None  # the part the loop's own work caused
+    read_backlog_p99_bytes: int | None = None  # bytes already waiting when a socket was read
+    read_backlog_max_bytes: int | None = None
+    send_lag_p99_ms: float | None = None  # scheduled -> the request's last byte out
 
 
 @dataclass(frozen=True)
@@ -220,5 +240,34 @@ def self_check(records: Sequence[RequestRecord], client_cpu_cores: float,
                        "events late)")
     if client_cpu_cores > CLIENT_CPU_CORES:
         reasons.append(f"client CPU {client_cpu_cores:.2f} cores > {CLIENT_CPU_CORES}")
-    return SelfCheck(client_cpu_cores, late_p99, lag_p99, bool(reasons), tuple(reasons),
-                     n_late, n_lag, late_share, lag_share)
+    sc = SelfCheck(client_cpu_cores, late_p99, lag_p99, False, (), n_late, n_lag,
+                   late_share, lag_share)
+    sends = [max(0, r.extra["sent_ns"] - r.scheduled_ns) / 1e6 for r in records
+             if isinstance(r.extra.get("sent_ns"), int)]
+    send_p99 = percentile(sends, 99) if sends else None
+    if send_p99 is not None:
+        sent_ms = sum(sends)
+        share = sent_ms / (sent_ms + lived_ms) if sent_ms else 0.0
+        if send_p99 > CLIENT_TIMING_ERROR_MS and share >= CLIENT_DELAY_SHARE:
+            n = sum(x > CLIENT_TIMING_ERROR_MS for x in sends)
+            reasons.append(f"send lag (scheduled -> bytes out) p99 {send_p99:.2f} ms > "
+                           f"{CLIENT_TIMING_ERROR_MS} ms, {share:.1%} of the requests' time "
+                           f"({n} of {len(sends)} requests)")
+    if loop is not None and (loop.lag_ns or loop.reads):
+        lag, lag_max, own = loop.lag_p99_ms(), loop.lag_max_ms(), loop.own_p99_ms()
+        backlog = loop.backlog_p99_bytes()
+        figures = (f"loop lag p99 {lag:.2f} ms (its own work {own:.2f} ms; max {lag_max:.1f} ms "
+                   f"over {len(loop.lag_ns)} probes), read backlog p99 {backlog} B (max "
+                   f"{loop.backlog_max} B over {loop.reads} reads)")
+        if own > CLIENT_TIMING_ERROR_MS:
+            reasons.append(f"stamps late: {figures}; the client promises "
+                           f"{CLIENT_TIMING_ERROR_MS} ms")
+        elif backlog > CLIENT_READ_BACKLOG_BYTES:
+            reasons.append(f"reads behind: {figures}; more than "
+                           f"{CLIENT_READ_BACKLOG_BYTES} B waiting at a read")
+        sc = replace(sc, timing_error_bound_ms=lag, loop_lag_p99_ms=lag,
+                     loop_lag_max_ms=lag_max, loop_own_lag_p99_ms=own,
+                     read_backlog_p99_bytes=backlog,
+                     read_backlog_max_bytes=loop.backlog_max)
+    return replace(sc, send_lag_p99_ms=send_p99, client_bound=bool(reasons),
+                   reasons=tuple(reasons))

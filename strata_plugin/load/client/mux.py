@@ -189,6 +189,8 @@ class StreamMux:
         self._idle: dict[tuple[str, int], list[socket.socket]] = {}
         self._addrs: dict[tuple[str, int], tuple] = {}
         self._live = 0  # requests the loop owns
+        self._t_enter = self._t_ret = 0  # the last select call and its return
+        self._cpu_ret = 0  # the loop thread's CPU time when select returned
         self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
@@ -328,14 +330,18 @@ class StreamMux:
         sel = self._sel
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         heap = self._heap
-        mono = time.monotonic_ns
+        mono, cpu = time.monotonic_ns, time.thread_time_ns
         heapq.heappush(heap, (mono() + _PROBE_NS, next(self._seq), _PROBE))
         while True:
             timeout = max(0.0, (heap[0][0] - mono()) / _NS) if heap else None
             # Read and stamp every ready socket first, then parse: a stamp is
             # not delayed by the parsing of the sockets read before it.
             reads, admit = [], False
-            for key, mask in sel.select(timeout):
+            self._t_enter = mono()
+            ready = sel.select(timeout)
+            self._t_ret = mono()
+            self._cpu_ret = cpu()
+            for key, mask in ready:
                 r = key.data
                 if r is None:
                     admit = True
@@ -627,7 +633,12 @@ class StreamMux:
         while heap and heap[0][0] <= now:
             due, _, r = heapq.heappop(heap)
             if isinstance(r, _Probe):
-                self.probe.lag.append(now - due)
+                # The part of the lateness the loop's own work caused: its CPU time
+                # since select returned, plus the time it was already busy when the
+                # probe fell due. Not the host's late wake-up from select, nor the
+                # loop's preemption by other tenants while it worked.
+                own = time.thread_time_ns() - self._cpu_ret + max(0, self._t_enter - due)
+                self.probe.sample(now - due, min(now - due, own))
                 heapq.heappush(heap, (now + _PROBE_NS, next(self._seq), _PROBE))
                 continue
             if r.over or due != r.heap_due:
