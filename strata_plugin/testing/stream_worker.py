@@ -35,8 +35,10 @@ Job = tuple[RequestSpec, int]
 def serve(conn: Connection) -> None:
     """Run each batch the parent sends until it sends None or goes away."""
     # Keep the collector off the imports; records leave every FLUSH_S, so the
-    # heap it scans stays small.
+    # heap it scans stays small. Shorter GIL slices: while this thread pickles
+    # and ships a batch, the loop gets the GIL back within 0.5 ms instead of 5.
     gc.freeze()
+    sys.setswitchinterval(0.0005)
     with StreamMux() as mux:
         while True:
             try:

@@ -10,7 +10,6 @@ stay out of the loop).
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,10 +45,18 @@ def run_slots(
     """
     n = len(attempts)
     out: list[RequestRecord | None] = [None] * n
-    done: queue.SimpleQueue[tuple[int, RequestRecord]] = queue.SimpleQueue()
+    finished: list[tuple[int, RequestRecord]] = []  # appended by the loop, taken by the caller
+    all_done = threading.Event()
     lock = threading.Lock()
     cursor = iter(range(n))
     counted: dict[int, Any] = {}  # before() values of requests in flight
+    ended = [0]
+
+    def put(i: int, rec: RequestRecord) -> None:
+        finished.append((i, rec))
+        ended[0] += 1
+        if ended[0] == n:
+            all_done.set()
 
     def start_next() -> None:
         while True:  # a loop, not recursion: refused requests are recorded here
@@ -62,7 +69,8 @@ def run_slots(
                 a.scheduled_ns = at
             if mux.submit(a, _done(i, a, at), at_ns=at, on_start=_start(a, at)):
                 return
-            done.put((i, a.record()))
+            with lock:
+                put(i, a.record())
 
     def _start(a: Attempt, at: int | None) -> Callable[[], None]:
         def on_start() -> None:
@@ -80,29 +88,32 @@ def run_slots(
                     rec = after(rec, counted.pop(id(a)))
                 except Exception:
                     pass
-            done.put((i, rec))
+            with lock:
+                put(i, rec)
             start_next()
 
         return on_done
 
     for _ in range(min(max(1, slots), n)):
         start_next()
-    got, last_tick = 0, time.monotonic()
-    while got < n:
-        try:
-            i, rec = done.get(timeout=tick_s)
+
+    def take() -> None:
+        with lock:
+            batch, finished[:] = finished[:], []
+        for i, rec in batch:
             out[i] = rec
-            got += 1
             if on_record is not None:
                 on_record(i, rec)
-        except queue.Empty:
-            if not mux.running:  # the loop died without finishing them (a bug)
-                break
-        if on_tick is not None and time.monotonic() - last_tick >= tick_s:
-            last_tick = time.monotonic()
+        if on_tick is not None:
             on_tick()
-    if on_tick is not None:
-        on_tick()
+
+    if n == 0:
+        all_done.set()
+    while not all_done.wait(tick_s):
+        take()
+        if not mux.running:  # the loop died without finishing them (a bug)
+            break
+    take()
     for i, rec in enumerate(out):
         if rec is None:
             a = attempts[i][0]
