@@ -190,7 +190,8 @@ class StreamMux:
         self._addrs: dict[tuple[str, int], tuple] = {}
         self._live = 0  # requests the loop owns
         self._t_enter = self._t_ret = 0  # the last select call and its return
-        self._cpu_ret = 0  # the loop thread's CPU time when select returned
+        self._cpu_ret = 0  # the loop thread's CPU time when select returned (probe rounds)
+        self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
         self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
@@ -331,7 +332,6 @@ class StreamMux:
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         heap = self._heap
         mono, cpu = time.monotonic_ns, time.thread_time_ns
-        heapq.heappush(heap, (mono() + _PROBE_NS, next(self._seq), _PROBE))
         while True:
             timeout = max(0.0, (heap[0][0] - mono()) / _NS) if heap else None
             # Read and stamp every ready socket first, then parse: a stamp is
@@ -340,7 +340,8 @@ class StreamMux:
             self._t_enter = mono()
             ready = sel.select(timeout)
             self._t_ret = mono()
-            self._cpu_ret = cpu()
+            if 0 < self._probe_due <= self._t_ret:  # the probe is handled this round
+                self._cpu_ret = cpu()
             for key, mask in ready:
                 r = key.data
                 if r is None:
@@ -367,6 +368,8 @@ class StreamMux:
             with contextlib.suppress(OSError):
                 while self._wake_r.recv(4096):
                     pass
+        if self._incoming and not self._probe_due:
+            self._arm_probe(time.monotonic_ns())
         while self._incoming:
             r = self._incoming.popleft()
             self._live += 1
@@ -375,6 +378,11 @@ class StreamMux:
             else:
                 self._dispatch(r)
         self._wake_callers()
+
+    def _arm_probe(self, now: int) -> None:
+        """The lag probe runs while requests are in flight (an idle loop costs nothing)."""
+        self._probe_due = now + _PROBE_NS
+        heapq.heappush(self._heap, (self._probe_due, next(self._seq), _PROBE))
 
     def _arm(self, r: _Req) -> None:
         """Make sure a heap entry fires no later than ``r``'s current due time."""
@@ -636,10 +644,16 @@ class StreamMux:
                 # The part of the lateness the loop's own work caused: its CPU time
                 # since select returned, plus the time it was already busy when the
                 # probe fell due. Not the host's late wake-up from select, nor the
-                # loop's preemption by other tenants while it worked.
-                own = time.thread_time_ns() - self._cpu_ret + max(0, self._t_enter - due)
+                # loop's preemption by other tenants while it worked. (Fell due
+                # while this round's reads were handled: all of it is own work.)
+                if due <= self._t_ret:
+                    own = time.thread_time_ns() - self._cpu_ret + max(0, self._t_enter - due)
+                else:
+                    own = now - due
                 self.probe.sample(now - due, min(now - due, own))
-                heapq.heappush(heap, (now + _PROBE_NS, next(self._seq), _PROBE))
+                self._probe_due = 0
+                if self._live:
+                    self._arm_probe(now)
                 continue
             if r.over or due != r.heap_due:
                 continue  # finished, or superseded by an earlier entry
