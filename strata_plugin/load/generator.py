@@ -43,7 +43,7 @@ CLIENT_DELAY_SHARE = 0.05
 #: The timing error the client promises for its stamps: an event is stamped at most
 #: this long after its bytes arrived. A stamp is taken when a read returns, so bytes
 #: that wait in the socket while the loop is busy are stamped late and the stamps
-#: cannot show it; the loop's lag (a 10 ms probe timer's lateness) can, and its p99 is
+#: cannot show it; the loop's lag (a 20 ms probe timer's lateness) can, and its p99 is
 #: the run's stated timing error bound. The run is flagged client-bound when the part
 #: of that lag the loop's own work caused has a p99 above this (a host too busy to
 #: wake the loop on time widens the stated bound but is not the client's limit), when

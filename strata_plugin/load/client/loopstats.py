@@ -9,7 +9,7 @@ about that long. Each sample is split in two: the late wake-up from ``select``
 (the thread was runnable but the host did not run it: other tenants) and the
 rest, the loop's own work (parsing other streams); and (2) the bytes already
 waiting in a socket when it is read (FIONREAD / SIOCINQ): a loop that keeps up
-finds only what just arrived.
+finds only what just arrived (asked at one read in 8: the ioctl is a syscall).
 Samples are merged across worker processes (same CLOCK_MONOTONIC, plain sums).
 """
 
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from strata_plugin.analysis.stats import percentile
 
-#: How often the loop's lag probe fires while requests are in flight (100 samples a
-#: second; each costs the loop ~10-30 us, which at 100 tokens/s would be a tenth of
-#: its CPU per event at 200 Hz).
-PROBE_S = 0.01
+#: How often the loop's lag probe fires while requests are in flight: 50 samples a
+#: second. Each firing that wakes an idle loop costs it 10-30 us (two syscalls on this
+#: host), a fixed cost per second that at low token rates (C=4 against one
+#: llama-server: ~100 events/s) was a fifth of the loop's CPU per event at 100 Hz.
+PROBE_S = 0.02
 
 
 @dataclass(frozen=True)
