@@ -1,4 +1,12 @@
-"""Client capacity: how late does the client stamp events, from 1 to 512 streams?
+"""Client capacity: how late does the client stamp events, from 1 to 1024 streams?
+
+Two shapes. ``test_client_capacity_closed_loop`` is the one that tells the
+truth about a real run: a closed loop that opens streams all the time while
+others stream, the emitter streaming on accept, at 64-1024 streams, with a
+plain thread-per-stream client and a single asyncio loop (aiohttp) measured in
+the same run as references (``benchmarks/closed_loop_clients.py``;
+``STRATA_BENCH_CL_STREAMS``, ``STRATA_BENCH_CL_MODES`` choose a subset). The
+older ``test_client_capacity`` below opens every stream before a common start:
 
 Not a pass/fail test: it prints figures. A loopback emitter in its own process
 (strata_plugin.testing.emitter) sends 50 events/s on every stream, each carrying
@@ -14,11 +22,11 @@ Three designs are measured:
 
 * ``threads``: one process, a thread per stream reading its own body with
   ``send_streaming`` (every event wakes a thread and moves the GIL);
-* ``mux``: one process, ``StreamMux``: a thread per stream sends the request
-  and waits for headers, one selector loop thread reads every body;
+* ``mux``: one process, ``StreamMux.send_streaming`` from a thread per stream
+  (the thread only submits and waits; the loop sends and reads every stream);
 * ``pool``: a ``ShardedStreamRunner`` (what ``pool.run_streams`` uses): the
   streams spread over ``default_processes(N)`` worker processes, each running
-  a ``StreamMux``; the workers are started once per N, as a run would.
+  one loop; the workers are started once per N, as a run would.
 
 Each round runs the three modes back to back (rotating the order) so they share
 the background load: this host is shared, and ``others`` is the CPU that other
@@ -37,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import closed_loop_clients as cl
 import pytest
 import requests
 
@@ -47,7 +56,9 @@ from strata_plugin.load.client.mux import StreamMux
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 from strata_plugin.testing.stream_pool import ShardedStreamRunner, default_processes
 
-CONCURRENCY = (1, 16, 64, 256, 512)
+CONCURRENCY = tuple(
+    int(x) for x in os.environ.get("STRATA_BENCH_STREAMS", "1,16,64,256,512").split(",") if x
+)
 MODES = ("threads", "mux", "pool")
 RATE_HZ = 50
 DURATION_S = float(os.environ.get("STRATA_BENCH_DURATION_S", "2"))
@@ -79,6 +90,7 @@ def emitter() -> Iterator[EmitterProcess]:
     with emitter_process() as em:
         yield em
     _print_table()
+    _print_closed_table()
 
 
 def _specs(n: int, start_ns: int) -> list[RequestSpec]:
@@ -224,3 +236,115 @@ def _print_table() -> None:
     print(f"\nclient lateness (handled - sent), medians of {REPEATS} rounds of {DURATION_S:g} s")
     for (mode, n), runs in sorted(_RESULTS.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         print(f"{mode:>7} {n:>4} | {_row(_median(runs))}")
+
+
+# --- The closed-loop shape (benchmarks/closed_loop_clients.py) -----------------------
+
+CL_CONCURRENCY = tuple(
+    int(x) for x in os.environ.get("STRATA_BENCH_CL_STREAMS", "64,256,512,1024").split(",")
+)
+CL_MODES = tuple(os.environ.get("STRATA_BENCH_CL_MODES", "loop,pool,threads,aiohttp").split(","))
+CL_GENERATIONS = float(os.environ.get("STRATA_BENCH_CL_GENERATIONS", "2"))
+_CL: dict[tuple[str, int], list[ClosedFigures]] = {}
+
+
+@dataclass(frozen=True)
+class ClosedFigures:
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    lost: int  # events asked for that never reached the client
+    errors: int
+    cpu_cores: float
+    cpu_us_per_event: float
+    events_per_s: float
+    bound_ms: float  # ours: the self-check's stated timing error bound (loop lag p99)
+    own_ms: float  # ours: the loop's own part of it
+    flagged: float  # ours: 1 if the self-check flagged the run client-bound
+
+
+def _closed_figures(run: cl.Run) -> ClosedFigures:
+    delays = [(h - s) / 1e6 for s, h in run.pairs] or [0.0]
+    sc = run.self_check
+    bound = own = flagged = float("nan")
+    if sc is not None and hasattr(sc, "lag_p99_ms"):  # the pool's merged LoopStats
+        bound, own = sc.lag_p99_ms(), sc.own_p99_ms()
+    elif sc is not None:
+        bound = getattr(sc, "timing_error_bound_ms", None) or float("nan")
+        own = getattr(sc, "loop_own_lag_p99_ms", None) or float("nan")
+        flagged = float(sc.client_bound)
+    return ClosedFigures(
+        p50_ms=percentile(delays, 50),
+        p99_ms=percentile(delays, 99),
+        max_ms=max(delays),
+        lost=run.expected - len(run.pairs),
+        errors=run.errors,
+        cpu_cores=run.cpu_s / max(1e-9, run.wall_s),
+        cpu_us_per_event=run.cpu_s / max(1, len(run.pairs)) * 1e6,
+        events_per_s=len(run.pairs) / max(1e-9, run.wall_s),
+        bound_ms=bound,
+        own_ms=own,
+        flagged=flagged,
+    )
+
+
+@pytest.mark.parametrize("n", CL_CONCURRENCY)
+def test_client_capacity_closed_loop(benchmark, emitter: EmitterProcess, n: int) -> None:
+    """2 x N requests, N in flight, every client on the same jobs; rounds rotate the order."""
+    runs: dict[str, list[ClosedFigures]] = {m: [] for m in CL_MODES}
+    rounds = iter(range(REPEATS))
+    url = emitter.url
+    jobs = cl.specs(int(CL_GENERATIONS * n), seed=n)
+    with ShardedStreamRunner(default_processes(n)) as pool:
+        _in_pool(url, pool)(_specs(default_processes(n), 0))  # workers up before the run
+
+        def one_round() -> None:
+            k = next(rounds) % len(CL_MODES)
+            for mode in CL_MODES[k:] + CL_MODES[:k]:
+                if mode == "loop":
+                    run = cl.run_loop(url, jobs, n)
+                elif mode == "pool":
+                    run = cl.run_pool(pool, url, jobs, n)
+                elif mode == "threads":
+                    run = cl.run_threads(url, jobs, n)
+                else:
+                    run = cl.run_aiohttp(url, jobs, n)
+                runs[mode].append(_closed_figures(run))
+
+        benchmark.pedantic(one_round, rounds=REPEATS, iterations=1)
+    for mode in CL_MODES:
+        _CL[(mode, n)] = runs[mode]
+        med = _closed_median(runs[mode])
+        benchmark.extra_info[mode] = med.__dict__
+        print(f"\nclosed {mode:>7} n={n:<4} {_closed_row(med)}")
+    benchmark.extra_info["pool_processes"] = default_processes(n)
+
+
+def _closed_median(runs: list[ClosedFigures]) -> ClosedFigures:
+    fields = ClosedFigures.__dataclass_fields__
+    return ClosedFigures(**{k: statistics.median(getattr(r, k) for r in runs) for k in fields})
+
+
+def _closed_row(f: ClosedFigures) -> str:
+    return (
+        f"p50 {f.p50_ms:7.3f}  p99 {f.p99_ms:8.3f}  max {f.max_ms:8.1f} ms  lost {f.lost:5.0f}  "
+        f"err {f.errors:3.0f}  cpu {f.cpu_cores:4.2f} cores {f.cpu_us_per_event:5.1f} us/ev  "
+        f"{f.events_per_s:6.0f} ev/s  bound {f.bound_ms:7.2f} own {f.own_ms:7.2f} "
+        f"flagged {f.flagged:.0f}"
+    )
+
+
+def _print_closed_table() -> None:
+    if not _CL:
+        return
+    print(f"\nclosed loop, handling delay (handled - sent), medians of {REPEATS} rounds; "
+          "ratio = reference p99 / this p99 (> 1: this client is better)")
+    ns = sorted({n for _, n in _CL})
+    for n in ns:
+        ref = {m: _closed_median(_CL[(m, n)]) for m in CL_MODES if (m, n) in _CL}
+        for mode, f in ref.items():
+            ratios = "  ".join(
+                f"{other}/{mode} {ref[other].p99_ms / max(1e-9, f.p99_ms):6.2f}"
+                for other in ("threads", "aiohttp") if other in ref and other != mode
+            )
+            print(f"{mode:>7} {n:>4} | {_closed_row(f)} | {ratios}")

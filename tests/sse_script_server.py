@@ -63,8 +63,9 @@ class Seen:
 class ScriptServer:
     """``with ScriptServer(reply) as srv: ... srv.url ...``; ``reply`` may be a callable."""
 
-    def __init__(self, reply: Reply | Callable[[Seen], Reply]) -> None:
+    def __init__(self, reply: Reply | Callable[[Seen], Reply], idle_close_s: float = 10) -> None:
         self._reply = reply
+        self._idle_close_s = idle_close_s  # a kept-alive connection idle this long is closed
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)
@@ -109,7 +110,7 @@ class ScriptServer:
 
     def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(10)
+        conn.settimeout(self._idle_close_s)
         buf = b""
         try:
             while not self._stop.is_set():

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from strata_plugin.formats.records import RequestRecord, TokenEvent
+from strata_plugin.load.client.loopstats import LoopProbe, LoopStats
 from strata_plugin.load.generator import (
     CLIENT_DELAY_SHARE,
     CLIENT_LATENESS_P99_MS,
+    CLIENT_READ_BACKLOG_BYTES,
+    CLIENT_TIMING_ERROR_MS,
     self_check,
 )
 
@@ -86,3 +89,54 @@ def test_a_few_slow_events_are_not_a_client_limit():
     assert sc.late_events == 17 and sc.handling_lag_p99_ms > 5.0
     assert sc.handling_lag_share < CLIENT_DELAY_SHARE
     assert not sc.client_bound
+
+
+def _loop(lag_ms: list[float], backlog: list[int] = (), wake_ms: float = 0.0) -> LoopStats:
+    """Probe samples of ``lag_ms`` each, ``wake_ms`` of which the host's late wake-up."""
+    probe = LoopProbe()
+    for x in lag_ms:
+        probe.sample(int((x + wake_ms) * MS), int(x * MS))
+    for n in backlog:
+        probe.backlog(n)
+    return probe.take()
+
+
+def test_loop_lag_just_over_the_promise_is_flagged_with_its_figures():
+    recs = _records([0.2] * 24)
+    under = self_check(recs, client_cpu_cores=0.1,
+                       loop=_loop([0.3] * 980 + [CLIENT_TIMING_ERROR_MS * 0.98] * 20))
+    assert not under.client_bound
+    assert under.timing_error_bound_ms is not None and under.timing_error_bound_ms < 5
+    over = self_check(recs, client_cpu_cores=0.1,
+                      loop=_loop([0.3] * 980 + [CLIENT_TIMING_ERROR_MS * 1.02] * 20,
+                                 backlog=[200] * 50))
+    assert over.client_bound and "loop lag p99 5.10 ms" in over.reasons[0]
+    assert "read backlog p99 200 B" in over.reasons[0]  # the figures come with the flag
+    assert over.loop_lag_max_ms == 5.1 and over.read_backlog_max_bytes == 200
+
+
+def test_a_host_that_wakes_the_loop_late_widens_the_bound_but_is_not_a_client_limit():
+    sc = self_check(_records([0.2] * 24), client_cpu_cores=0.1,
+                    loop=_loop([0.3] * 100, wake_ms=8.0))
+    assert not sc.client_bound
+    assert sc.timing_error_bound_ms is not None and sc.timing_error_bound_ms > 8
+    assert sc.loop_own_lag_p99_ms is not None and sc.loop_own_lag_p99_ms < 0.5
+
+
+def test_a_read_backlog_past_one_read_is_flagged():
+    recs = _records([0.2] * 24)
+    ok = self_check(recs, client_cpu_cores=0.1,
+                    loop=_loop([0.3] * 100, backlog=[CLIENT_READ_BACKLOG_BYTES // 2] * 100))
+    assert not ok.client_bound
+    behind = self_check(recs, client_cpu_cores=0.1,
+                        loop=_loop([0.3] * 100, backlog=[CLIENT_READ_BACKLOG_BYTES * 2] * 100))
+    assert behind.client_bound and "reads behind" in behind.reasons[0]
+
+
+def test_send_lag_counts_bytes_out_not_dispatch():
+    """Dispatched on time but the request's bytes left 20 ms late: a client limit."""
+    recs = [replace(r, extra={"sent_ns": r.scheduled_ns + 20 * MS}) for r in _records([0.2] * 24)]
+    sc = self_check(recs, client_cpu_cores=0.1)
+    assert sc.client_bound and "send lag" in sc.reasons[0] and sc.send_lag_p99_ms == 20.0
+    fine = [replace(r, extra={"sent_ns": r.scheduled_ns + MS // 2}) for r in _records([0.2] * 24)]
+    assert not self_check(fine, client_cpu_cores=0.1).client_bound

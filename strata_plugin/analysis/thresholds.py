@@ -517,6 +517,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] the treatment's TPOT p95 over its control's (geometric mean of the "
         "control's repetitions), minus 1: the stalls reach the tail pace",
     ),
+    Threshold(
+        "client_timing_error_ms",
+        5.0,
+        "ms",
+        "[inferred] the client's promised stamping error: its own loop lag p99 above this "
+        "flags the run client-bound (docs/client.md, the capacity benchmark's figures)",
+    ),
+    Threshold(
+        "client_read_backlog_bytes",
+        65536.0,
+        "bytes",
+        "[inferred] more than one read's worth (64 KiB) already waiting in the socket at "
+        "p99 of reads: the loop is reading late (docs/client.md)",
+    ),
 )
 _BY_NAME = {t.name: t for t in THRESHOLDS}
 

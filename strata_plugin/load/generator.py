@@ -14,14 +14,18 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 
 import requests
 
 from strata_plugin.analysis.stats import percentile
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ProcDelta, RequestRecord
-from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
+from strata_plugin.load.client.attempt import Attempt
+from strata_plugin.load.client.loopstats import LoopStats
 from strata_plugin.load.client.mux import StreamMux
+from strata_plugin.load.client.slots import run_slots
 
 #: Client self-check thresholds (the client is suspect above these), from the one table
 #: (analysis/thresholds.py, with their sources).
@@ -39,6 +43,18 @@ CLIENT_CPU_CORES = threshold_value("client_cpu_cores")
 #: 10 ms late, 0.6%.) A p99 over a few dozen requests is their maximum, so without the
 #: share one scheduling hiccup would flag the client.
 CLIENT_DELAY_SHARE = threshold_value("client_delay_share")
+#: The timing error the client promises for its stamps: an event is stamped at most
+#: this long after its bytes arrived. A stamp is taken when a read returns, so bytes
+#: that wait in the socket while the loop is busy are stamped late and the stamps
+#: cannot show it; the loop's lag (a 20 ms probe timer's lateness) can, and its p99 is
+#: the run's stated timing error bound. The run is flagged client-bound when the part
+#: of that lag the loop's own work caused has a p99 above this (a host too busy to
+#: wake the loop on time widens the stated bound but is not the client's limit), when
+#: a read finds more than CLIENT_READ_BACKLOG_BYTES waiting at p99 (more than one
+#: read's worth), or when the send lag (scheduled -> the request's last byte out) p99
+#: is above this for CLIENT_DELAY_SHARE of the requests' time.
+CLIENT_TIMING_ERROR_MS = threshold_value("client_timing_error_ms")
+CLIENT_READ_BACKLOG_BYTES = int(threshold_value("client_read_backlog_bytes"))
 
 Counters = Callable[[], tuple[float, int, int]]  # (cpu_s, major_faults, read_bytes)
 
@@ -54,6 +70,14 @@ class SelfCheck:
     late_events: int = 0  # handled more than CLIENT_HANDLING_LAG_P99_MS after arrival
     dispatch_delay_share: float = 0.0  # summed lateness / summed schedule-to-end time
     handling_lag_share: float = 0.0  # summed handling lag / summed dispatch-to-end time
+    # The loop's view (None where requests ran in threads: HTTPS, a proxy).
+    timing_error_bound_ms: float | None = None  # stamps are this late at p99: the loop lag
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
+    loop_own_lag_p99_ms: float | None = None  # the part the loop's own work caused
+    read_backlog_p99_bytes: int | None = None  # bytes already waiting when a socket was read
+    read_backlog_max_bytes: int | None = None
+    send_lag_p99_ms: float | None = None  # scheduled -> the request's last byte out
 
 
 @dataclass(frozen=True)
@@ -103,26 +127,80 @@ def run_load(
     on_record: Callable[[RequestRecord], None] | None = None,
     progress: Progress | None = None,
     on_first_token: Callable[[str, int], None] | None = None,
+    keep_alive: bool = False,
 ) -> LoadResult:
     """Send every job, at most ``concurrency`` in flight, and return their records.
 
+    One loop thread sends every request and reads every stream
+    (:mod:`strata_plugin.load.client.slots`); HTTPS or a proxy falls back to a
+    thread per request. ``keep_alive`` reuses connections (a server's idle close
+    is handled); off, every request has its own connection, as a new user would.
     ``on_first_token(request_id, t_ns)`` is called as each stream's first token arrives
-    (from the reader thread; keep it quick).
+    (from the loop thread; keep it quick).
     """
+    shared = concurrency > 1
+    hdrs = dict(headers or {})
+    if not keep_alive:
+        hdrs["Connection"] = "close"
+
+    def after(rec: RequestRecord, before: tuple[float, int, int]) -> RequestRecord:
+        if counters is None:
+            return rec
+        now = counters()
+        return replace(rec, proc=ProcDelta(cpu_s=now[0] - before[0],
+                                           major_faults=now[1] - before[1],
+                                           read_bytes=now[2] - before[2], shared=shared))
+
+    def record(rec: RequestRecord) -> None:
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.add(rec)
+
+    with StreamMux() as mux:
+        if not mux.handles(base_url):
+            return _run_in_threads(jobs, base_url, api, concurrency, timeouts, hdrs,
+                                   counters, after, record)  # first tokens: from records
+        with requests.Session() as session:
+            # Every request is prepared (requests: headers, body, auth) before the clock starts.
+            attempts = [Attempt(session, base_url, api, j.spec, 0, timeouts, hdrs) for j in jobs]
+            if on_first_token is not None:
+                for a in attempts:
+                    a.core.on_first_token = partial(on_first_token, a.spec.request_id)
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            start_ns = time.monotonic_ns()
+            mux.take_stats()  # samples from before the run are not the run's
+            work = [(a, None if j.offset_s is None else start_ns + int(j.offset_s * 1e9))
+                    for a, j in zip(attempts, jobs, strict=True)]
+            records = tuple(run_slots(mux, work, concurrency, on_record=lambda _, r: record(r),
+                                      before=counters, after=after))
+            loop = mux.take_stats()
+    end_ns = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return LoadResult(records, start_ns, end_ns,
+                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop))
+
+
+def _run_in_threads(
+    jobs: Sequence[Job],
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str],
+    counters: Counters | None,
+    after: Callable[[RequestRecord, tuple[float, int, int]], RequestRecord],
+    record: Callable[[RequestRecord], None],
+) -> LoadResult:
+    """HTTPS or a proxy: ``requests`` sends and reads each request in a thread of its own."""
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     start_ns = time.monotonic_ns()
     local = threading.local()
-    shared = concurrency > 1
-    # One connection per request: a kept-alive connection that the server closed while
-    # idle (llama-server: after 5 s) fails the next request before it is sent.
-    headers = {**(headers or {}), "Connection": "close"}
-
-    def session() -> requests.Session:
-        if not hasattr(local, "s"):
-            local.s = requests.Session()
-        return local.s
 
     def one(job: Job) -> RequestRecord:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
         if job.offset_s is None:
             scheduled = time.monotonic_ns()
         else:
@@ -131,23 +209,14 @@ def run_load(
             if delay > 0:
                 time.sleep(delay)
         before = counters() if counters else None
-        rec = mux.send_streaming(session(), base_url, api, job.spec, scheduled_ns=scheduled,
-                                 timeouts=timeouts, headers=headers)
-        if before is not None and counters is not None:
-            after = counters()
-            rec = replace(rec, proc=ProcDelta(cpu_s=after[0] - before[0],
-                                              major_faults=after[1] - before[1],
-                                              read_bytes=after[2] - before[2], shared=shared))
-        if on_record:
-            on_record(rec)
-        if progress:
-            progress.add(rec)
+        rec = send_streaming(local.s, base_url, api, job.spec, scheduled_ns=scheduled,
+                             timeouts=timeouts, headers=headers)
+        if before is not None:
+            rec = after(rec, before)
+        record(rec)
         return rec
 
-    # Caller threads send and wait; one selector loop reads and stamps every stream
-    # (a thread per stream pays ~3x the CPU per event and falls behind past ~100 streams).
-    with StreamMux(on_first_token) as mux, ThreadPoolExecutor(max_workers=concurrency,
-                                                thread_name_prefix="strata-load") as pool:
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="strata-load") as pool:
         records = tuple(pool.map(one, jobs))
     end_ns = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -156,7 +225,8 @@ def run_load(
                       self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)))
 
 
-def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> SelfCheck:
+def self_check(records: Sequence[RequestRecord], client_cpu_cores: float,
+               loop: LoopStats | None = None) -> SelfCheck:
     lateness = [max(0, r.dispatched_ns - r.scheduled_ns) / 1e6 for r in records]
     lags = [max(0, e.handled_ns - e.t_ns) / 1e6 for r in records for e in r.events if e.handled_ns]
     lived_ms = sum(max(0, (r.done_ns or r.dispatched_ns) - r.dispatched_ns) / 1e6
@@ -179,5 +249,34 @@ def self_check(records: Sequence[RequestRecord], client_cpu_cores: float) -> Sel
                        "events late)")
     if client_cpu_cores > CLIENT_CPU_CORES:
         reasons.append(f"client CPU {client_cpu_cores:.2f} cores > {CLIENT_CPU_CORES}")
-    return SelfCheck(client_cpu_cores, late_p99, lag_p99, bool(reasons), tuple(reasons),
-                     n_late, n_lag, late_share, lag_share)
+    sc = SelfCheck(client_cpu_cores, late_p99, lag_p99, False, (), n_late, n_lag,
+                   late_share, lag_share)
+    sends = [max(0, r.extra["sent_ns"] - r.scheduled_ns) / 1e6 for r in records
+             if isinstance(r.extra.get("sent_ns"), int)]
+    send_p99 = percentile(sends, 99) if sends else None
+    if send_p99 is not None:
+        sent_ms = sum(sends)
+        share = sent_ms / (sent_ms + lived_ms) if sent_ms else 0.0
+        if send_p99 > CLIENT_TIMING_ERROR_MS and share >= CLIENT_DELAY_SHARE:
+            n = sum(x > CLIENT_TIMING_ERROR_MS for x in sends)
+            reasons.append(f"send lag (scheduled -> bytes out) p99 {send_p99:.2f} ms > "
+                           f"{CLIENT_TIMING_ERROR_MS} ms, {share:.1%} of the requests' time "
+                           f"({n} of {len(sends)} requests)")
+    if loop is not None and (loop.lag_ns or loop.reads):
+        lag, lag_max, own = loop.lag_p99_ms(), loop.lag_max_ms(), loop.own_p99_ms()
+        backlog = loop.backlog_p99_bytes()
+        figures = (f"loop lag p99 {lag:.2f} ms (its own work {own:.2f} ms; max {lag_max:.1f} ms "
+                   f"over {len(loop.lag_ns)} probes), read backlog p99 {backlog} B (max "
+                   f"{loop.backlog_max} B over {loop.reads} reads)")
+        if own > CLIENT_TIMING_ERROR_MS:
+            reasons.append(f"stamps late: {figures}; the client promises "
+                           f"{CLIENT_TIMING_ERROR_MS} ms")
+        elif backlog > CLIENT_READ_BACKLOG_BYTES:
+            reasons.append(f"reads behind: {figures}; more than "
+                           f"{CLIENT_READ_BACKLOG_BYTES} B waiting at a read")
+        sc = replace(sc, timing_error_bound_ms=lag, loop_lag_p99_ms=lag,
+                     loop_lag_max_ms=lag_max, loop_own_lag_p99_ms=own,
+                     read_backlog_p99_bytes=backlog,
+                     read_backlog_max_bytes=loop.backlog_max)
+    return replace(sc, send_lag_p99_ms=send_p99, client_bound=bool(reasons),
+                   reasons=tuple(reasons))

@@ -429,6 +429,9 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
                 + (f" ({md_num(100 * sc['dispatch_delay_share'])}% of the requests' time)"
                    if sc.get("dispatch_delay_share") is not None else "")
                 + f", client CPU {md_num(sc.get('client_cpu_cores'))} cores"
+                + (f", timing error bound (loop lag p99) {md_num(sc['timing_error_bound_ms'])} ms"
+                   f", read backlog p99 {sc.get('read_backlog_p99_bytes')} B"
+                   if sc.get("timing_error_bound_ms") is not None else "")
                 + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )

@@ -1,11 +1,12 @@
 """Spread streams over worker processes so stamping keeps up at high concurrency.
 
 One Python process stamps every event under one GIL. Each worker process
-(:mod:`strata_plugin.testing.stream_worker`) runs its share of the streams with a
-:class:`StreamMux` (one loop thread reads every body; a thread per in-flight
-request only sends it and waits for the headers) and sends its RequestRecords
-back through a socketpair as they complete. ``CLOCK_MONOTONIC`` is shared by
-all processes, so the stamps of every worker sit on one timeline.
+(:mod:`strata_plugin.testing.stream_worker`) runs its share of the streams on
+one :class:`StreamMux` loop (which sends every request and reads every body; no
+thread per request) and sends its RequestRecords back through a socketpair as
+they complete, then its loop's lag and backlog samples (``loop_stats``).
+``CLOCK_MONOTONIC`` is shared by all processes, so the stamps of every worker
+sit on one timeline.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from strata_plugin.formats.records import RequestError, RequestRecord
+from strata_plugin.load.client.loopstats import LoopStats
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 Job = tuple[RequestSpec, int]  # (spec, scheduled_ns); scheduled_ns <= 0: as soon as a slot frees
@@ -73,6 +75,8 @@ class ShardedStreamRunner:
             raise ValueError("processes must be >= 1")
         self.processes = processes
         self._workers: list[tuple[subprocess.Popen[bytes], Connection]] = []
+        #: The workers' loop lag and read backlog during the last ``run``, merged.
+        self.loop_stats = LoopStats()
 
     def __enter__(self) -> ShardedStreamRunner:
         env = dict(os.environ)
@@ -141,6 +145,7 @@ class ShardedStreamRunner:
         n = min(len(self._workers), max(1, concurrency))
         shares = [concurrency // n + (1 if w < concurrency % n else 0) for w in range(n)]
         hdrs = dict(headers or {})
+        self.loop_stats = LoopStats()
         live: dict[Connection, list[int]] = {}
         for w in range(n):
             _, conn = self._workers[w]
@@ -161,6 +166,9 @@ class ShardedStreamRunner:
                     continue
                 if msg == "done":
                     del live[conn]
+                    continue
+                if isinstance(msg, tuple) and msg[0] == "stats":
+                    self.loop_stats = self.loop_stats.merged(msg[1])
                     continue
                 for local_i, rec in msg:
                     out[idx[local_i]] = rec

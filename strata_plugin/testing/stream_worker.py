@@ -1,10 +1,11 @@
-"""A pool worker process: runs batches of streams with a StreamMux, sends records back.
+"""A pool worker process: runs batches of streams on one StreamMux loop, sends records back.
 
 Started by :class:`strata_plugin.testing.stream_pool.ShardedStreamRunner` as
 ``python -m strata_plugin.testing.stream_worker FD`` (a plain subprocess, so the
 parent's ``__main__`` is never re-imported and no threaded parent is forked).
 FD is its end of a socketpair carrying pickled messages: a batch in, lists of
-``(index, RequestRecord)`` out as they finish, then ``"done"``; ``None`` stops it.
+``(index, RequestRecord)`` out as they finish, then ``("stats", LoopStats)`` and
+``"done"``; ``None`` stops it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from typing import Any
 import requests
 
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.mux import StreamMux
+from strata_plugin.load.client.send import send_streaming
+from strata_plugin.load.client.slots import run_slots
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 #: How often a worker sends its finished records back.
@@ -31,9 +35,8 @@ Job = tuple[RequestSpec, int]
 def serve(conn: Connection) -> None:
     """Run each batch the parent sends until it sends None or goes away."""
     # Keep the collector off the imports; records leave every FLUSH_S, so the
-    # heap it scans stays small. Shorter GIL slices: when request threads are
-    # busy (sending, building records), the reading loop gets the GIL back
-    # within 0.5 ms instead of 5.
+    # heap it scans stays small. Shorter GIL slices: while this thread pickles
+    # and ships a batch, the loop gets the GIL back within 0.5 ms instead of 5.
     gc.freeze()
     sys.setswitchinterval(0.0005)
     with StreamMux() as mux:
@@ -57,48 +60,34 @@ def run_batch(
     timeouts: Timeouts,
     headers: dict[str, str],
 ) -> None:
-    """``slots`` threads take jobs in order; each sends when its job's time has come."""
+    """``slots`` requests in flight, in order, each sent when its time has come.
+
+    The mux's loop sends and reads them all (``run_slots``); this thread only
+    ships the finished records back every FLUSH_S, then the loop's own lag and
+    backlog samples, then ``"done"``.
+    """
     lock = threading.Lock()
-    cursor = iter(enumerate(jobs))
     finished: list[tuple[int, RequestRecord]] = []
 
-    def slot() -> None:
-        with requests.Session() as session:
-            while True:
-                with lock:
-                    item = next(cursor, None)
-                if item is None:
-                    return
-                i, (spec, scheduled) = item
-                if scheduled <= 0:
-                    scheduled = time.monotonic_ns()
-                else:
-                    delay = (scheduled - time.monotonic_ns()) / 1e9
-                    if delay > 0:
-                        time.sleep(delay)
-                rec = mux.send_streaming(
-                    session,
-                    base_url,
-                    api,
-                    spec,
-                    scheduled_ns=scheduled,
-                    timeouts=timeouts,
-                    headers=headers,
-                )
-                with lock:
-                    finished.append((i, rec))
+    def on_record(i: int, rec: RequestRecord) -> None:
+        with lock:
+            finished.append((i, rec))
 
-    threads = [
-        threading.Thread(target=slot, name=f"strata-slot-{k}", daemon=True)
-        for k in range(max(1, slots))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(FLUSH_S)
-            _flush(conn, lock, finished)
+    with requests.Session() as session:
+        if not mux.handles(base_url, session):
+            for i, (spec, scheduled) in enumerate(jobs):  # HTTPS: one by one, in this thread
+                at = scheduled if scheduled > 0 else time.monotonic_ns()
+                on_record(i, send_streaming(session, base_url, api, spec, scheduled_ns=at,
+                                            timeouts=timeouts, headers=headers))
+                _flush(conn, lock, finished)
+        else:
+            work = [(Attempt(session, base_url, api, spec, 0, timeouts, headers),
+                     scheduled if scheduled > 0 else None) for spec, scheduled in jobs]
+            mux.take_stats()
+            run_slots(mux, work, slots, on_record=on_record, tick_s=FLUSH_S,
+                      on_tick=lambda: _flush(conn, lock, finished))
     _flush(conn, lock, finished)
+    conn.send(("stats", mux.take_stats()))
     conn.send("done")
 
 

@@ -69,6 +69,7 @@ class Attempt:
         self.t = timeouts
         self.core = StreamCore(f.parser(), timeouts.max_event_bytes)
         self.dispatched_ns = 0
+        self.sent_ns: int | None = None  # the request's last byte left (the loop knows)
         self.deadline_ns: int | None = None
         self.first_byte_ns: int | None = None
         self.http_status: int | None = None
@@ -109,6 +110,8 @@ class Attempt:
         extra = dict(p.extra)
         extra["n_sse_events"] = p.n_events
         extra["n_bytes"] = core.n_bytes
+        if self.sent_ns is not None:
+            extra["sent_ns"] = self.sent_ns
         if core.first_ns is not None:
             extra["first_body_ns"] = core.first_ns
         if self.http_status is not None:

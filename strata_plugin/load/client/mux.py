@@ -1,130 +1,200 @@
-"""Many streams, one reader thread: a selector loop over every response body.
+"""Many streams, one thread: a non-blocking loop that sends every request and reads every body.
 
-With a thread per stream, every event wakes a thread and passes the GIL
-around; at a few hundred streams that costs ~100 us of CPU per event and the
-GIL queue shows up as client lateness. Here the caller's thread only sends
-the request and waits for the headers (with requests, as in
-:func:`send_streaming`), then hands the socket to one loop thread that
-``recv``s whatever is available from every ready socket, stamps it, undoes
-the chunked framing and feeds the same :class:`StreamCore`. The caller's
-thread sleeps until its stream ends, so it wakes twice per request, not once
-per event.
+A thread per request (even one that only sends and waits for headers) competes
+for the GIL with the thread that reads: at a few hundred streams, opening new
+streams while others stream made the reads late by tens of ms. Here one loop
+does everything: each request is prepared by ``requests`` (the same headers,
+body and auth as ``Session.send``), and the loop connects a non-blocking
+socket, writes the request's bytes, reads the head and the body of every
+stream as its socket becomes readable, stamps each read when it returns, undoes
+the chunked framing and feeds the same :class:`StreamCore` (sseclient parses
+the events). Every wait is a timer on one heap, so a stalled server is a
+recorded timeout, never a hang.
 
-Plain-HTTP bodies that are chunked or close-delimited are multiplexed; TLS
-and Content-Length bodies are read in the caller's thread as before.
+Callers either ``submit`` (the callback runs in the loop thread; what the load
+generator and the pool workers do: no thread per request) or call
+``send_streaming`` from any thread, which submits and sleeps until its record
+is made. HTTPS and proxied URLs are sent by ``requests`` in the caller's thread
+instead (:func:`strata_plugin.load.client.send.send_streaming`).
+
+The loop also watches itself (:mod:`strata_plugin.load.client.loopstats`): how
+late a periodic timer fires, and how many bytes wait in a socket when it is
+read; ``take_stats`` hands these to the client self-check.
+
+Keep-alive: a connection whose response ended cleanly, with neither side
+asking to close, goes back to an idle pool per host and port. A pooled
+connection is checked before reuse (a server's idle close has usually arrived
+as EOF), and a request whose reused connection closes before any response byte
+is sent again once on a fresh connection, so an idle close never fails a request.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import fcntl
 import heapq
 import itertools
+import os
 import selectors
 import socket
-import ssl
+import termios
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import requests
 
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
-from strata_plugin.load.client.core import StreamCore
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, READ_SIZE, socket_of
-from strata_plugin.load.client.send import read_here
+from strata_plugin.load.client.http1 import HeadError, Target, parse_head, request_bytes, target_of
+from strata_plugin.load.client.loopstats import PROBE_S, LoopProbe, LoopStats
+from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, READ_SIZE
+from strata_plugin.load.client.send import send_streaming as send_in_thread
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 _NS = 1_000_000_000
+_PROBE_NS = int(PROBE_S * _NS)
+_ERROR_BODY_BYTES = 64 * 1024
+_ERROR_BODY_NS = 5 * _NS
+_FIONREAD = termios.FIONREAD  # == SIOCINQ on a TCP socket
+_ZERO4 = bytes(4)
+_BACKLOG_EVERY = 7  # bytes waiting are asked for at one read in 8
+
+_WAIT, _CONNECT, _SEND, _HEAD, _BODY, _ERRBODY = range(6)
+
+Done = Callable[[RequestRecord], None]
 
 
-class _Body:
-    """One response body while the loop owns its socket."""
+class _Probe:
+    """The heap entry of the loop's lag probe."""
+
+    __slots__ = ()
+
+
+_PROBE = _Probe()
+
+
+class _Req:
+    """One request while the loop owns it."""
 
     __slots__ = (
-        "attempt",
-        "core",
-        "deadline_ns",
+        "a",
+        "addr",
+        "at_ns",
         "decoder",
         "drain_until",
         "drained",
-        "error",
-        "finished",
+        "err_body",
+        "err_until",
+        "head",
+        "head_ns",
+        "heap_due",
+        "inbuf",
+        "keep_alive",
         "last_ns",
+        "left",
+        "on_done",
+        "on_start",
+        "out",
         "over",
-        "pre",
+        "phase",
         "read_ns",
-        "record",
-        "resp",
+        "retried",
         "reusable",
+        "reused",
         "sock",
-        "timeout0",
+        "target",
+        "wire",
     )
 
     def __init__(
         self,
-        sock: socket.socket,
-        core: StreamCore,
-        decoder: ChunkedDecoder | None,
-        read_s: float,
-        deadline_ns: int | None,
-        pre: tuple[bytes, int],
+        a: Attempt,
+        target: Target,
+        addr: tuple,
+        on_done: Done,
+        on_start: Callable[[], None] | None,
+        at_ns: int | None,
+        keep_alive: bool,
     ) -> None:
-        self.sock = sock
-        self.core = core
-        self.decoder = decoder
-        self.read_ns = int(read_s * _NS)
-        self.deadline_ns = deadline_ns
-        self.pre = pre
-        self.last_ns = pre[1]
+        self.a = a
+        self.target = target
+        self.addr = addr
+        self.wire = request_bytes(a.prep, target)
+        self.on_done = on_done
+        self.on_start = on_start
+        self.at_ns = at_ns
+        self.keep_alive = keep_alive
+        self.phase = _WAIT
+        self.sock: socket.socket | None = None
+        self.out = memoryview(b"")
+        self.inbuf = b""
+        self.head = None
+        self.decoder: ChunkedDecoder | None = None
+        self.left: int | None = None  # Content-Length bytes still to come
+        self.read_ns = int(a.t.read_s * _NS)
+        t = a.t
+        self.head_ns = int((t.read_s if t.total_s is None else min(t.read_s, t.total_s)) * _NS)
+        self.last_ns = 0
         self.drain_until: int | None = None
         self.drained = 0
-        self.timeout0: float | None = None
-        self.error: StreamError | None = None
+        self.err_body: list[bytes] = []
+        self.err_until = 0
+        self.reused = False
+        self.retried = False
         self.reusable = False
-        self.over = False  # the loop is done with it (finished is set a little later)
-        self.finished = threading.Event()
-        self.attempt: Attempt | None = None
-        self.resp: requests.Response | None = None
-        self.record: RequestRecord | None = None  # made by the loop as the stream ends
+        self.over = False
+        self.heap_due = 0
 
     def due(self) -> int:
+        """When this request's current wait runs out."""
+        ph = self.phase
+        if ph == _WAIT:
+            return self.at_ns or 0
+        if ph == _CONNECT:
+            return self.a.dispatched_ns + int(self.a.t.connect_s * _NS)
+        if ph == _ERRBODY:
+            return self.err_until
+        if ph in (_SEND, _HEAD):
+            return self.last_ns + self.head_ns
         due = self.last_ns + self.read_ns
-        if self.deadline_ns is not None and self.drain_until is None:
-            due = min(due, self.deadline_ns)
         if self.drain_until is not None:
-            due = min(due, self.drain_until)
-        return due
+            return min(due, self.drain_until)
+        dl = self.a.deadline_ns
+        return due if dl is None else min(due, dl)
 
 
 class StreamMux:
-    """A reader thread for many concurrent streams; use as a context manager.
+    """The loop thread for many concurrent streams; use as a context manager.
 
     ``send_streaming`` has the signature and the guarantees of the module-level
     :func:`strata_plugin.load.client.send_streaming` and may be called from any
-    number of threads at once.
+    number of threads at once; ``submit`` is its callback form.
     """
 
-    def __init__(self, on_first_token: Callable[[str, int], None] | None = None) -> None:
-        #: Called with (request id, arrival ns) when a stream's first token arrives, from
-        #: whichever thread reads it (this loop, or the caller's for a stream read in
-        #: place): lets a caller act on the load's state (an injection placed in
-        #: steady-state decode) while it runs. It must be quick and must not raise.
-        self.on_first_token = on_first_token
+    def __init__(self) -> None:
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._incoming: collections.deque[_Body] = collections.deque()
-        self._heap: list[tuple[int, int, _Body]] = []
+        self._incoming: collections.deque[_Req] = collections.deque()
+        self._heap: list[tuple[int, int, _Req | _Probe]] = []
         self._seq = itertools.count()
         self._closing = False
-        self._lock = threading.Lock()  # orders "closing" against handing a body in
-        self._ended: list[_Body] = []  # over, their callers not woken yet
+        self._lock = threading.Lock()  # orders "closing" against handing a request in
+        self._ended: list[tuple[_Req, RequestRecord]] = []  # their callbacks not run yet
+        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+        self._addrs: dict[tuple[str, int], tuple] = {}
+        self._live = 0  # requests the loop owns
+        self._t_enter = self._t_ret = 0  # the last select call and its return
+        self._cpu_ret = 0  # the loop thread's CPU time when select returned (probe rounds)
+        self._nread = 0
+        self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
+        self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
     def __enter__(self) -> StreamMux:
@@ -135,15 +205,67 @@ class StreamMux:
         self.close()
 
     def close(self) -> None:
-        """Stop the loop; streams still open end with a ``client`` error."""
+        """Stop the loop; requests still open end with a ``client`` error."""
         with self._lock:
             self._closing = True
         self._wake()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
         self._wake_r.close()
         self._wake_w.close()
         self._sel.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def take_stats(self) -> LoopStats:
+        """The loop's lag and read-backlog samples since the last call (any thread)."""
+        return self.probe.take()
+
+    # --- callers ---------------------------------------------------------
+
+    def handles(self, base_url: str, session: requests.Session | None = None) -> bool:
+        """Can the loop send to this URL itself (plain HTTP, no proxy)?"""
+        t = target_of(base_url)
+        if t.scheme != "http" or not t.host:
+            return False
+        s = session or requests.Session()
+        proxies = s.merge_environment_settings(base_url, {}, None, None, None)["proxies"]
+        return not any(proxies.get(k) for k in ("http", "all", f"http://{t.host}"))
+
+    def submit(
+        self,
+        a: Attempt,
+        on_done: Done,
+        *,
+        at_ns: int | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> bool:
+        """Send ``a`` from the loop (at ``at_ns``, or now) and call ``on_done(record)``
+        in the loop thread when it ends; True. The URL must be one the loop ``handles``.
+
+        False (``on_done`` is never called, ``a.error`` is set, ``a.record()`` is the
+        record) when the loop is closed or the host does not resolve.
+        """
+        target = target_of(a.prep.url or "")
+        keep = "close" not in str(a.prep.headers.get("Connection", "")).lower()
+        try:
+            addr = self._resolve(target)
+        except OSError as e:
+            a.error = StreamError("connect", f"could not connect: {e}")
+            return False
+        r = _Req(a, target, addr, on_done, on_start, at_ns, keep)
+        with self._lock:
+            closed = self._closing
+            if not closed:
+                self._incoming.append(r)
+        if closed:
+            a.error = StreamError("client", "the stream multiplexer was closed")
+            return False
+        if threading.current_thread() is not self._thread:
+            self._wake()
+        return True
 
     def send_streaming(
         self,
@@ -156,46 +278,42 @@ class StreamMux:
         timeouts: Timeouts = Timeouts(),
         headers: Mapping[str, str] | None = None,
     ) -> RequestRecord:
+        if not self.handles(base_url, session):
+            return send_in_thread(session, base_url, api, spec, scheduled_ns=scheduled_ns,
+                                  timeouts=timeouts, headers=headers)
         a = Attempt(session, base_url, api, spec, scheduled_ns, timeouts, headers)
-        if self.on_first_token is not None:
-            cb, rid = self.on_first_token, spec.request_id
-            a.core.on_first_token = lambda t_ns: cb(rid, t_ns)
-        resp = a.open()
-        if resp is None:
-            return a.record()
-        if self._closing or not self._thread.is_alive():
-            read_here(a, resp)
-            return a.record()
-        body = _attach(resp, a)
-        if body is None:
-            read_here(a, resp)
-            return a.record()
-        with self._lock:
-            closed = self._closing
-            if not closed:
-                self._incoming.append(body)
-        if closed:
-            body.error = StreamError("client", "the stream multiplexer was closed")
-        else:
-            self._wake()
-            # The loop always finishes a body, even when it dies of a bug
-            # (_loop); the liveness check is a second guard against a hang.
-            while not body.finished.wait(1.0):
-                if not self._thread.is_alive():
-                    body.error = StreamError("client", "the stream multiplexer stopped")
-                    break
-            if body.record is not None:
-                return body.record
-        if body.error is not None:
-            a.error = body.error
-        _hand_back(resp, body)
-        return a.record()
+        box: list[RequestRecord] = []
+        done = threading.Event()
 
-    # --- the loop thread ---------------------------------------------------
+        def on_done(rec: RequestRecord) -> None:
+            box.append(rec)
+            done.set()
+
+        if not self.submit(a, on_done):
+            return a.record()
+        # The loop always finishes a request, even when it dies of a bug (_loop);
+        # the liveness check is a second guard against a hang.
+        while not done.wait(1.0):
+            if not self._thread.is_alive():
+                a.error = StreamError("client", "the stream multiplexer stopped")
+                return a.record()
+        return box[0]
+
+    def _resolve(self, t: Target) -> tuple:
+        """The address to connect to, resolved once per host in the caller's thread
+        (getaddrinfo blocks, so the loop never calls it)."""
+        key = (t.host, t.port)
+        addr = self._addrs.get(key)
+        if addr is None:
+            fam, _, _, _, sa = socket.getaddrinfo(t.host, t.port, type=socket.SOCK_STREAM)[0]
+            addr = self._addrs[key] = (fam, sa)
+        return addr
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # full (a wake is pending) or closed
             self._wake_w.send(b"w")
+
+    # --- the loop thread ---------------------------------------------------
 
     def _loop(self) -> None:
         try:
@@ -205,208 +323,443 @@ class StreamMux:
                 self._closing = True
             self._shut(f"the stream multiplexer failed: {type(e).__name__}: {e}")
             raise
+        finally:
+            for socks in self._idle.values():
+                for s in socks:
+                    s.close()
+            self._idle.clear()
 
     def _run(self) -> None:
         sel = self._sel
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         heap = self._heap
+        mono, cpu = time.monotonic_ns, time.thread_time_ns
         while True:
-            timeout = None
-            if heap:
-                timeout = max(0.0, (heap[0][0] - time.monotonic_ns()) / _NS)
+            timeout = max(0.0, (heap[0][0] - mono()) / _NS) if heap else None
             # Read and stamp every ready socket first, then parse: a stamp is
             # not delayed by the parsing of the sockets read before it.
             reads, admit = [], False
-            for key, _ in sel.select(timeout):
-                body = key.data
-                if body is None:
+            self._t_enter = mono()
+            ready = sel.select(timeout)
+            self._t_ret = mono()
+            if 0 < self._probe_due <= self._t_ret:  # the probe is handled this round
+                self._cpu_ret = cpu()
+            for key, mask in ready:
+                r = key.data
+                if r is None:
                     admit = True
+                elif mask & selectors.EVENT_WRITE:
+                    self._writable(r)
                 else:
-                    data = self._recv(body)
+                    data = self._recv(r)
                     if data is not None:
-                        reads.append((body, data, time.monotonic_ns()))
-            for body, data, t in reads:
-                self._take(body, data, t)
-            if admit:
-                self._admit()
-            if heap and heap[0][0] <= time.monotonic_ns():
+                        reads.append((r, data, mono()))
+            for r, data, t in reads:
+                self._take(r, data, t)
+            if heap and heap[0][0] <= mono():
                 self._expire()
             self._wake_callers()
+            if admit or self._incoming:
+                self._admit(admit)
             if self._closing:
                 self._shut("the stream multiplexer was closed")
                 return
 
-    def _admit(self) -> None:
-        with contextlib.suppress(OSError):
-            while self._wake_r.recv(4096):
-                pass
+    def _admit(self, drain_wake: bool) -> None:
+        if drain_wake:
+            with contextlib.suppress(OSError):
+                while self._wake_r.recv(4096):
+                    pass
+        if self._incoming and not self._probe_due:
+            self._arm_probe(time.monotonic_ns())
         while self._incoming:
-            body = self._incoming.popleft()
-            data, t = body.pre
-            if data:
-                self._take(body, data, t)
-            if body.over:
-                continue
-            try:
-                self._sel.register(body.sock, selectors.EVENT_READ, body)
-            except (OSError, ValueError) as e:
-                self._finish(body, StreamError("client", f"cannot watch the socket: {e}"))
-                continue
-            heapq.heappush(self._heap, (body.due(), next(self._seq), body))
+            r = self._incoming.popleft()
+            self._live += 1
+            if r.at_ns is not None and r.at_ns > time.monotonic_ns():
+                self._arm(r)
+            else:
+                self._dispatch(r)
+        self._wake_callers()
 
-    def _recv(self, body: _Body) -> bytes | None:
-        """What one ``recv`` got (b"" at EOF), or None if nothing or the stream ended."""
+    def _arm_probe(self, now: int) -> None:
+        """The lag probe runs while requests are in flight (an idle loop costs nothing)."""
+        self._probe_due = now + _PROBE_NS
+        heapq.heappush(self._heap, (self._probe_due, next(self._seq), _PROBE))
+
+    def _arm(self, r: _Req) -> None:
+        """Make sure a heap entry fires no later than ``r``'s current due time."""
+        due = r.due()
+        if r.heap_due and r.heap_due <= due:
+            return
+        r.heap_due = due
+        heapq.heappush(self._heap, (due, next(self._seq), r))
+
+    def _dispatch(self, r: _Req) -> None:
+        a = r.a
+        if r.on_start is not None:
+            try:
+                r.on_start()
+            except Exception as e:  # the caller's hook must not stop the loop
+                self._finish(r, StreamError("client", f"on_start: {type(e).__name__}: {e}"))
+                return
+        now = time.monotonic_ns()
+        a.dispatched_ns = now
+        if a.t.total_s is not None:
+            a.deadline_ns = now + int(a.t.total_s * _NS)
+        self._connect(r, now)
+
+    def _connect(self, r: _Req, now: int) -> None:
+        """Take a pooled connection (checked) or start a non-blocking connect."""
+        r.out = memoryview(r.wire)
+        r.last_ns = now
+        pool = self._idle.get((r.target.host, r.target.port))
+        while r.keep_alive and pool:
+            s = pool.pop()
+            if _alive(s):
+                r.sock, r.reused = s, True
+                self._send(r, now)
+                return
+            s.close()
+        fam, sa = r.addr
         try:
-            return body.sock.recv(READ_SIZE)
+            s = socket.socket(fam, socket.SOCK_STREAM)
+        except OSError as e:
+            self._finish(r, StreamError("client", f"cannot open a socket: {e}"))
+            return
+        r.sock, r.reused = s, False
+        s.setblocking(False)
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rc = s.connect_ex(sa)
+        if rc == 0:
+            self._send(r, now)
+        elif rc in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+            r.phase = _CONNECT
+            self._watch(r, selectors.EVENT_WRITE)
+            self._arm(r)
+        else:
+            self._finish(r, _connect_error(rc))
+
+    def _watch(self, r: _Req, mask: int) -> None:
+        sock = r.sock
+        assert sock is not None
+        try:
+            self._sel.modify(sock, mask, r)
+        except KeyError:
+            self._sel.register(sock, mask, r)
+
+    def _writable(self, r: _Req) -> None:
+        if r.over:
+            return
+        if r.phase == _CONNECT:
+            assert r.sock is not None
+            rc = r.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if rc:
+                self._finish(r, _connect_error(rc))
+                return
+        self._send(r, time.monotonic_ns())
+
+    def _send(self, r: _Req, now: int) -> None:
+        """Write what is left of the request; once all of it left, wait for the head."""
+        sock = r.sock
+        assert sock is not None
+        r.phase = _SEND
+        try:
+            n = sock.send(r.out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as e:
+            self._lost_before_response(r, e)
+            return
+        r.out = r.out[n:]
+        now = time.monotonic_ns()
+        if len(r.out):
+            if n:
+                r.last_ns = now
+            self._watch(r, selectors.EVENT_WRITE)
+            self._arm(r)
+            return
+        r.a.sent_ns = now
+        r.last_ns = now
+        r.phase = _HEAD
+        self._watch(r, selectors.EVENT_READ)
+        self._arm(r)
+
+    def _lost_before_response(self, r: _Req, e: BaseException | None) -> None:
+        """The connection closed before any response byte: on a reused connection
+        (a server's idle close racing our send) send once more on a fresh one."""
+        why = "EOF" if e is None else f"{type(e).__name__}: {e}"
+        if r.reused and not r.retried:
+            r.retried = True
+            self._drop_sock(r)
+            self._connect(r, time.monotonic_ns())
+            return
+        self._finish(r, StreamError("reset", f"connection closed before a response: {why}"))
+
+    def _recv(self, r: _Req) -> bytes | None:
+        """What one ``recv`` got (b"" at EOF), or None if nothing or the request ended."""
+        sock = r.sock
+        if r.over or sock is None:
+            return None
+        try:
+            self._nread += 1
+            if not self._nread & _BACKLOG_EVERY:  # a syscall: costs 1-9 us, so a sample
+                waiting = int.from_bytes(fcntl.ioctl(sock.fileno(), _FIONREAD, _ZERO4), "little")
+                self.probe.backlog(waiting)
+            return sock.recv(READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as e:
-            if body.core.done:
-                self._finish(body, None)
+            if r.phase in (_SEND, _HEAD) and not r.inbuf:
+                self._lost_before_response(r, e)
+            elif r.phase == _BODY and r.a.core.done:
+                self._finish(r, None)
+            elif r.phase == _ERRBODY:
+                self._finish(r, self._status_error(r))
             else:
                 msg = f"connection error mid-stream: {type(e).__name__}: {e}"
-                self._finish(body, StreamError("reset", msg))
+                self._finish(r, StreamError("reset", msg))
             return None
 
-    def _take(self, body: _Body, data: bytes, now: int) -> None:
+    def _take(self, r: _Req, data: bytes, now: int) -> None:
         """Bytes (or EOF, when empty) that arrived at ``now``."""
-        if body.over:
+        if r.over:
             return
-        core, dec = body.core, body.decoder
         try:
-            if not data:
-                if dec is not None and not dec.complete and not core.done:
-                    raise StreamError("reset", "connection closed before the body's last chunk")
-                if dec is None:
-                    core.end_of_body(now)
-                self._finish(body, None)
-                return
-            chunk = dec.feed(data) if dec is not None else data
-            body.last_ns = now
-            if core.done:
-                body.drained += len(chunk)
-            if chunk:
-                core.feed(chunk, now)
-            if dec is not None and dec.complete:
-                core.end_of_body(now)
-                body.reusable = dec.extra == 0
-                self._finish(body, None)
-            elif core.done:
-                if dec is None or body.drained > DRAIN_BYTES:
-                    self._finish(body, None)  # nothing to reuse, or a long tail: stop here
-                elif body.drain_until is None:
-                    body.drain_until = now + int(DRAIN_S * _NS)
+            if r.phase == _HEAD:
+                self._take_head(r, data, now)
+            elif r.phase == _BODY:
+                self._take_body(r, data, now)
+            elif r.phase == _ERRBODY:
+                self._take_error_body(r, data)
         except ChunkError as e:
-            self._finish(body, StreamError("reset", f"broken chunked framing: {e}"))
+            self._finish(r, StreamError("reset", f"broken chunked framing: {e}"))
         except StreamError as e:
-            self._finish(body, e)
+            self._finish(r, e)
         except Exception as e:  # a client bug must still come back as a record
-            self._finish(body, StreamError("client", f"{type(e).__name__}: {e}"))
+            self._finish(r, StreamError("client", f"{type(e).__name__}: {e}"))
+
+    def _take_head(self, r: _Req, data: bytes, now: int) -> None:
+        if not data:
+            if not r.inbuf:
+                self._lost_before_response(r, None)
+            else:
+                raise StreamError("reset", "connection closed inside the response head")
+            return
+        r.last_ns = now
+        r.inbuf += data
+        try:
+            head, used = parse_head(r.inbuf)
+        except HeadError as e:
+            raise StreamError("reset", f"malformed response: {e}") from None
+        if head is None:
+            return
+        a = r.a
+        rest, r.inbuf = r.inbuf[used:], b""
+        r.head = head
+        a.first_byte_ns = now
+        a.http_status = head.status
+        r.keep_alive = r.keep_alive and head.keep_alive
+        if head.framing == "chunked":
+            r.decoder = ChunkedDecoder()
+        elif head.framing == "length":
+            r.left = head.length
+        if not 200 <= head.status < 300:
+            r.phase = _ERRBODY
+            r.err_until = now + _ERROR_BODY_NS
+            self._arm(r)
+            self._take_error_body(r, rest)
+            return
+        enc = head.headers.get("content-encoding", "identity").lower()
+        if enc != "identity":
+            raise StreamError("client", f"a compressed stream (Content-Encoding: {enc})")
+        r.phase = _BODY
+        self._arm(r)
+        if rest or r.left == 0:
+            self._take_body(r, rest, now, eof=False)
+
+    def _take_body(self, r: _Req, data: bytes, now: int, eof: bool = True) -> None:
+        core, dec = r.a.core, r.decoder
+        if not data and eof:
+            if dec is not None and not dec.complete and not core.done:
+                raise StreamError("reset", "connection closed before the body's last chunk")
+            if r.left is not None and r.left > 0 and not core.done:
+                raise StreamError("reset", "connection closed before the end of the body")
+            core.end_of_body(now)
+            self._finish(r, None)
+            return
+        r.last_ns = now
+        extra = 0
+        if dec is not None:
+            chunk = dec.feed(data)
+            complete = dec.complete
+            extra = dec.extra
+        elif r.left is not None:
+            chunk = data[: r.left]
+            extra = len(data) - len(chunk)
+            r.left -= len(chunk)
+            complete = r.left == 0
+        else:
+            chunk, complete = data, False
+        if core.done:
+            r.drained += len(chunk)
+        if chunk:
+            core.feed(chunk, now)
+        if complete:
+            core.end_of_body(now)
+            r.reusable = extra == 0
+            self._finish(r, None)
+        elif core.done:
+            if (r.decoder is None and r.left is None) or r.drained > DRAIN_BYTES:
+                self._finish(r, None)  # nothing to reuse, or a long tail: stop here
+            elif r.drain_until is None:
+                r.drain_until = now + int(DRAIN_S * _NS)
+                self._arm(r)
+
+    def _take_error_body(self, r: _Req, data: bytes) -> None:
+        """Keep the start of a non-2xx body for the error message."""
+        n = sum(len(b) for b in r.err_body)
+        if not data:
+            self._finish(r, self._status_error(r))
+            return
+        dec = r.decoder
+        try:
+            body = dec.feed(data) if dec is not None else data
+        except ChunkError:
+            body, dec = data, None
+        if r.left is not None:
+            body = body[: r.left]
+            r.left -= len(body)
+        r.err_body.append(body[: _ERROR_BODY_BYTES - n])
+        n += len(body)
+        if n >= _ERROR_BODY_BYTES or (dec is not None and dec.complete) or r.left == 0:
+            self._finish(r, self._status_error(r))
+
+    def _status_error(self, r: _Req) -> StreamError:
+        status = r.a.http_status or 0
+        text = b"".join(r.err_body).decode("utf-8", "replace")[:500]
+        return StreamError("http_status", f"HTTP {status}: {text}", http_status=status)
 
     def _expire(self) -> None:
         heap, now = self._heap, time.monotonic_ns()
         while heap and heap[0][0] <= now:
-            _, _, body = heapq.heappop(heap)
-            if body.over:
+            due, _, r = heapq.heappop(heap)
+            if isinstance(r, _Probe):
+                # The part of the lateness the loop's own work caused: its CPU time
+                # since select returned, plus the time it was already busy when the
+                # probe fell due. Not the host's late wake-up from select, nor the
+                # loop's preemption by other tenants while it worked. (Fell due
+                # while this round's reads were handled: all of it is own work.)
+                if due <= self._t_ret:
+                    own = time.thread_time_ns() - self._cpu_ret + max(0, self._t_enter - due)
+                else:
+                    own = now - due
+                self.probe.sample(now - due, min(now - due, own))
+                self._probe_due = 0
+                if self._live:
+                    self._arm_probe(now)
                 continue
-            due = body.due()
-            if due > now:
-                heapq.heappush(heap, (due, next(self._seq), body))
-            elif body.core.done:
-                self._finish(body, None)  # the tail after the terminal event never came
-            elif body.deadline_ns is not None and now >= body.deadline_ns:
-                self._finish(body, StreamError("timeout", "the request ran past total_s"))
-            else:
-                secs = body.read_ns / _NS
-                self._finish(body, StreamError("timeout", f"no data for read_s={secs:g} s"))
+            if r.over or due != r.heap_due:
+                continue  # finished, or superseded by an earlier entry
+            r.heap_due = 0
+            new = r.due()
+            if new > now:
+                self._arm(r)
+                continue
+            self._timeout(r, now)
 
-    def _finish(self, body: _Body, error: StreamError | None) -> None:
-        if body.over:
+    def _timeout(self, r: _Req, now: int) -> None:
+        ph, a = r.phase, r.a
+        if ph == _WAIT:
+            self._dispatch(r)
+        elif ph == _CONNECT:
+            self._finish(r, StreamError("timeout", f"connect timed out after {a.t.connect_s:g} s"))
+        elif ph in (_SEND, _HEAD):
+            self._finish(r, StreamError("timeout", "no response headers within the read timeout"))
+        elif ph == _ERRBODY:
+            self._finish(r, self._status_error(r))
+        elif a.core.done:
+            self._finish(r, None)  # the tail after the terminal event never came
+        elif a.deadline_ns is not None and now >= a.deadline_ns:
+            self._finish(r, StreamError("timeout", "the request ran past total_s"))
+        else:
+            self._finish(r, StreamError("timeout", f"no data for read_s={a.t.read_s:g} s"))
+
+    def _drop_sock(self, r: _Req) -> None:
+        sock, r.sock = r.sock, None
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(sock)
+            sock.close()
+
+    def _finish(self, r: _Req, error: StreamError | None) -> None:
+        if r.over:
             return
-        body.over = True
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self._sel.unregister(body.sock)
-        body.error = error
+        r.over = True
+        self._live -= 1
+        a = r.a
         if error is not None:
-            body.reusable = False
-        # Close the request here, not in the caller's thread: when hundreds of
-        # streams end together, their callers then only pick up a record
-        # instead of contending for the GIL with this loop.
-        a, resp = body.attempt, body.resp
-        if a is not None and resp is not None:
-            try:
-                if error is not None:
-                    a.error = error
-                _hand_back(resp, body)
-                body.record = a.record()
-            except Exception:  # the caller retries both and gets the error
-                body.record = None
-        self._ended.append(body)
-        # Finished bodies leave the heap lazily (when their deadline comes up);
+            a.error = error
+        sock = r.sock
+        if sock is not None and error is None and r.reusable and r.keep_alive:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(sock)
+            self._idle.setdefault((r.target.host, r.target.port), []).append(sock)
+            r.sock = None
+        else:
+            self._drop_sock(r)
+        # The record is made here, in the loop: when hundreds of streams end
+        # together, their callers then only pick it up.
+        self._ended.append((r, a.record()))
+        # Finished requests leave the heap lazily (when their time comes up);
         # compact it so thousands of short requests cannot pile up in it.
         heap = self._heap
-        if len(heap) > 64 and len(heap) > 2 * len(self._sel.get_map() or ()):
-            heap[:] = [e for e in heap if not e[2].over]
+        if len(heap) > 64 and len(heap) > 2 * self._live + 2:
+            heap[:] = [e for e in heap if isinstance(e[2], _Probe)
+                       or (not e[2].over and e[0] == e[2].heap_due)]
             heapq.heapify(heap)
 
     def _wake_callers(self) -> None:
-        """Wake the callers of ended streams once this round of reads is parsed:
-        woken earlier, they would contend for the GIL with the rest of the round."""
-        ended, self._ended = self._ended, []
-        for body in ended:
-            body.finished.set()
+        """Run the callbacks of ended requests once this round of reads is parsed:
+        a woken caller would otherwise contend for the GIL with the rest of the round."""
+        while self._ended:
+            ended, self._ended = self._ended, []
+            for r, rec in ended:
+                try:
+                    r.on_done(rec)
+                except Exception:
+                    continue
 
     def _shut(self, why: str) -> None:
         with self._lock:
             pending = list(self._incoming)
             self._incoming.clear()
-        for body in pending + [b for _, _, b in self._heap]:
-            self._finish(body, StreamError("client", why))
+        for r in pending:
+            self._live += 1
+            self._finish(r, StreamError("client", why))
+        for _, _, r in self._heap:
+            if isinstance(r, _Req):
+                self._finish(r, StreamError("client", why))
+        for key in list(self._sel.get_map().values()):
+            r = key.data
+            if isinstance(r, _Req):
+                self._finish(r, StreamError("client", why))
         self._heap.clear()
         self._wake_callers()
 
 
-def _attach(resp: requests.Response, a: Attempt) -> _Body | None:
-    """Take over the socket of a response whose body the loop can read, else None."""
-    raw = resp.raw
-    hr: Any = getattr(raw, "_fp", None)  # the http.client response
-    sock = socket_of(raw)
-    if sock is None or isinstance(sock, ssl.SSLSocket) or hr is None or hr.fp is None:
-        return None
-    chunked = bool(getattr(hr, "chunked", False))
-    if not chunked and getattr(hr, "length", None) is not None:
-        return None
-    if raw.headers.get("content-encoding", "identity").lower() != "identity":
-        return None
-    # Body bytes that came in with the headers sit in http.client's buffer:
-    # take them (non-blocking, so an empty buffer returns b"").
-    timeout0 = sock.gettimeout()
-    sock.setblocking(False)
+def _alive(sock: socket.socket) -> bool:
+    """An idle pooled connection the server has not closed (nothing to read, no EOF)."""
     try:
-        pre = hr.fp.read1(READ_SIZE) or b""
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # EOF, or bytes nobody asked for
+    except (BlockingIOError, InterruptedError):
+        return True
     except OSError:
-        pre = b""
-    body = _Body(
-        sock,
-        a.core,
-        ChunkedDecoder() if chunked else None,
-        a.t.read_s,
-        a.deadline_ns,
-        (pre, time.monotonic_ns()),
-    )
-    body.timeout0 = timeout0
-    body.attempt, body.resp = a, resp
-    return body
+        return False
+    return False
 
 
-def _hand_back(resp: requests.Response, body: _Body) -> None:
-    """Return a cleanly ended connection to the pool; close any other."""
-    if body.reusable:
-        try:
-            body.sock.settimeout(body.timeout0)  # blocking again, as urllib3 left it
-            resp.raw._fp._close_conn()  # http.client: this response is finished
-            resp.raw.release_conn()
-            return
-        except Exception:  # could not hand it back cleanly: close it instead
-            pass
-    resp.close()
+def _connect_error(rc: int) -> StreamError:
+    if rc == errno.ETIMEDOUT:
+        return StreamError("timeout", f"connect timed out: [Errno {rc}] {os.strerror(rc)}")
+    return StreamError("connect", f"could not connect: [Errno {rc}] {os.strerror(rc)}")
