@@ -8,6 +8,7 @@ OSL, cold prefix) so a number is never reported for the wrong workload.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -214,7 +215,8 @@ class CaseRunner:
         injected: list[RequestRecord] = []
         injector = self._start_injection(inject, case_id, injected, scale) if inject else None
         try:
-            res = self._load(jobs, w, progress)
+            with self._measured_window(case_id):
+                res = self._load(jobs, w, progress)
         finally:
             if injector:
                 injector.join()
@@ -254,6 +256,11 @@ class CaseRunner:
         if ab is not None:
             self.history.setdefault(ab.group, []).append(result)
         return result
+
+    def _measured_window(self, case_id: str) -> contextlib.AbstractContextManager:
+        """Wraps exactly the measured requests (warm-ups excluded): the diagnostic round
+        (``run/diagnostic_round.py``) captures its trace here."""
+        return contextlib.nullcontext()
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

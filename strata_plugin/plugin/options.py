@@ -22,6 +22,10 @@ OPTIONS = (
      "percent a metric may worsen vs the baseline before a test fails", "10"),
     ("--strata-regression-metrics", "strata_regression_metrics",
      "comma-separated request metrics the baseline gate checks", "ttft_ms,tpot_ms"),
+    ("--strata-escalate", "strata_escalate",
+     "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
+     "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
+     ""),
 )
 
 
@@ -50,6 +54,12 @@ def build_config(config: pytest.Config) -> StrataConfig:
     except ValueError:
         raise pytest.UsageError("--strata-max-regression: expected a number (percent)") from None
     baseline = _value(config, "strata_baseline")
+    from strata_plugin.run.diagnostic_round import parse_escalate
+
+    try:
+        escalate = parse_escalate(_value(config, "strata_escalate"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     return StrataConfig(
         profile=load_profile(resolve_profile(_value(config, "strata_profile"), root)),
@@ -63,4 +73,5 @@ def build_config(config: pytest.Config) -> StrataConfig:
                                  _value(config, "strata_regression_metrics").split(",")
                                  if m.strip()),
         rootdir=root,
+        escalate=escalate,
     )

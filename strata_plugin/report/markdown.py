@@ -18,6 +18,7 @@ from strata_plugin.analysis.rails import RailsReport
 from strata_plugin.analysis.rules import THRESHOLDS, Verdict
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
 
@@ -490,5 +491,6 @@ def thresholds_section() -> str:
 def render(d: ReportData) -> str:
     parts = [header(d), limits(d), summary_table(d), "\n## Cases\n"]
     parts.extend(case_section(d, a) for a in d.analyses)
-    parts.extend([ab_section(d), run_timeline(d), thresholds_section()])
+    parts.extend([ab_section(d), diagnostic_section(d.bundle.run_dir, d.analyses),
+                  run_timeline(d), thresholds_section()])
     return "".join(parts)

@@ -103,15 +103,25 @@ def extents(path: str) -> tuple[list[list[int]], str]:
 
 def snapshot(server_pid: int, harness_pid: int | None = None,
              with_extents: bool = True) -> dict[str, Any]:
-    """Threads, CPUs and mapped files of the server (and the harness's threads)."""
+    """Threads, CPUs and mapped files of the server's process tree (a server may fork
+    workers), and the harness's threads."""
+    from strata_plugin.agent.procfs import process_tree
+
     harness_pid = harness_pid if harness_pid is not None else os.getpid()
+    pids = process_tree(server_pid) or [server_pid]
+    maps: dict[str, list[list[int]]] = {}
+    server_threads: dict[str, str] = {}
+    for pid in pids:
+        for path, m in file_maps(pid).items():
+            maps.setdefault(path, []).extend(m)
+        server_threads.update({str(k): v for k, v in threads(pid).items()})
     try:
         cpus = sorted(os.sched_getaffinity(server_pid))
     except OSError:
         cpus = sorted(os.sched_getaffinity(0))
     files = []
-    for path, maps in file_maps(server_pid).items():
-        f: dict[str, Any] = {"path": path, "maps": maps}
+    for path, ranges in maps.items():
+        f: dict[str, Any] = {"path": path, "maps": ranges}
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -127,7 +137,8 @@ def snapshot(server_pid: int, harness_pid: int | None = None,
         files.append(f)
     return {
         "server_pid": server_pid,
-        "server_threads": {str(k): v for k, v in threads(server_pid).items()},
+        "server_pids": pids,
+        "server_threads": server_threads,
         "harness_pid": harness_pid,
         "harness_threads": {str(k): v for k, v in threads(harness_pid).items()},
         "cpus": cpus,

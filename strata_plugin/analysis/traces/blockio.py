@@ -145,7 +145,7 @@ def _merge(offsets: list[int], size: int = PAGE) -> list[tuple[int, int]]:
 def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int]) -> BlockReport:
     """Reads and faults of ``window_ns`` (monotonic ns), per file the server maps."""
     w0, w1 = window_ns
-    server_pid = int(meta["server_pid"])
+    server_pids = {int(p) for p in meta.get("server_pids") or [meta["server_pid"]]}
     server_tids = {int(t) for t in meta.get("server_threads", {})}
     by_inode = {(f.get("dev"), int(f["ino"])): f["path"] for f in meta.get("files", [])
                 if "ino" in f}
@@ -193,7 +193,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
             if path is None:
                 path = OTHER
             if ev.event == "mm_filemap_fault":
-                if ev.tgid == server_pid or ev.tid in server_tids:
+                if ev.tgid in server_pids or ev.tid in server_tids:
                     faults[path] += 1
             else:
                 size = PAGE << int(m["order"] or 0)

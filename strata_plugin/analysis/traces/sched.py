@@ -126,7 +126,7 @@ def _state(prev_state: str) -> str:
 
 def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int]) -> SchedReport:
     """The scheduling of the server's threads over ``window_ns`` (monotonic ns)."""
-    server_pid = int(meta["server_pid"])
+    server_pids = {int(p) for p in meta.get("server_pids") or [meta["server_pid"]]}
     harness_pid = int(meta.get("harness_pid") or -1)
     server_tids = {int(t) for t in meta.get("server_threads", {})}
     harness_tids = {int(t) for t in meta.get("harness_threads", {})}
@@ -148,11 +148,11 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
         if m is not None:
             events.append((ev, m))
     for tid, tg in tgid_of.items():
-        if tg == server_pid:
+        if tg in server_pids:
             server_tids.add(tid)
 
     def is_server(tid: int) -> bool:
-        return tid in server_tids or tgid_of.get(tid) == server_pid
+        return tid in server_tids or tgid_of.get(tid) in server_pids
 
     def category(tid: int, comm: str) -> str:
         if tid == 0:

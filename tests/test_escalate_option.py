@@ -1,0 +1,97 @@
+"""--strata-escalate as users drive it (pytester, scripted server): what is traced, what not.
+
+Attached to a server by URL, Strata does not know the server's PID, so the traced
+repetition runs and its traces are recorded UNAVAILABLE with that reason: the round's
+bookkeeping is checked here without root; tests/test_diagnostic_round.py has the traces.
+"""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from strata_plugin.run.diagnostic_round import parse_escalate
+from tests.sse_script_server import ScriptServer
+from tests.test_plugin import CASES, PROFILE, llama_reply
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    from tests.test_plugin import ROOT
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest('"""Strata loads through its entry point."""\n')
+    pytester.makeini(f"""
+[pytest]
+markers =
+    prefill: p
+    decode: d
+strata_profile = {pytester.path / "profile.toml"}
+strata_reports_dir = {pytester.path / "reports"}
+""")
+    (pytester.path / "profile.toml").write_text(PROFILE)
+    pytester.makepyfile(test_cases=CASES)
+    return pytester
+
+
+def test_parse_escalate():
+    assert parse_escalate("") == ()
+    assert parse_escalate(" auto , decode/1") == ("auto", "decode/1")
+    with pytest.raises(ValueError, match="empty name"):
+        parse_escalate("auto,,x")
+
+
+def test_a_named_case_is_traced_apart_and_unavailable_traces_say_why(project):
+    xml = project.path / "junit.xml"
+    with ScriptServer(llama_reply) as srv:
+        res = project.runpytest_subprocess(
+            "-k", "test_decode and not wrong", f"--strata-server-url={srv.url}",
+            "--strata-run-id=esc", "--strata-escalate=test_decode", f"--junitxml={xml}")
+    res.assert_outcomes(passed=1)
+    run = project.path / "reports" / "esc"
+    lines = [json.loads(x) for x in (run / "cases.jsonl").read_text().splitlines()]
+    by_id = {x["case_id"]: x for x in lines}
+    cid = "test_decode[default]"  # named without its configuration suffix
+    assert set(by_id) == {cid, cid + "~traced"}
+    traced = by_id[cid + "~traced"]
+    assert traced["diagnostic_of"] == cid and traced["escalated"] == "named"
+    assert "diagnostic_of" not in by_id[cid]
+    # the timed case's records are its own: the traced repetition's are under its own id
+    recs = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
+    measured = [r for r in recs if r["phase"] == "measured"]
+    assert sum(r["case_id"] == cid for r in measured) == 4
+    assert sum(r["case_id"] == cid + "~traced" for r in measured) == 4
+    meta = json.loads((run / "traces" / (cid + "~traced") / "meta.json").read_text())
+    assert meta["captured"] == []
+    assert set(meta["unavailable"]) == {"sched", "block"}
+    assert "PID is not known" in meta["unavailable"]["sched"]
+    md = (run / "report.md").read_text()
+    assert "## Diagnostic round" in md and "sched trace UNAVAILABLE" in md
+    # JUnit properties are the timed case's alone (one case: no per-case prefix)
+    names = [p.get("name") for p in ET.parse(xml).getroot().iter("property")]
+    assert "verdict" in names and not any("traced" in n for n in names)
+
+
+def test_off_by_default_and_auto_leaves_a_conclusive_case_alone(project):
+    with ScriptServer(llama_reply) as srv:
+        off = project.runpytest_subprocess("-k", "test_prefill", f"--strata-server-url={srv.url}",
+                                           "--strata-run-id=off")
+        auto = project.runpytest_subprocess("-k", "test_prefill",
+                                            f"--strata-server-url={srv.url}",
+                                            "--strata-run-id=auto", "--strata-escalate=auto")
+    off.assert_outcomes(passed=1)
+    auto.assert_outcomes(passed=1)
+    for rid in ("off", "auto"):
+        run = project.path / "reports" / rid
+        ids = [json.loads(x)["case_id"] for x in (run / "cases.jsonl").read_text().splitlines()]
+        assert not any(i.endswith("~traced") for i in ids), (rid, ids)
+        assert not (run / "traces").exists()
+
+
+def test_a_bad_escalate_value_is_a_usage_error(project):
+    res = project.runpytest_subprocess("-k", "test_prefill", "--strata-escalate=auto,,x",
+                                       "--strata-server-url=http://127.0.0.1:9")
+    assert res.ret == 4
+    res.stderr.fnmatch_lines(["*--strata-escalate: empty name*"])
