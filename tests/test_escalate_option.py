@@ -95,3 +95,42 @@ def test_a_bad_escalate_value_is_a_usage_error(project):
                                        "--strata-server-url=http://127.0.0.1:9")
     assert res.ret == 4
     res.stderr.fnmatch_lines(["*--strata-escalate: empty name*"])
+
+
+
+@pytest.mark.parametrize("inconclusive", [True, False])
+def test_auto_traces_a_case_exactly_when_its_verdict_needs_it(tmp_path, monkeypatch,
+                                                             inconclusive):
+    """The round's decision from the verdict the analysis gives (the analysis itself is
+    tested elsewhere: here it is replaced by the verdict under test)."""
+    from types import SimpleNamespace
+
+    from strata_plugin.analysis import case_summary
+    from strata_plugin.analysis.rules import Verdict
+    from strata_plugin.load.case_runner import CaseSetup
+    from strata_plugin.load.client import Timeouts
+    from strata_plugin.load.workload import TokenSpace, Workload
+    from strata_plugin.run.diagnostic_round import DiagnosticRunner
+
+    v = Verdict(classes=("cpu_compute", "cpu_contention"), evidence=(), confidence=0.4,
+                inconclusive=inconclusive, finer_trace=(), missing_signals=())
+    if not inconclusive:
+        v = Verdict(classes=("cpu_compute", "queueing"), evidence=(), confidence=0.8,
+                    inconclusive=False, finer_trace=(), missing_signals=())
+    monkeypatch.setattr(case_summary, "summarize_case", lambda d, c: SimpleNamespace(verdict=v))
+    lines: list[dict] = []
+    with ScriptServer(llama_reply) as srv:
+        setup = CaseSetup(srv.url, "llamacpp", "x", TokenSpace(300, 1000), Timeouts(read_s=10))
+        runner = DiagnosticRunner(setup, record=lambda r: None, mark=lambda *a: None,
+                                  add_case=lines.append, escalate=("auto",), run_dir=tmp_path,
+                                  server_pid=None, settle_s=0.0)
+        r = runner.run(Workload("d", isl=8, osl=6, requests=2), case_id="c1", scale=False)
+    assert runner.results == [r]
+    if inconclusive:
+        assert [d.case_id for d in runner.diagnostics] == ["c1~traced"]
+        traced = next(x for x in lines if x["case_id"] == "c1~traced")
+        assert traced["escalated"] == "verdict 'inconclusive: cpu_compute + cpu_contention'"
+        assert traced["traces"] == ["sched"]
+    else:
+        assert runner.diagnostics == [] and [x["case_id"] for x in lines] == ["c1"]
+        assert runner.decisions["c1"] == "not traced: verdict 'cpu_compute + queueing'"

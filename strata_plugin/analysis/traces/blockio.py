@@ -31,6 +31,8 @@ NEEDS = ("root (tracefs instance)", "tracefs",
          "events block/block_rq_issue, block/block_rq_complete, filemap/mm_filemap_fault, "
          "filemap/mm_filemap_add_to_page_cache", "FIEMAP on the server's files (ext4, xfs)")
 
+EVENTS = ("block_rq_issue", "block_rq_complete", "mm_filemap_fault",
+          "mm_filemap_add_to_page_cache")
 _RQ = re.compile(r"^(?P<maj>\d+),(?P<min>\d+) (?P<rwbs>\S+) (?:(?P<bytes>\d+) )?\(.*?\) "
                  r"(?P<sector>\d+) \+ (?P<nr>\d+)")
 _FAULT = re.compile(r"dev=(?P<dev>\d+:\d+) ino=(?P<ino>[0-9a-f]+) ofs=(?P<ofs>\d+)")
@@ -161,7 +163,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
     all_lat: list[float] = []
     reads = read_bytes = 0
 
-    for ev in parse(lines):
+    for ev in parse(lines, EVENTS):
         if ev.event == "block_rq_issue":
             m = _RQ.match(ev.body)
             if m and "R" in m["rwbs"]:
@@ -208,6 +210,8 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
     files.sort(key=lambda f: (f.path == OTHER, -(f.read_in_bytes + f.request_bytes),
                               -f.server_faults, f.path))
     notes = []
+    if meta.get("overruns"):
+        notes.append(f"{meta['overruns']} events were lost to a full trace buffer")
     if missing_ext:
         notes.append("block requests not placed in " + ", ".join(missing_ext) + ": "
                      + "; ".join(f.get("extents_error", "") for f in meta.get("files", [])

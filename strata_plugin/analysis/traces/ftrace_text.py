@@ -48,9 +48,14 @@ def parse_line(line: str) -> TraceEvent | None:
                       m.group("body"))
 
 
-def parse(lines: Iterable[str]) -> Iterator[TraceEvent]:
-    """Events in file order (per-CPU buffers are merged by the kernel in time order)."""
+def parse(lines: Iterable[str], events: tuple[str, ...] = ()) -> Iterator[TraceEvent]:
+    """Events in file order (per-CPU buffers are merged by the kernel in time order);
+    only those named in ``events`` when given (a substring test skips the other lines
+    before any regex: one file holds several readers' events)."""
+    keys = tuple(f" {e}:" for e in events)
     for line in lines:
+        if keys and not any(k in line for k in keys):
+            continue
         ev = parse_line(line.rstrip("\n"))
         if ev is not None:
             yield ev

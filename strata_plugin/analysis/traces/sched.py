@@ -136,7 +136,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
     events: list[tuple[TraceEvent, re.Match]] = []
     tgid_of: dict[int, int] = {}
     comm_of: dict[int, str] = {int(k): v for k, v in meta.get("server_threads", {}).items()}
-    for ev in parse(lines):
+    for ev in parse(lines, EVENTS):
         if ev.tgid is not None:
             tgid_of.setdefault(ev.tid, ev.tgid)
         if ev.event == "sched_switch":
@@ -155,6 +155,8 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
         return tid in server_tids or tgid_of.get(tid) in server_pids
 
     def category(tid: int, comm: str) -> str:
+        if tid < 0:  # a CPU that switched no task in the whole trace
+            return "unknown"
         if tid == 0:
             return "idle"
         if is_server(tid):
@@ -252,6 +254,9 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
         move(tid, state[tid], t_end)
     if t_end < w1:
         notes.append(f"trace ends {(w1 - t_end) / 1e9:.3f} s before the window does")
+    if meta.get("overruns"):
+        notes.append(f"{meta['overruns']} events were lost to a full trace buffer: the "
+                     "per-thread times are incomplete")
     silent = sorted(t for t in server_tids if t not in first)
     if silent:
         notes.append(f"{len(silent)} server threads had no scheduling event in the trace "
@@ -267,15 +272,15 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
     for tid, s in displaced.items():
         cat = category(tid, comm_of.get(tid, ""))
         by_cat[cat] += s
-        if cat != "idle":
+        if cat not in ("idle", "unknown"):
             top[f"{comm_of.get(tid, '?')} ({tgid_of.get(tid, tid)})" if cat != "server"
                 else "server threads"] += s
     for tid, s in cpu_time.items():
-        cpu_cat[category(tid, comm_of.get(tid, "")) if tid >= 0 else "unknown"] += s
+        cpu_cat[category(tid, comm_of.get(tid, ""))] += s
     order = {c: i for i, c in enumerate(CATEGORIES)}
     return SchedReport(
         window_s=(w1 - w0) / 1e9, cpus=cpus, threads=tuple(threads),
         displaced_by=tuple(sorted(by_cat.items(), key=lambda kv: order.get(kv[0], 9))),
-        displaced_top=tuple(sorted(top.items(), key=lambda kv: -kv[1])[:6]),
+        displaced_top=tuple(sorted(top.items(), key=lambda kv: -kv[1])[:8]),
         cpu_by_category=tuple(sorted(cpu_cat.items(), key=lambda kv: order.get(kv[0], 9))),
         events=len(events), notes=tuple(notes))
