@@ -52,9 +52,10 @@ def parse(lines: Iterable[str], events: tuple[str, ...] = ()) -> Iterator[TraceE
     """Events in file order (per-CPU buffers are merged by the kernel in time order);
     only those named in ``events`` when given (a substring test skips the other lines
     before any regex: one file holds several readers' events)."""
-    keys = tuple(f" {e}:" for e in events)
+    want = re.compile(" (?:" + "|".join(map(re.escape, events)) + "): ").search \
+        if events else None
     for line in lines:
-        if keys and not any(k in line for k in keys):
+        if want is not None and want(line) is None:
             continue
         ev = parse_line(line.rstrip("\n"))
         if ev is not None:
