@@ -14,6 +14,7 @@ Each case is re-run with the trace over its measured window; the report is read 
   machine is not quiet on demand, and then contention is the truth;
 * the page-out window's block/fault trace names the model copy, with a latency
   distribution, and the verdict after it names ``io_page_faults``;
+* the traces agree with the server's /proc counters (CPU time, bytes read);
 * report.md shows the before/after verdicts, the key tables and the trace's overhead;
 * no tracefs instance of Strata is left.
 """
@@ -143,6 +144,18 @@ def test_every_case_was_traced_and_kept_apart_from_the_timed_case(run, diags):
         assert d.capture["overruns"] == 0
         assert d.timed["output_tok_s"] > 0 and d.traced["output_tok_s"] > 0
     assert tracing.strata_instances() == []
+
+
+def test_the_traces_agree_with_an_independent_watch_of_proc(run, diags):
+    """The sched trace's server CPU time and the block trace's model bytes, against the
+    server's /proc counters over the same window (faults.GroundTruth)."""
+    for cid, d in diags.items():
+        truth = run["facts"][cid.replace("/", "_")]["truth"]
+        assert d.sched.server_cores == pytest.approx(truth["server_cores"], rel=0.1, abs=0.02)
+    d = diags["diag/pageout"]
+    truth = run["facts"]["diag_pageout"]["truth"]
+    rate = d.block.top.read_in_bytes / d.block.window_s
+    assert rate == pytest.approx(truth["server_read_bytes_s"], rel=0.15)
 
 
 def test_hogs_are_settled_as_contention_by_the_scheduling_trace(run, diags):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin.analysis.rules import Verdict
-from strata_plugin.analysis.traces import blockio, ftrace_text, sched, settle
+from strata_plugin.analysis.traces import blockio, ftrace_text, sched, settle, sockets
 from strata_plugin.analysis.traces.blockio import BlockReport, FileIO, Latency
 from strata_plugin.analysis.traces.sched import SchedReport, ThreadSched
 
@@ -185,3 +185,33 @@ def test_trace_thresholds_have_sources_and_do_not_shadow_the_table():
     names = {t.name for t in THRESHOLDS}
     for t in settle.TRACE_THRESHOLDS:
         assert t.source and t.name not in names
+
+
+def test_sockets_reads_the_samples_in_the_window():
+    d = DATA / "net-loopback"  # two loopback streams, 150 x 4 KiB 10 ms apart, sampled /0.25 s
+    meta = json.loads((d / "meta.json").read_text())
+    lines = (d / "ss.txt").read_text().splitlines()
+    r = sockets.read(lines, tuple(meta["window_ns"]))
+    assert r.samples == 7 and r.connections == 4  # both ends of both connections
+    assert r.retransmits == 0 and r.rtt_p50_ms is not None and r.rtt_p50_ms < 1.0
+    assert settle.decide_net(r).decided is None
+    w0, _ = meta["window_ns"]
+    assert sockets.read(lines, (w0, w0 + 1)).samples == 0
+
+
+def test_sockets_counts_retransmits_per_connection_once():
+    # ss -ti's retrans:<in flight>/<total>: the total is cumulative per connection
+    line = ("0 1200 10.0.0.1:8000 10.0.0.2:5000 cubic rtt:{rtt}/0.5 retrans:{a}/{b} "
+            "lost:{b} unacked:1")
+    text = ["# t_ns=10", line.format(rtt=0.4, a=1, b=2), "# t_ns=20",
+            line.format(rtt=0.6, a=0, b=3)]
+    r = sockets.read(text, (0, 1_000_000_000))
+    assert (r.retransmits, r.lost, r.max_send_q, r.connections) == (3, 3, 1200, 1)
+    assert r.retrans_per_s == 3.0
+    assert settle.decide_net(r).decided == "network"
+
+
+@pytest.mark.parametrize("rtt,expect", [(4.9, None), (5.1, "network")])
+def test_net_decision_at_the_rtt_threshold(rtt, expect):
+    r = sockets.SocketReport(10.0, 4, 2, rtt, rtt * 2, 0, 0, 0, 0)
+    assert settle.decide_net(r).decided == expect

@@ -64,6 +64,10 @@ def diagnostic_md(d: Diagnostic) -> str:
                              "p90 ms", "p99 ms", "max ms", "offset ranges"), rows)
                    if rows else "(no reads in the window)\n")
         out.extend(f"\n* {n}\n" for n in b.notes)
+    if d.net is not None:
+        out.append("\nThe benchmark's TCP connections (`ss -ti` samples):\n\n")
+        rows = [tuple(r.values()) for r in d.net.table()]
+        out.append(md_table(tuple(d.net.table()[0].keys()), rows))
     return "".join(out)
 
 

@@ -22,11 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from strata_plugin.analysis.traces.diagnostics import TRACED_SUFFIX, trace_dir
 from strata_plugin.load.case_runner import CaseResult, CaseRunner
 from strata_plugin.load.workload import Workload
-from strata_plugin.run import trace_targets, tracing
+from strata_plugin.run import socket_sampler, trace_targets, tracing
 
 
 def parse_escalate(value: str) -> tuple[str, ...]:
@@ -68,7 +69,7 @@ class DiagnosticRunner(CaseRunner):
         from strata_plugin.analysis.traces import settle
 
         if self._named(result):  # named: traced whatever the verdict, with every trace
-            traces, why = ("sched", "block"), "named"
+            traces, why = settle.ALL_TRACES, "named"
         elif "auto" in self.escalate:
             time.sleep(self.settle_s)  # the agent's next tick closes the timed window
             try:
@@ -105,19 +106,25 @@ class DiagnosticRunner(CaseRunner):
         d = trace_dir(self.run_dir, case_id)
         d.mkdir(parents=True, exist_ok=True)
         meta: dict[str, Any] = {"traces": list(traces), "captured": [], "unavailable": {}}
-        if self.server_pid is None:
-            meta["unavailable"] = dict.fromkeys(
-                traces, "the server's PID is not known here (attached to a server by URL "
-                "or on another node)")
-        else:
+        if self.server_pid is not None:
             meta.update(trace_targets.snapshot(self.server_pid, os.getpid()))
-            for t in traces:
-                av = tracing.availability(tracing.TRACE_SETS[t])
-                if av.ok:
-                    meta["captured"].append(t)
-                else:
-                    meta["unavailable"][t] = av.reason
-        events = tuple(e for t in meta["captured"] for e in tracing.TRACE_SETS[t])
+        for t in traces:
+            if t == "net":  # the connections are the harness's too: no PID needed
+                why = socket_sampler.unavailable()
+            elif self.server_pid is None:
+                why = ("the server's PID is not known here (attached to a server by URL or "
+                       "on another node)")
+            else:
+                why = tracing.availability(tracing.TRACE_SETS[t]).reason
+            if why:
+                meta["unavailable"][t] = why
+            else:
+                meta["captured"].append(t)
+        events = tuple(e for t in meta["captured"] if t != "net" for e in tracing.TRACE_SETS[t])
+        ss = None
+        if "net" in meta["captured"]:
+            port = urlsplit(self.setup.base_url).port or 80
+            ss = socket_sampler.SocketSampler(port, d / "ss.txt").start()
         cap = tracing.TraceCapture(events, d / "trace.txt") if events else None
         if cap is not None:
             try:
@@ -127,12 +134,17 @@ class DiagnosticRunner(CaseRunner):
                 meta["captured"], cap = [], None
         try:
             yield
+            if ss is not None:
+                ss.stop()
+                meta.update(ss_samples=ss.samples, ss_errors=ss.errors)
             if cap is not None:
                 res = cap.stop()
                 if res is not None:
                     meta.update(start_mono_ns=res.start_mono_ns, end_mono_ns=res.end_mono_ns,
                                 overruns=res.overruns, entries=res.entries, events=list(events))
         finally:
+            if ss is not None:
+                ss.stop()
             if cap is not None:
                 cap.abort()  # no-op after a stop; the instance goes on any other way out
             (d / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

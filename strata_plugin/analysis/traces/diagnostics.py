@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strata_plugin.analysis.traces import blockio, sched, settle
+from strata_plugin.analysis.traces import blockio, sched, settle, sockets
 
 if TYPE_CHECKING:
     from strata_plugin.analysis.case_summary import CaseAnalysis
@@ -41,6 +41,7 @@ class Diagnostic:
     traced: dict[str, float]
     sched: sched.SchedReport | None = None
     block: blockio.BlockReport | None = None
+    net: sockets.SocketReport | None = None
     capture: dict[str, Any] = field(default_factory=dict)  # overruns, events, span
 
     @property
@@ -57,21 +58,29 @@ def _figures(a: CaseAnalysis) -> dict[str, float]:
 
 def read_traces(d: Path, meta: dict[str, Any], window: tuple[int, int]
                 ) -> tuple[sched.SchedReport | None, blockio.BlockReport | None,
-                           list[tuple[str, str]]]:
+                           sockets.SocketReport | None, list[tuple[str, str]]]:
     """The readers over one trace file; (trace, why) for each that could not run."""
     unavailable = [(t, why) for t, why in (meta.get("unavailable") or {}).items()]
     captured = meta.get("captured") or []
-    s = b = None
+    s = b = n = None
     path = d / "trace.txt"
-    if captured and not path.exists():
-        return None, None, [*unavailable, *((t, "trace file missing") for t in captured)]
-    if "sched" in captured:
+    kernel = [t for t in captured if t != "net"]
+    if kernel and not path.exists():
+        unavailable += [(t, "trace file missing") for t in kernel]
+        kernel = []
+    if "sched" in kernel:
         with path.open(errors="replace") as fh:
             s = sched.read(fh, meta, window)
-    if "block" in captured:
+    if "block" in kernel:
         with path.open(errors="replace") as fh:
             b = blockio.read(fh, meta, window)
-    return s, b, unavailable
+    if "net" in captured:
+        if (d / "ss.txt").exists():
+            with (d / "ss.txt").open(errors="replace") as fh:
+                n = sockets.read(fh, window)
+        else:
+            unavailable.append(("net", "ss.txt missing"))
+    return s, b, n, unavailable
 
 
 def diagnose(run_dir: Path, analyses: Sequence[CaseAnalysis]) -> list[Diagnostic]:
@@ -91,17 +100,21 @@ def diagnose(run_dir: Path, analyses: Sequence[CaseAnalysis]) -> list[Diagnostic
         raw = a.info.get("window_mono_ns")
         window = (int(raw[0]), int(raw[1])) if isinstance(raw, list) and len(raw) == 2 \
             else (0, 0)
-        s, b, unavailable = read_traces(d, meta, window)
+        s, b, n, unavailable = read_traces(d, meta, window)
         decisions = tuple(x for x in (settle.decide_sched(s) if s else None,
-                                      settle.decide_block(b) if b else None) if x)
+                                      settle.decide_block(b) if b else None,
+                                      settle.decide_net(n) if n else None) if x)
         tables: dict[str, Any] = {}
         if s is not None:
             tables["sched"] = s.table()
         if b is not None:
             tables["block"] = b.table()
+        if n is not None:
+            tables["net"] = n.table()
         st = settle.settle(timed.verdict, decisions, case_id=of, traced_case_id=a.case_id,
                            unavailable=tuple(unavailable), tables=tables)
         capture = {k: meta.get(k) for k in ("overruns", "entries", "events", "captured",
                                             "start_mono_ns", "end_mono_ns") if k in meta}
-        out.append(Diagnostic(of, a.case_id, st, _figures(timed), _figures(a), s, b, capture))
+        out.append(Diagnostic(of, a.case_id, st, _figures(timed), _figures(a), s, b, n,
+                              capture))
     return out

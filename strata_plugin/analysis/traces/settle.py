@@ -26,6 +26,7 @@ from typing import Any
 from strata_plugin.analysis.rules import AMBIGUOUS, Evidence, Threshold, Verdict, threshold
 from strata_plugin.analysis.traces.blockio import OTHER, BlockReport
 from strata_plugin.analysis.traces.sched import SchedReport
+from strata_plugin.analysis.traces.sockets import SocketReport
 
 #: Numbers only a trace can be compared with. They belong with the threshold table; they
 #: live here until the table's own module (analysis/thresholds.py) can take them.
@@ -37,16 +38,33 @@ TRACE_THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] other processes held the server's CPUs for at least half of the time "
         "its threads were runnable but waiting: the wait is theirs, not the server's own",
     ),
+    Threshold(
+        "trace_rtt_p50_ms",
+        5.0,
+        "ms",
+        "[inferred] a loopback or same-rack TCP path has a smoothed RTT well under 1 ms; "
+        "a median of 5 ms on the benchmark's connections is queueing or a distant peer",
+    ),
+    Threshold(
+        "trace_retrans_per_s",
+        1.0,
+        "segments/s",
+        "[inferred] a healthy path retransmits rarely; a segment a second over a window "
+        "is loss the client and server both wait out",
+    ),
 )
 _BY_NAME = {t.name: t for t in TRACE_THRESHOLDS}
 CPU_PAIR = ("cpu_compute", "cpu_contention")
 #: Which classes each trace can decide.
-COVERS = {"sched": CPU_PAIR, "block": ("io_page_faults",)}
+COVERS = {"sched": CPU_PAIR, "block": ("io_page_faults",), "net": ("network",)}
 #: Which traces a class asks for (the diagnostic round captures their union).
 TRACES_FOR = {
     "cpu_compute": ("sched",), "cpu_contention": ("sched",), "host_cpu_launch": ("sched",),
     "io_page_faults": ("block", "sched"), "memory_pressure": ("block",),
+    "network": ("net",), "client_bound": ("net",),
 }
+#: Every trace a named case gets.
+ALL_TRACES = ("sched", "block", "net")
 
 
 def _thr(name: str) -> Threshold:
@@ -117,6 +135,17 @@ def decide_block(r: BlockReport) -> TraceDecision:
                          f"{rate / 1e6:.3g} MB/s read from the server's files{extra}")
 
 
+def decide_net(r: SocketReport) -> TraceDecision:
+    """network, or not, from the benchmark connections' TCP info."""
+    rtt = _ev("network", "trace_rtt_p50_ms", r.rtt_p50_ms or 0.0, ">=", "trace_rtt_p50_ms")
+    rx = _ev("network", "trace_retrans_per_s", r.retrans_per_s, ">=", "trace_retrans_per_s")
+    desc = (f"{r.connections} sockets, RTT p50 {r.rtt_p50_ms} ms, p99 {r.rtt_p99_ms} ms, "
+            f"{r.retransmits} retransmitted segments, send-q up to {r.max_send_q} B")
+    if r.samples == 0 or r.connections == 0:
+        return TraceDecision("net", None, (), "no benchmark connection was sampled")
+    return TraceDecision("net", "network" if rtt.met or rx.met else None, (rtt, rx), desc)
+
+
 @dataclass(frozen=True)
 class Settlement:
     """A case's verdict before and after its diagnostic round."""
@@ -153,7 +182,7 @@ def traces_for(v: Verdict) -> tuple[str, ...]:
         for t in TRACES_FOR.get(c, ()):
             if t not in out:
                 out.append(t)
-    return tuple(out) or ("sched", "block")
+    return tuple(out) or ("sched", "block")  # nothing named they cover: the CPU and disk
 
 
 def settle(before: Verdict, decisions: tuple[TraceDecision, ...], *, case_id: str = "",
