@@ -101,7 +101,7 @@ def _arm(tmp_path, lab, arm: str):
                           env={"STRATA_SSH_CONFIG": str(lab.sshd.config)})
     rc = run.wait(240)
     assert rc == 0, run.text()[-4000:]
-    v = summarize_case(run.run_dir, "test_decode_over_the_link[default]").verdict
+    v = summarize_case(run.run_dir, "test_cases.py::test_decode_over_the_link[default]").verdict
     met = [f"{e.metric} {e.value:g} {e.op} {e.threshold_value:g}" for e in v.evidence
            if e.cls == "network" and e.met]
     print(f"network/{arm}: verdict '{v.summary()}' also {list(v.also_flagged)}; "

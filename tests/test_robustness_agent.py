@@ -70,11 +70,12 @@ def test_agent_killed_mid_case_is_named_and_restarted(tmp_path):
     assert m["complete"] is False, m.get("incomplete_reason")
     (lost,) = m["agents_lost"]
     assert lost["node"] == "local" and lost["restarted"] is True
-    assert lost["cases"] == ["test_a_long[default]"] and lost["reason"], lost
+    assert lost["cases"] == ["test_cases.py::test_a_long[default]"] and lost["reason"], lost
     # The verdict of the case it died in says so; the next case's does not.
     summary = json.loads((run.run_dir / "summary.json").read_text())
     verdicts = {c["case_id"]: c["verdict"] for c in summary["cases"]}
-    a, b = verdicts["test_a_long[default]"], verdicts["test_b_after[default]"]
+    a = verdicts["test_cases.py::test_a_long[default]"]
+    b = verdicts["test_cases.py::test_b_after[default]"]
     assert any("agent on local lost during this case" in n for n in a["notes"]), a
     assert not any("lost" in n for n in b["notes"]), b
     # A second agent ran for the next case: two agent commands, and cpu samples in

@@ -83,8 +83,17 @@ CASES: tuple[Boundary, ...] = (
     Boundary("kv_usage_high", "kv_cache_capacity", CPU_CLEAN, one("kv_usage_max")),
     Boundary("preemptions_max", "kv_cache_capacity", CPU_CLEAN, one("preemptions"),
              op=">", absolute_step=1.0),
-    Boundary("chunk_gap_p99_p50", "prefill_decode_interference", CPU_CLEAN,
-             one("chunk_gap_p99_p50")),
+    Boundary("prefill_stall_frac", "prefill_decode_interference", CPU_CLEAN,
+             one("prefill_stall_frac", prefill_stall_share=0.9)),
+    Boundary("prefill_stall_share", "prefill_decode_interference", CPU_CLEAN,
+             one("prefill_stall_share", prefill_stall_frac=0.4)),
+    # an A/B treatment, judged against its control
+    Boundary("ab_prefill_stall_ratio", "prefill_decode_interference", CPU_CLEAN,
+             one("ab_prefill_stall_ratio", prefill_stall_frac=0.4, prefill_stall_share=0.9,
+                 ab_tail_pace_rise=1.0)),
+    Boundary("ab_tail_pace_rise", "prefill_decode_interference", CPU_CLEAN,
+             one("ab_tail_pace_rise", prefill_stall_frac=0.4, prefill_stall_share=0.9,
+                 ab_prefill_stall_ratio=5.0)),
     # GPU busy: which kind
     Boundary("sm_active_compute", "gpu_compute", GPU_CLEAN,
              one("sm_active", tensor_active=0.75, **GPU_BUSY)),
@@ -142,6 +151,13 @@ NOT_A_RULE_BOUNDARY = {
     "client_cpu_cores": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "client_delay_share": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "chunk_gaps_min": "signals.build_signals (test_chunk_gap_ratio_needs_enough_gaps below)",
+    "chunk_gap_p99_p50": "reported with the case's signals; the interference rule reads the "
+    "prefill stalls instead (test_interference.py)",
+    "client_timing_error_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "client_read_backlog_bytes": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "trace_other_share": "the scheduling trace's settling (test_trace_readers.py)",
+    "trace_rtt_p50_ms": "the socket trace's settling (test_trace_readers.py)",
+    "trace_retrans_per_s": "the socket trace's settling (test_trace_readers.py)",
     "cpu_samples_disagree_factor": "the contradiction check (test below)",
     "cpu_samples_disagree_slack_cores": "the contradiction check (test below)",
     "full_margin": "scores (test_scores_reach_one_at_the_full_margin below)",
@@ -174,6 +190,10 @@ PINNED = {
     "client_bound": 1.0, "client_lateness_p99_ms": 5.0, "client_handling_lag_p99_ms": 5.0,
     "client_cpu_cores": 0.85, "client_delay_share": 0.05, "full_margin": 0.25,
     "dominance_margin": 0.5, "missing_penalty": 0.85,
+    "prefill_stall_frac": 0.1, "prefill_stall_share": 0.5, "ab_prefill_stall_ratio": 2.0,
+    "ab_tail_pace_rise": 0.2, "client_timing_error_ms": 5.0,
+    "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
+    "trace_retrans_per_s": 1.0,
 }
 
 

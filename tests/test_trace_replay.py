@@ -186,7 +186,7 @@ def test_replay_on_the_embedded_target_shows_cached_prefix_tokens(pytester, monk
     trace = by_case["mooncake"]
     assert len(trace) == 12
     assert sum(cached(x) for x in trace) > 0  # shared blocks came from the cache
-    assert sum(cached(x) for x in by_case["test_cold[default]"]) == 0
+    assert sum(cached(x) for x in by_case["test_cases.py::test_cold[default]"]) == 0
     text = (run / "report.md").read_text()
     sec = text[text.index("## Prefix cache"):]
     row = next(x for x in sec.splitlines() if x.startswith("| `mooncake` |"))

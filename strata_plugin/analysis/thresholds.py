@@ -531,6 +531,28 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] more than one read's worth (64 KiB) already waiting in the socket at "
         "p99 of reads: the loop is reading late (docs/client.md)",
     ),
+    # --- finer traces (analysis/traces/settle.py) ---
+    Threshold(
+        "trace_other_share",
+        0.5,
+        "of the server's runnable wait",
+        "[inferred] other processes held the server's CPUs for at least half of the time "
+        "its threads were runnable but waiting: the wait is theirs, not the server's own",
+    ),
+    Threshold(
+        "trace_rtt_p50_ms",
+        5.0,
+        "ms",
+        "[inferred] a loopback or same-rack TCP path has a smoothed RTT well under 1 ms; "
+        "a median of 5 ms on the benchmark's connections is queueing or a distant peer",
+    ),
+    Threshold(
+        "trace_retrans_per_s",
+        1.0,
+        "segments/s",
+        "[inferred] a healthy path retransmits rarely; a segment a second over a window "
+        "is loss the client and server both wait out",
+    ),
 )
 _BY_NAME = {t.name: t for t in THRESHOLDS}
 

@@ -399,6 +399,8 @@ class StrataConfig:
     max_regression_pct: float
     rootdir: Path
     regression_metrics: tuple[str, ...] = ("ttft_ms", "tpot_ms")
+    #: the diagnostic round: "auto" and/or case ids / workload names (run/diagnostic_round)
+    escalate: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> Path:

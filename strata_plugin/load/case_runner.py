@@ -8,6 +8,7 @@ OSL, cold prefix) so a number is never reported for the wrong workload.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -348,10 +349,12 @@ class CaseRunner:
         injector = (self._start_injection(inject, case_id, injected, scale, clock, placed)
                     if inject and clock else None)
         try:
-            res = self._load(jobs, w, progress, clock)
-            target_line = None
-            if until is not None:
-                res, target_line = self._until_supported(res, w, until, case_id, body, progress)
+            with self._measured_window(case_id):
+                res = self._load(jobs, w, progress, clock)
+                target_line = None
+                if until is not None:
+                    res, target_line = self._until_supported(res, w, until, case_id, body,
+                                                             progress)
         finally:
             if clock:
                 clock.load_done.set()
@@ -491,6 +494,11 @@ class CaseRunner:
         from strata_plugin.load.sweep import run_sweep
 
         return run_sweep(self, sweep, case_id or self.default_case_id)
+
+    def _measured_window(self, case_id: str) -> contextlib.AbstractContextManager:
+        """Wraps exactly the measured requests (warm-ups excluded): the diagnostic round
+        (``run/diagnostic_round.py``) captures its trace here."""
+        return contextlib.nullcontext()
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

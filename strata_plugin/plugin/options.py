@@ -25,6 +25,10 @@ OPTIONS = (
     ("--strata-api", "strata_api",
      "the server's API, replacing the profile's server.api: chat, completions, llamacpp "
      "or sglang", ""),
+    ("--strata-escalate", "strata_escalate",
+     "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
+     "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
+     ""),
 )
 
 
@@ -82,6 +86,12 @@ def build_config(config: pytest.Config) -> StrataConfig:
     except ValueError:
         raise pytest.UsageError("--strata-max-regression: expected a number (percent)") from None
     baseline = _value(config, "strata_baseline")
+    from strata_plugin.run.diagnostic_round import parse_escalate
+
+    try:
+        escalate = parse_escalate(_value(config, "strata_escalate"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
     api = _value(config, "strata_api").strip()
@@ -99,4 +109,5 @@ def build_config(config: pytest.Config) -> StrataConfig:
                                  _value(config, "strata_regression_metrics").split(",")
                                  if m.strip()),
         rootdir=root,
+        escalate=escalate,
     )

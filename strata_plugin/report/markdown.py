@@ -26,6 +26,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
 
@@ -703,5 +704,6 @@ def render(d: ReportData) -> str:
             f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
             + case_section(d, a) + "\n</details>\n"
         )
-    parts.extend([run_timeline(d), *d.extra_sections, thresholds_section()])
+    parts.extend([diagnostic_section(d.bundle.run_dir, d.analyses), run_timeline(d),
+                  *d.extra_sections, thresholds_section()])
     return "".join(parts)

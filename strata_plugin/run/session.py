@@ -423,10 +423,17 @@ class StrataSession:
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
-        return CaseRunner(setup, record=self.recorder.record, mark=self.recorder.mark,
-                          add_case=self.recorder.add_case, counters=process_counters(server),
-                          progress_line=progress, default_case_id=case_id_from(nodeid),
-                          history=self.history)
+        kw = dict(record=self.recorder.record, mark=self.recorder.mark,
+                  add_case=self.recorder.add_case, counters=process_counters(server),
+                  progress_line=progress, default_case_id=case_id_from(nodeid),
+                  history=self.history)
+        if self.cfg.escalate:
+            from strata_plugin.run.diagnostic_round import DiagnosticRunner
+
+            return DiagnosticRunner(setup, escalate=self.cfg.escalate, run_dir=self.run_dir,
+                                    server_pid=server.pid if server.spec else None,
+                                    settle_s=p.telemetry.interval_s + 0.3, **kw)
+        return CaseRunner(setup, **kw)
 
     # --- end -----------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Readers of the finer traces a diagnostic round captures: evidence, not files."""
