@@ -97,3 +97,16 @@ def test_keep_alive_survives_a_servers_idle_close(
         assert all(r.ok for r in res.records), [r.error for r in res.records]
         assert srv.connections == 3
         assert len(srv.seen) == 3  # nothing was sent twice to the server
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_error_body_that_comes_after_the_head_is_kept(framing: str) -> None:
+    """The head arrives alone (the body 50 ms later): the status error still has the body."""
+    body = b'{"error":{"code":503,"message":"loading model"}}'
+    reply = Reply(items=[(0.05, body)], status=503, framing=framing,
+                  content_type="application/json")
+    with ScriptServer(reply) as srv:
+        res = _load(srv.url, _jobs(1), 1)
+    err = res.records[0].error
+    assert err is not None and err.cls == "http_status" and err.http_status == 503
+    assert "loading model" in err.message, err.message

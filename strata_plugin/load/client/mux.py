@@ -568,7 +568,8 @@ class StreamMux:
             r.phase = _ERRBODY
             r.err_until = now + _ERROR_BODY_NS
             self._arm(r)
-            self._take_error_body(r, rest)
+            if rest or r.left == 0:  # b"" here is "nothing yet", not EOF
+                self._take_error_body(r, rest, eof=False)
             return
         enc = head.headers.get("content-encoding", "identity").lower()
         if enc != "identity":
@@ -616,10 +617,10 @@ class StreamMux:
                 r.drain_until = now + int(DRAIN_S * _NS)
                 self._arm(r)
 
-    def _take_error_body(self, r: _Req, data: bytes) -> None:
+    def _take_error_body(self, r: _Req, data: bytes, eof: bool = True) -> None:
         """Keep the start of a non-2xx body for the error message."""
         n = sum(len(b) for b in r.err_body)
-        if not data:
+        if not data and eof:
             self._finish(r, self._status_error(r))
             return
         dec = r.decoder
