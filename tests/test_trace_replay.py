@@ -163,9 +163,8 @@ def llama_reply(seen: Seen) -> Reply:
     return Reply(items)
 
 
-def test_replay_keeps_the_trace_times_against_a_scripted_server():
-    lines: list[dict] = []
-    tw = TraceWorkload(read_trace(TRACES / "burstgpt_sample.csv"), time_scale=0.5)
+def _replay_once(tw: TraceWorkload, lines: list[dict]) -> str:
+    """One replay against the scripted server; "" when it kept the times, else why not."""
     with ScriptServer(llama_reply) as srv:
         setup = CaseSetup(srv.url, "llamacpp", "c", SPACE, Timeouts(read_s=10), salt="r")
         runner = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
@@ -173,16 +172,31 @@ def test_replay_keeps_the_trace_times_against_a_scripted_server():
         r = runner.replay(tw, case_id="trace")
         posts = sorted(s.received_ns for s in srv.seen if s.method == "POST")
     assert r.problems == () and r.metrics.n_ok == 15
-    # The self-check's limit is 5 ms p99; on a machine shared with other work the client
-    # can be late by more, and says so (client_bound). A margin, not the limit itself.
-    assert r.self_check.dispatch_lateness_p99_ms < 10 * CLIENT_LATENESS_P99_MS
     # Arrivals at the server follow the (halved) trace times, up to one common delay
     # (connecting, the first request's own lateness).
     got = [t / 1e9 for t in posts]
     want = [q.t_s for q in tw.requests]
     shift = sorted(g - w for g, w in zip(got, want))[len(got) // 2]
     errs = sorted(abs(g - w - shift) for g, w in zip(got, want))
-    assert errs[len(errs) // 2] < 0.01 and errs[-1] < 0.2, errs
+    if errs[len(errs) // 2] >= 0.01 or errs[-1] >= 0.2:
+        return f"arrival errors {errs}"
+    # The self-check's limit is 5 ms p99; a margin, the machine being shared.
+    if r.self_check.dispatch_lateness_p99_ms >= 10 * CLIENT_LATENESS_P99_MS:
+        return f"self-check {r.self_check}"
+    return ""
+
+
+def test_replay_keeps_the_trace_times_against_a_scripted_server():
+    """Up to 3 tries (as the client timing tests): a host busy with other work can make
+    the client itself late, which its self-check then reports."""
+    tw = TraceWorkload(read_trace(TRACES / "burstgpt_sample.csv"), time_scale=0.5)
+    lines: list[dict] = []
+    why = []
+    for _ in range(3):
+        why.append(_replay_once(tw, lines))
+        if not why[-1]:
+            break
+    assert not why[-1], f"outside the tolerance on all 3 tries: {why}"
     p = lines[-1]["params"]
     assert (p["arrival"], p["trace_format"], p["requests"], p["time_scale"]) == (
         "trace", "burstgpt", 15, 0.5)
