@@ -57,12 +57,12 @@ def test_upper_bound_covers_the_true_quantile_as_stated():
     """Draws from a known distribution: the bound sits above the true p99 in ~99% of runs."""
     rng = random.Random(5)
     true_p99 = -__import__("math").log(0.01)  # Exp(1)
-    trials, missed = 1500, 0
+    trials, missed = 400, 0
     for _ in range(trials):
         s = support("x", [rng.expovariate(1.0) for _ in range(600)], (99.0,))[0]
         missed += s.upper < true_p99
     # Exact coverage for n=600 is binom.cdf(j - 1) >= 0.99; allow sampling noise.
-    assert missed / trials <= 0.02
+    assert missed / trials <= 0.03  # 1% expected; sd 0.5% at 400 trials
 
 
 def test_report_says_which_percentiles_are_supported(tmp_path):

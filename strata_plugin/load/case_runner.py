@@ -465,15 +465,40 @@ class CaseRunner:
             raise ValueError("trace replay sends token-ID prompts: it needs the completions, "
                              "llamacpp or sglang API, not chat")
         jobs = trace_jobs(tw, case_id, setup.token_space, salt=setup.salt, model=setup.model)
+        convs = tw.conversations()
+        in_conv = {i for ids in convs.values() for i in ids}
+        singles = [j for i, j in enumerate(jobs) if i not in in_conv]
         t_case = time.monotonic_ns()
-        res = run_load(jobs, base_url=setup.base_url, api=setup.api,
-                       concurrency=min(tw.max_in_flight, len(jobs), 1024),
-                       timeouts=setup.timeouts, headers=setup.headers, counters=self._counters,
-                       on_record=self._record, progress=Progress(len(jobs)))
+        loads: list[LoadResult] = []
+
+        def load(js: list[Job], conc: int) -> LoadResult:
+            return run_load(js, base_url=setup.base_url, api=setup.api, concurrency=conc,
+                            timeouts=setup.timeouts, headers=setup.headers,
+                            counters=self._counters, on_record=self._record)
+
+        def conversation(ids: list[int]) -> None:
+            """Turn 1 at its trace time; each later turn after the previous answer."""
+            wait = t_case / 1e9 + tw.requests[ids[0]].t_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            for k, i in enumerate(ids):
+                if k and tw.requests[i].think_s > 0:
+                    time.sleep(tw.requests[i].think_s)
+                loads.append(load([Job(jobs[i].spec, None)], 1))
+
+        threads = [threading.Thread(target=conversation, args=(ids,), daemon=True,
+                                    name="strata-conversation") for ids in convs.values()]
+        for t in threads:
+            t.start()
+        if singles:
+            loads.append(load(singles, min(tw.max_in_flight, len(singles), 1024)))
+        for t in threads:
+            t.join()
+        res = merge_loads(sorted(loads, key=lambda x: x.start_ns))
         self._mark("measured", case_id, case_id, res.start_ns, res.end_ns)
         self._mark("case", case_id, case_id, t_case, res.end_ns)
         metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
-        problems = tuple(check_trace(tw.requests, res.records, tw.expect_stop))
+        problems = tuple(check_trace(jobs, res.records, tw.expect_stop))
         result = CaseResult(case_id, tw, setup.config_id, res.records, (), metrics,
                             res.self_check, problems, (res.start_ns, res.end_ns), 0.0,
                             allow_errors=allow_errors)

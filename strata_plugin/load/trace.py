@@ -13,7 +13,10 @@ Readers for the public formats (each file's own columns, nothing renamed by hand
   ``GeneratedTokens`` (Azure LLM inference trace 2023/2024, AzurePublicDataset).
 * ``strata``: JSONL or CSV with ``timestamp_s``, ``input_length``, ``output_length`` and
   optionally ``prefix_group`` and ``prefix_tokens`` (requests of one group share their
-  first ``prefix_tokens`` tokens exactly).
+  first ``prefix_tokens`` tokens exactly), ``conversation_id``, ``turn`` and ``think_s``
+  (multi-turn: turn k is sent ``think_s`` after turn k-1's answer ended, its prompt the
+  previous turns' inputs and answers followed by its own ``input_length`` new tokens;
+  ``timestamp_s`` counts only for a conversation's first turn).
 
 Prompts are exact token-ID lists: a shared block's tokens depend only on the block's
 id (and the run's salt), so two requests with the same leading blocks send the same
@@ -26,7 +29,7 @@ import csv
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -47,6 +50,9 @@ class TraceRequest:
     osl: int
     blocks: tuple[str, ...] = ()  # shared prefix blocks, in order
     block_tokens: int = 0  # tokens per shared block (the last may be cut by isl)
+    conversation: str = ""  # multi-turn: the conversation this turn belongs to
+    turn: int = 0
+    think_s: float = 0.0  # pause after the previous turn's answer
 
 
 @dataclass(frozen=True)
@@ -148,16 +154,19 @@ def read_trace(path: Path | str, fmt: str = "auto") -> Trace:
         else:
             group = str(r.get("prefix_group") or "")
             k = _int(r.get("prefix_tokens") or 0, where, "prefix_tokens") if group else 0
+            conv = str(r.get("conversation_id") or "")
             reqs.append(TraceRequest(_float(r["timestamp_s"], where, "timestamp_s"),
                                      _int(r["input_length"], where, "input_length"),
                                      _int(r["output_length"], where, "output_length"),
-                                     (f"group:{group}",) if group and k else (), k))
+                                     (f"group:{group}",) if group and k else (), k, conv,
+                                     _int(r.get("turn") or 0, where, "turn") if conv else 0,
+                                     _float(r.get("think_s") or 0, where, "think_s")))
     bad = [i for i, q in enumerate(reqs) if q.isl < 1 or q.osl < 1]
     if bad:
         raise TraceError(f"{path.name}: {len(bad)} request(s) with no input or output tokens")
     reqs.sort(key=lambda q: q.t_s)
     t0 = reqs[0].t_s
-    reqs = [TraceRequest(q.t_s - t0, q.isl, q.osl, q.blocks, q.block_tokens) for q in reqs]
+    reqs = [replace(q, t_s=q.t_s - t0) for q in reqs]
     return Trace(path.stem, fmt, tuple(reqs))
 
 
@@ -198,11 +207,11 @@ class TraceWorkload:
         out = []
         for q in reqs:
             bt = self.block_tokens if self.block_tokens is not None else q.block_tokens
-            out.append(TraceRequest(
-                q.t_s * self.time_scale,
-                max(1, round(q.isl * self.length_scale)),
-                max(1, round(q.osl * self.length_scale)),
-                q.blocks, max(0, round(bt * self.length_scale)) if q.blocks else 0))
+            out.append(replace(
+                q, t_s=q.t_s * self.time_scale, isl=max(1, round(q.isl * self.length_scale)),
+                osl=max(1, round(q.osl * self.length_scale)),
+                block_tokens=max(0, round(bt * self.length_scale)) if q.blocks else 0,
+                think_s=q.think_s * self.time_scale))
         return out
 
     @property
@@ -223,7 +232,42 @@ class TraceWorkload:
                 "isl_mean": sum(q.isl for q in reqs) / len(reqs),
                 "osl_mean": sum(q.osl for q in reqs) / len(reqs),
                 "offered_rate": (len(reqs) - 1) / span if span > 0 else None,
-                "shared_block_requests": sum(1 for q in reqs if q.blocks)}
+                "shared_block_requests": sum(1 for q in reqs if q.blocks),
+                "conversations": len({q.conversation for q in reqs if q.conversation})}
+
+    def conversations(self) -> dict[str, list[int]]:
+        """Request indices of each conversation, in turn order."""
+        out: dict[str, list[int]] = {}
+        for i, q in enumerate(self.requests_):
+            if q.conversation:
+                out.setdefault(q.conversation, []).append(i)
+        for ids in out.values():
+            ids.sort(key=lambda i: self.requests_[i].turn)
+        return out
+
+
+def answer_tokens(q: TraceRequest, index: int, space: TokenSpace, *, seed: int = 0,
+                  salt: str = "") -> tuple[int, ...]:
+    """The tokens that stand for request ``index``'s answer in the next turn's prompt.
+
+    The server's own answer is not known as token ids on every API, so a turn's history
+    carries a fixed answer of the right length; the prefix cache can then reuse the
+    previous turns' prompts, not their answers."""
+    rng = random.Random(f"{seed}:answer:{index}:{salt}")
+    return tuple(rng.randrange(space.low, space.high) for _ in range(q.osl))
+
+
+def conversation_prompts(tw: TraceWorkload, space: TokenSpace, *, salt: str = ""
+                         ) -> dict[int, tuple[int, ...]]:
+    """Every multi-turn request's full prompt: previous inputs and answers, then its own."""
+    out: dict[int, tuple[int, ...]] = {}
+    for ids in tw.conversations().values():
+        history: tuple[int, ...] = ()
+        for i in ids:
+            q = tw.requests[i]
+            out[i] = history + trace_prompt(q, i, space, seed=tw.seed, salt=salt)
+            history = out[i] + answer_tokens(q, i, space, seed=tw.seed, salt=salt)
+    return out
 
 
 def trace_prompt(q: TraceRequest, index: int, space: TokenSpace, *, seed: int = 0,

@@ -4,7 +4,8 @@ Generated here (seeded), in each format's own columns and units, not copied from
 published traces: Mooncake JSONL (ms timestamps, 512-token hash-id blocks with shared
 leading blocks), BurstGPT CSV (s timestamps, one failed request with 0 response tokens),
 Azure LLM inference CSV (date-time timestamps), and Strata's own JSONL with prefix
-groups. Run: python tests/data/traces/make_sample_traces.py
+groups, and Strata's JSONL with multi-turn conversations. Run:
+python tests/data/traces/make_sample_traces.py
 """
 
 from __future__ import annotations
@@ -74,6 +75,21 @@ def strata(rng: random.Random) -> None:
     (HERE / "strata_sample.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+def strata_conversations(rng: random.Random) -> None:
+    """Three conversations of three turns; later turns' times are not used (they follow
+    the previous answer after think_s)."""
+    lines = []
+    for c in range(3):
+        for turn in range(3):
+            lines.append({"timestamp_s": round(c * 0.4 + turn * 5.0, 3),
+                          "input_length": rng.randrange(40, 90),
+                          "output_length": rng.randrange(4, 8),
+                          "conversation_id": f"c{c}", "turn": turn,
+                          "think_s": 0.0 if turn == 0 else 0.3})
+    (HERE / "strata_conversations_sample.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in lines))
+
+
 if __name__ == "__main__":
-    for make in (mooncake, burstgpt, azure, strata):
+    for make in (mooncake, burstgpt, azure, strata, strata_conversations):
         make(random.Random(make.__name__))
