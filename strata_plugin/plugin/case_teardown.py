@@ -63,11 +63,12 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     outcome = _outcome(item)
     # Before the analysis: a verdict of a case that lost an agent says so.
     lost = sess.recover_agents(server, tuple(r.case_id for r in runner.results))
-    tr = item.config.pluginmanager.get_plugin("terminalreporter")
-    for line in lost:
-        if tr is not None:
-            tr.write_line(f"  [strata] {line}")
-        item.user_properties.append(("strata_agent_lost", line))
+    if lost:
+        tr = item.config.pluginmanager.get_plugin("terminalreporter")
+        for line in lost:
+            if tr is not None:
+                tr.write_line(f"  [strata] {line}")
+            item.user_properties.append(("strata_agent_lost", line))
     for line in runner.case_lines.values():
         sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid})
     item.user_properties.extend(case_properties(sess, runner))

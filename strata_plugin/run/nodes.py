@@ -7,6 +7,7 @@ one agent per node for a server's lifetime, and records clock offsets.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -58,11 +59,17 @@ def start_agents(sess: StrataSession, server: Server) -> list:
 
     handles = []
     nodes = dict(sess.recorder.manifest.get("nodes", {}))
-    for name, argv in agent_commands(sess, server.pid, server).items():
-        out_dir = sess.run_dir / "nodes" / name
-        h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
-        handles.append(h)
-        nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+    try:
+        for name, argv in agent_commands(sess, server.pid, server).items():
+            out_dir = sess.run_dir / "nodes" / name
+            h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+            handles.append(h)
+            nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+    except BaseException:  # Ctrl-C while measuring a clock: the caller never gets them
+        for h in handles:
+            with contextlib.suppress(Exception):
+                h.stop(2.0)
+        raise
     sess.recorder.update_manifest(nodes=nodes)
     return handles
 
