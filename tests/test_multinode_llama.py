@@ -345,7 +345,10 @@ def test_two_node_decode_crosses_the_veth_and_the_capped_link_is_named(lab, tmp_
     caps = {("head", lab.head_if): CAP_BYTES_S, ("worker", lab.worker_if): CAP_BYTES_S}
     rep = rails.analyze(rows["capped"], window="capped", link_caps=caps)
     sig = rep.signals()
-    v_cap = classify(WindowSignals(**rails.merge_signals({**vars(plain), "net_util": None}, rep)))
+    # both link signals from the declared capacity (merge_signals never overrides one
+    # already computed against the veth's own speed)
+    no_link = {"net_util": None, "net_wire_busy": None}
+    v_cap = classify(WindowSignals(**rails.merge_signals({**vars(plain), **no_link}, rep)))
     print(
         f"  capped verdict: {v_cap.summary()} (confidence {v_cap.confidence}); "
         f"net_util {sig['net_util']:.2f} (busier direction / tbf rate), "
@@ -371,7 +374,7 @@ def test_two_node_decode_crosses_the_veth_and_the_capped_link_is_named(lab, tmp_
     )
     v_free = classify(
         WindowSignals(
-            **rails.merge_signals({**vars(signals("uncapped")), "net_util": None}, rep_free)
+            **rails.merge_signals({**vars(signals("uncapped")), **no_link}, rep_free)
         )
     )
     print(f"  uncapped verdict: {v_free.summary()}")

@@ -147,7 +147,8 @@ def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path)
     head = SimpleNamespace(config_id="tp16", alive=lambda: True)
     sess = SimpleNamespace(recorder=SimpleNamespace(add_case=lambda line: None),
                            run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
-                           dead_workers=lambda server: [worker])
+                           dead_workers=lambda server: [worker],
+                           recover_agents=lambda server, cases=(): [])
     item = SimpleNamespace(stash={}, user_properties=[], nodeid="cases/x.py::t")
     runner = SimpleNamespace(case_lines={}, results=[])
     with pytest.raises(pytest.fail.Exception) as failed:

@@ -88,11 +88,12 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     flushed = sess.flush_telemetry(server)
     # Before the analysis: a verdict of a case that lost an agent says so.
     lost = sess.recover_agents(server, tuple(r.case_id for r in runner.results))
-    tr = item.config.pluginmanager.get_plugin("terminalreporter")
-    for line in lost:
-        if tr is not None:
-            tr.write_line(f"  [strata] {line}")
-        item.user_properties.append(("strata_agent_lost", line))
+    if lost:
+        tr = item.config.pluginmanager.get_plugin("terminalreporter")
+        for line in lost:
+            if tr is not None:
+                tr.write_line(f"  [strata] {line}")
+            item.user_properties.append(("strata_agent_lost", line))
     props, verdicts = case_properties(sess, runner)
     for cid, line in runner.case_lines.items():
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
