@@ -68,9 +68,11 @@ def test_same_prompts_again_hit_the_cache_and_the_check_says_so(llama):
     """With cache_prompt on, a repeat of the same prompt is served from the prompt cache,
     and the cold-prefix check must catch it with the numbers."""
     w = Workload("warm", isl=400, osl=2, requests=1, seed=11)
-    runner = _runner(llama, salt="repeat")
-    first = runner.run(replace(w, prefix="shared", shared_prefix_tokens=400), scale=False)
-    again = runner.run(replace(w, prefix="shared", shared_prefix_tokens=400), scale=False)
+    # Two runners: a runner salts each repetition apart; a fresh one sends the same prompt.
+    first = _runner(llama, salt="repeat").run(
+        replace(w, prefix="shared", shared_prefix_tokens=400), scale=False)
+    again = _runner(llama, salt="repeat").run(
+        replace(w, prefix="shared", shared_prefix_tokens=400), scale=False)
     cached = again.records[0].usage.cached_tokens
     assert first.records[0].usage.cached_tokens == 0
     assert cached is not None and cached >= 390, cached

@@ -55,6 +55,7 @@ class CaseSetup:
     model: str | None = None
     scale: tuple[tuple[str, float], ...] = ()  # profile scaling of the nominal matrix
     block_id: str = ""  # the server process this case ran in (A/B blocks)
+    engine: str = ""  # the profile's server.engine: how its prefix cache is flushed
     startup_s: float | None = None  # that server's start-up time, apart from measurements
 
 
@@ -176,11 +177,13 @@ class CaseResult:
 
 def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
                 count: int, first_index: int,
-                extra_body: tuple[tuple[str, object], ...] = ()) -> list[RequestSpec]:
+                extra_body: tuple[tuple[str, object], ...] = (),
+                salt: str | None = None) -> list[RequestSpec]:
     specs = []
     for i in range(count):
         index = first_index + i
-        tokens = prompt_tokens(w, index, setup.token_space, salt=setup.salt)
+        tokens = prompt_tokens(w, index, setup.token_space,
+                               salt=setup.salt if salt is None else salt)
         specs.append(RequestSpec(
             request_id=f"{case_id}/{phase}/{index}", case_id=case_id, phase=phase,
             max_tokens=w.osl, prompt_token_ids=tokens, ignore_eos=not w.expect_stop,
@@ -231,6 +234,23 @@ def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
     return problems
 
 
+def cold_prefix_status(w: Workload, records: tuple[RequestRecord, ...]) -> str | None:
+    """Whether a cold-prefix case was verified cold from what the server reported."""
+    if w.prefix != "cold":
+        return None
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return "cold prefix not verified: no successful request"
+    counted = [r.usage.cached_tokens for r in ok if r.usage.cached_tokens is not None]
+    if len(counted) < len(ok):
+        return (f"cold prefix not verifiable: the server reported no cached-token count "
+                f"for {len(ok) - len(counted)} of {len(ok)} requests")
+    hits = sum(counted)
+    if hits:
+        return f"NOT cold: {hits} cached prompt tokens in {len(ok)} requests"
+    return f"verified cold: 0 cached prompt tokens in {len(ok)} requests"
+
+
 def validate(validators, records: tuple[RequestRecord, ...]) -> tuple[tuple[str, int, int], ...]:
     """Pass counts per validator, summed over the successful requests of a case."""
     out = []
@@ -261,7 +281,8 @@ class CaseRunner:
                  add_case: Callable[[dict], None],
                  counters: Callable[[], tuple[float, int, int]] | None = None,
                  progress_line: Callable[[str], None] | None = None,
-                 default_case_id: str = "case", history: dict | None = None) -> None:
+                 default_case_id: str = "case", history: dict | None = None,
+                 repetitions: dict | None = None) -> None:
         self.setup = setup
         self._record, self._mark, self._add_case = record, mark, add_case
         self._counters = counters
@@ -272,6 +293,18 @@ class CaseRunner:
         #: Results by A/B group, shared across the session's tests (blocks); read it with
         #: ``ab_results(group)``.
         self.history: dict[str, list[CaseResult]] = history if history is not None else {}
+        #: How often each workload ran (per A/B arm), across the session: the salt of its
+        #: prompts, so that no repetition reuses an earlier one's prefix.
+        self.repetitions: dict[tuple[str, str, str], int] = (
+            repetitions if repetitions is not None else {})
+
+    def repetition_salt(self, w: Workload, ab: ABArm | None) -> str:
+        """The run's salt plus this workload's repetition number (within its A/B arm, so
+        the k-th repetitions of two arms send the same prompts and pair by output)."""
+        key = (ab.group, ab.arm, w.name) if ab else ("", "", w.name)
+        k = self.repetitions.get(key, 0)
+        self.repetitions[key] = k + 1
+        return f"{self.setup.salt}/{w.name}/{k}"
 
     def _load(self, jobs: list[Job], w: Workload, phase_progress: Progress | None,
               clock: _InjectionClock | None = None) -> LoadResult:
@@ -327,17 +360,24 @@ class CaseRunner:
         self._require_token_ids()
         nominal = w
         w = self.scaled(w) if scale else w
+        salt = self.repetition_salt(w, ab)
         t_case = time.monotonic_ns()
         body = tuple(sorted((extra_body or {}).items()))
-        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body)
+        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body, salt)
         warm_res = self._load([Job(s) for s in warm], w, None) if warm else None
         t_warm_end = time.monotonic_ns()
         if warm_res:
             self._mark("warmup", case_id, case_id, t_case, t_warm_end)
             if (err := no_tokens(warm_res.records)) is not None:
                 raise err  # the warm-ups already show it: no measured load is sent
+        flush = None
+        if w.prefix == "cold":  # after the warm-ups, before the measured window
+            from strata_plugin.load.cache_flush import flush_prefix_cache
 
-        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body)
+            flush = flush_prefix_cache(self.setup.engine, self.setup.base_url,
+                                       self.setup.headers)
+
+        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body, salt)
         offsets = arrival_offsets_s(w, len(specs))
         jobs = [Job(s, None if offsets is None else offsets[i]) for i, s in enumerate(specs)]
         progress = Progress(len(jobs))
@@ -346,7 +386,8 @@ class CaseRunner:
         injected: list[RequestRecord] = []
         placed: dict[str, object] = {}
         clock = _InjectionClock(min(w.concurrency, len(jobs))) if inject else None
-        injector = (self._start_injection(inject, case_id, injected, scale, clock, placed)
+        injector = (self._start_injection(inject, case_id, injected, scale, clock, placed,
+                                        salt)
                     if inject and clock else None)
         try:
             with self._measured_window(case_id):
@@ -354,7 +395,7 @@ class CaseRunner:
                 target_line = None
                 if until is not None:
                     res, target_line = self._until_supported(res, w, until, case_id, body,
-                                                             progress)
+                                                             progress, salt)
         finally:
             if clock:
                 clock.load_done.set()
@@ -392,6 +433,9 @@ class CaseRunner:
             "validation": [{"validator": n, "passed": p, "total": t} for n, p, t in validation],
             "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s,
                            "after": inject.after, **placed} if inject else None),
+            "prompt_salt": salt,
+            "cache_flush": flush.as_dict() if flush else None,
+            "cold_prefix": cold_prefix_status(w, res.records),
             **extra, **(ab.fields() if ab else {}),
         }
         if target_line is not None:
@@ -413,7 +457,7 @@ class CaseRunner:
                 "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
 
     def _until_supported(self, first: LoadResult, w: Workload, target: SampleTarget,
-                         case_id: str, body: tuple, progress: Progress
+                         case_id: str, body: tuple, progress: Progress, salt: str
                          ) -> tuple[LoadResult, dict]:
         """More measured requests until ``target`` is met, or its count or time runs out.
 
@@ -439,7 +483,7 @@ class CaseRunner:
             if per_request_s > 0:
                 fit = int((target.max_s - elapsed_s) / per_request_s)
                 batch = max(1, min(batch, max(fit, w.concurrency)))
-            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body)
+            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body, salt)
             offsets = arrival_offsets_s(w, n + batch)
             base = offsets[n] if offsets is not None else 0.0
             jobs = [Job(s, None if offsets is None else offsets[n + i] - base)
@@ -535,10 +579,10 @@ class CaseRunner:
 
     def _start_injection(self, inject: Injection, case_id: str, out: list[RequestRecord],
                          scale: bool, clock: _InjectionClock,
-                         placed: dict[str, object]) -> threading.Thread:
+                         placed: dict[str, object], salt: str) -> threading.Thread:
         """Send the injected request where ``inject`` places it; ``placed`` says where."""
         w = self.scaled(inject.workload) if scale else inject.workload
-        spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000)[0]
+        spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000, (), salt)[0]
         t0 = time.monotonic_ns()
 
         def send() -> None:

@@ -63,6 +63,10 @@ def run_limits(
     m = bundle.manifest
     if m.get("incomplete_reason"):
         out.append(f"run incomplete: {m['incomplete_reason']}")
+    for cid, info in sorted(bundle.cases.items()):  # cached tokens the server did not report
+        cold = str(info.raw.get("cold_prefix") or "")
+        if cold.startswith(("cold prefix not verifi", "NOT cold")):
+            out.append(f"case {cid}: {cold}")
     if not ctx.gpu_present:
         why = "; ".join(
             f"{n}: {r}"

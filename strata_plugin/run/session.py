@@ -112,6 +112,7 @@ class StrataSession:
         self.servers: dict[str, Server] = {}
         self.workers: dict[str, list] = {}  # remote worker processes by block id
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
+        self.repetitions: dict = {}  # runs of each workload (per A/B arm): prompt salts
         self.incomplete_reason = ""
         self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
         self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
@@ -419,14 +420,15 @@ class StrataSession:
             block_id=server.block_id, startup_s=server.startup_s,
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
-            salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale)
+            salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale,
+            engine=p.server.engine)
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
         kw = dict(record=self.recorder.record, mark=self.recorder.mark,
                   add_case=self.recorder.add_case, counters=process_counters(server),
                   progress_line=progress, default_case_id=case_id_from(nodeid),
-                  history=self.history)
+                  history=self.history, repetitions=self.repetitions)
         if self.cfg.escalate:
             from strata_plugin.run.diagnostic_round import DiagnosticRunner
 
