@@ -72,7 +72,7 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     outcome = _outcome(item)
     # The verdict is computed once, here, after the agents have written the samples that
     # cover the case's end; cases.jsonl keeps it, and every derived file reports it.
-    flushed = sess.flush_telemetry(server)
+    flushed = sess.flush_telemetry(server) if runner.results else True
     props, verdicts = case_properties(sess, runner)
     for cid, line in runner.case_lines.items():
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
