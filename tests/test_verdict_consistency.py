@@ -12,6 +12,7 @@ the same path through teardown, with the case id as the properties' prefix.
 from __future__ import annotations
 
 import csv
+import html
 import json
 import xml.etree.ElementTree as ET
 
@@ -66,7 +67,11 @@ def test_junit_verdict_is_the_report_verdict_for_every_case(smoke_run):
     assert csv_v == junit and json_v == junit
     for cid, verdict in junit.items():
         assert recorded[cid]["nodeid"] == cid
-        section = report.split(f"`{cid}`", 1)[1].split("\n### ", 1)[0]
+        assert f"| [`{cid}`](#" in report and f"| {verdict} |" in report  # the summary line
+        # the case's own section: collapsed under "<case id>: <verdict>"
+        section = report.split(f"<details><summary>{html.escape(cid)}: ", 1)[1]
+        section = section.split("</details>", 1)[0]
+        assert section.startswith(f"{html.escape(verdict)}</summary>"), (cid, section[:200])
         head = verdict.replace("inconclusive: ", "").split(" (+")[0]
         assert f"**{'inconclusive: ' if 'inconclusive' in verdict else ''}{head}**" in section \
             or verdict == "none", (cid, verdict)
