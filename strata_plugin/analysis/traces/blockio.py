@@ -95,7 +95,8 @@ class BlockReport:
         for f in self.files[:n]:
             lat = f.latency
             rows.append({"file": f.path, "server_faults": f.server_faults,
-                         "read_mb": round(max(f.read_in_bytes, f.request_bytes) / 1e6, 3), "requests": f.requests,
+                         "read_mb": round(max(f.read_in_bytes, f.request_bytes) / 1e6, 3),
+                         "requests": f.requests,
                          "p50_ms": round(lat.p50_ms, 3) if lat else None,
                          "p90_ms": round(lat.p90_ms, 3) if lat else None,
                          "p99_ms": round(lat.p99_ms, 3) if lat else None,
