@@ -60,7 +60,7 @@ def diagnostic_md(d: Diagnostic) -> str:
         out.append(f"\nBlock I/O and faults by file ({b.reads} read requests, "
                    f"{b.read_bytes / 1e6:.3g} MB):\n\n")
         rows = [tuple(r.values()) for r in b.table()]
-        out.append(md_table(("file", "server faults", "read in MB", "requests", "p50 ms",
+        out.append(md_table(("file", "server faults", "read MB", "requests", "p50 ms",
                              "p90 ms", "p99 ms", "max ms", "offset ranges"), rows)
                    if rows else "(no reads in the window)\n")
         out.extend(f"\n* {n}\n" for n in b.notes)

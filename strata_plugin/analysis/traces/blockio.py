@@ -95,7 +95,8 @@ class BlockReport:
         for f in self.files[:n]:
             lat = f.latency
             rows.append({"file": f.path, "server_faults": f.server_faults,
-                         "read_in_mb": round(f.read_in_bytes / 1e6, 3), "requests": f.requests,
+                         "read_mb": round(max(f.read_in_bytes, f.request_bytes) / 1e6, 3),
+                         "requests": f.requests,
                          "p50_ms": round(lat.p50_ms, 3) if lat else None,
                          "p90_ms": round(lat.p90_ms, 3) if lat else None,
                          "p99_ms": round(lat.p99_ms, 3) if lat else None,
@@ -134,9 +135,10 @@ class _Extents:
         return None
 
 
-def _merge(offsets: list[int], size: int = PAGE) -> list[tuple[int, int]]:
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, size) spans -> merged (start, end) ranges, largest first."""
     out: list[list[int]] = []
-    for o in sorted(offsets):
+    for o, size in sorted(spans):
         if out and o <= out[-1][1]:
             out[-1][1] = max(out[-1][1], o + size)
         else:
@@ -155,7 +157,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
     missing_ext = [f["path"] for f in meta.get("files", [])
                    if f.get("extents_error") and f["path"].endswith(".gguf")]
     faults: dict[str, int] = defaultdict(int)
-    read_in: dict[str, list[int]] = defaultdict(list)  # path -> offsets (one per page)
+    read_in: dict[str, list[tuple[int, int]]] = defaultdict(list)  # path -> (offset, size)
     read_in_bytes: dict[str, int] = defaultdict(int)
     pending: dict[tuple[str, int], int] = {}
     req_lat: dict[str, list[float]] = defaultdict(list)
@@ -180,6 +182,8 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
             ms = (ev.t_ns - t0) / 1e6
             hit = ext.find(disk, sector * 512)
             path = hit[0] if hit else OTHER
+            if hit:
+                read_in[path].append((hit[1], nbytes))
             req_lat[path].append(ms)
             req_bytes[path] += nbytes
             all_lat.append(ms)
@@ -199,7 +203,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
                     faults[path] += 1
             else:
                 size = PAGE << int(m["order"] or 0)
-                read_in[path].append(int(m["ofs"]))
+                read_in[path].append((int(m["ofs"]), size))
                 read_in_bytes[path] += size
 
     unmatched = sum(1 for t in pending.values() if w0 <= t <= w1)
