@@ -80,7 +80,7 @@ def test_no_signal_handler_was_installed():
 
 def completions_reply(seen: Seen) -> Reply:
     """/v1/completions as vLLM streams it: one token per event, then usage, then [DONE]."""
-    if seen.method == "GET":
+    if seen.method == "GET" or seen.path == "/reset_prefix_cache":  # health, cache flush
         return Reply([(0.0, b"ok")], framing="length", content_type="text/plain")
     body = seen.json
     n_prompt, n_out = len(body["prompt"]), body["max_tokens"]
@@ -172,10 +172,12 @@ def test_their_case_runs_against_their_server(installed, tmp_path):
         run = _pytest(installed, repo, "benchmarks", "-k", "short", "-m", "latency",
                       f"--strata-server-url={srv.url}", f"--junitxml={xml}",
                       "--strata-run-id=theirs", home=home)
-        prompts = [s.json["prompt"] for s in srv.seen if s.method == "POST"]
+        prompts = [s.json["prompt"] for s in srv.seen if s.path == "/v1/completions"]
+        flushes = [s.path for s in srv.seen if s.path == "/reset_prefix_cache"]
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed, 1 deselected" in run.stdout
     assert len(prompts) == 4 and all(len(p) == 16 for p in prompts)  # exact token-ID prompts
+    assert flushes == ["/reset_prefix_cache"]  # vLLM's prefix cache emptied for the cold case
     assert all(10 <= t < 500 for p in prompts for t in p)
     props = {p.get("name"): p.get("value") for p in ET.parse(xml).getroot().iter("property")}
     assert props["strata_run_id"] == "theirs" and props["strata_profile"] == "their-vllm"
