@@ -27,7 +27,7 @@ def smoke_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smoke")
     xml = tmp / "junit.xml"
     run = PytestRun.start(
-        ["cases/test_matrix.py", "-m", "smoke", "-k", "prefill_128k or decode_1k_1k",
+        ["cases/test_matrix.py", "-m", "smoke", "-k", "prefill_128k or decode_1k_1k", "-rA",
          f"--junitxml={xml}",
          f"--strata-reports-dir={tmp / 'reports'}", "--strata-run-id=smoke"],
         tmp / "out.txt", tmp / "reports" / "smoke")
@@ -53,7 +53,7 @@ def test_junit_verdict_is_the_report_verdict_for_every_case(smoke_run):
     # single-case tests: the case id is the node id pytest printed
     for cid in junit:
         assert cid.startswith("cases/test_matrix.py::test_"), cid
-        assert cid in text or cid.split("::", 1)[1] in text
+        assert f"PASSED {cid}" in text or f"FAILED {cid}" in text  # pytest's own -rA line
     with (run_dir / "case_summary.csv").open() as fh:
         csv_v = {r["case_id"]: r["verdict"] or "none" for r in csv.DictReader(fh)}
     summary = json.loads((run_dir / "summary.json").read_text())
