@@ -7,9 +7,10 @@ kernel read into the page cache for it, and the latency distribution of the bloc
 requests that carried them.
 
 Events (``run/tracing.py`` trace set ``block``): ``filemap/mm_filemap_fault`` (a fault on
-a file-backed page: device, inode, offset), ``filemap/mm_filemap_add_to_page_cache``
-(a page read into the page cache: device, inode, offset, order), ``block/block_rq_issue``
-and ``block_rq_complete`` (a request's sector and size; the pair gives its latency). A
+a file-backed page: device, inode, offset), ``block/block_rq_issue`` and
+``block_rq_complete`` (a request's sector and size; the pair gives its latency), and, when
+a trace has it, ``filemap/mm_filemap_add_to_page_cache`` (one event per page read: too
+many to capture while a model pages in, so Strata's own captures leave it out). A
 file is known by ``(device, inode)`` from the capture's ``meta.json``; a block request is
 placed in a file through the file's extents (``FS_IOC_FIEMAP``); one outside every known
 file's extents is "other".
