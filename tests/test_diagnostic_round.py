@@ -100,7 +100,7 @@ def run(tmp_path_factory) -> dict:
     with model.open("rb+") as fh:  # dirty pages cannot be paged out: write them back
         os.fsync(fh.fileno())
     profile = (ROOT / "strata_plugin/profiles/local.toml").read_text()
-    profile = profile.replace('model = "~/.cache/strata/models/tiny-llama.gguf"',
+    profile = profile.replace('model = "{strata_cache}/models/tiny-llama.gguf"',
                               f'model = "{model}"')
     profile = profile.replace('name = "local"', 'name = "local-private-model"')
     assert str(model) in profile

@@ -129,8 +129,8 @@ collectors = ["proc", "cpu", "mem", "prom", "log"]
                           cwd=proj)
     rc = run.wait(400)
     assert rc == 0, run.text()[-4000:]
-    direct = summarize_case(run.run_dir, "test_decode[direct]").verdict
-    delayed = summarize_case(run.run_dir, "test_decode[delayed]").verdict
+    direct = summarize_case(run.run_dir, "test_cases.py::test_decode[direct]").verdict
+    delayed = summarize_case(run.run_dir, "test_cases.py::test_decode[delayed]").verdict
     print(f"direct: {direct.summary()}; delayed: {delayed.summary()}")
     assert "outside_server" not in direct.past_threshold, direct
     assert "outside_server" in delayed.past_threshold, delayed
@@ -141,7 +141,8 @@ collectors = ["proc", "cpu", "mem", "prom", "log"]
     from strata_plugin.analysis.case_summary import load_run
     from strata_plugin.analysis.metrics import request_metrics
 
-    bundle, _ = load_run(run.run_dir, "test_decode[delayed]")
+    delayed_id = "test_cases.py::test_decode[delayed]"
+    bundle, _ = load_run(run.run_dir, delayed_id)
     outside = sorted(request_metrics(r).outside_server_ms
-                     for r in bundle.records["test_decode[delayed]"] if r.phase == "measured")
+                     for r in bundle.records[delayed_id] if r.phase == "measured")
     assert outside[len(outside) // 2] >= 2 * DELAY_S * 1e3 * 0.9, outside
