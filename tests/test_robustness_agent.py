@@ -63,8 +63,9 @@ def test_agent_killed_mid_case_is_named_and_restarted(tmp_path):
     assert rc == 0, out[-4000:]
     assert "PASSED test_cases.py::test_b_after" in out, out[-4000:]
     # The terminal names the lost agent, once when found and in the run's summary.
-    assert "agent on local lost during test_cases.py::test_a_long" in out, out[-4000:]
-    assert "run incomplete: agent on local lost during test_a_long" in out, out[-4000:]
+    lost_line = "agent on local lost during test_cases.py::test_a_long"
+    assert lost_line in out, out[-4000:]
+    assert f"run incomplete: {lost_line}" in out, out[-4000:]
     assert "restarted" in out
     m = run.manifest()
     assert m["complete"] is False, m.get("incomplete_reason")
