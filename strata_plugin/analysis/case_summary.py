@@ -346,21 +346,26 @@ def baseline_window(bundle: RunBundle, case_id: str) -> Window | None:
 
 def background_classes(ctx: RunContext, window: Window, hw: Sequence[HwStat]) -> set[str]:
     """Classes already past threshold in the idle baseline (no requests: host classes)."""
-    sig = build_signals(
-        window=window.name,
+    sig = _signals(ctx, window.name, window, hw, requests=None, link_caps=ctx.link_caps,
+                   expect_rdma=ctx.expect_rdma)
+    return set(classify(sig).past_threshold) - {"headroom"}
+
+
+def _signals(ctx: RunContext, name: str, window: Window, hw: Sequence[HwStat],
+             **kw: Any) -> WindowSignals:
+    """The classifier's inputs for one window of this run (the case's or its baseline)."""
+    return build_signals(
+        window=name,
         duration_s=window.duration_s,
         start_ns=window.start_ns,
         end_ns=window.end_ns,
         hw=hw,
-        requests=None,
         gpu_present=ctx.gpu_present,
         gpu_expected=ctx.gpu_expected,
         multi_node=ctx.multi_node,
         unavailable=ctx.unavailable,
-        link_caps=ctx.link_caps,
-        expect_rdma=ctx.expect_rdma,
+        **kw,
     )
-    return set(classify(sig).past_threshold) - {"headroom"}
 
 
 def analyze_case(
@@ -388,19 +393,7 @@ def analyze_case(
         rep = rails.analyze(
             hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
         )
-        sig = build_signals(
-            window=case_id,
-            duration_s=window.duration_s,
-            start_ns=window.start_ns,
-            end_ns=window.end_ns,
-            hw=hw,
-            requests=facts,
-            gpu_present=ctx.gpu_present,
-            gpu_expected=ctx.gpu_expected,
-            multi_node=ctx.multi_node,
-            unavailable=ctx.unavailable,
-            rails_report=rep,
-        )
+        sig = _signals(ctx, case_id, window, hw, requests=facts, rails_report=rep)
         sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = WindowSignals(
