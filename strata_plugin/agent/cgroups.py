@@ -109,6 +109,13 @@ def cpu_quota_cores(dirs: CgroupDirs) -> float | None:
     return None
 
 
+def _read_int(path: str) -> int | None:
+    """A cgroup file holding one non-negative integer; None when absent or not a number
+    (v2 writes "max" for no limit)."""
+    text = _read_text(path)
+    return int(text) if text and text.isdigit() else None
+
+
 def memory_values(dirs: CgroupDirs) -> dict[str, tuple[float, str]]:
     """Memory limit, usage and limit events of the cgroup: metric -> (value, kind).
 
@@ -119,12 +126,12 @@ def memory_values(dirs: CgroupDirs) -> dict[str, tuple[float, str]]:
     """
     out: dict[str, tuple[float, str]] = {}
     if dirs.v2 and os.path.exists(os.path.join(dirs.v2, "memory.current")):
-        limit = _read_text(os.path.join(dirs.v2, "memory.max"))
-        if limit and limit.isdigit():
-            out["cgroup_mem_limit_bytes"] = (int(limit), "gauge")
-        cur = _read_text(os.path.join(dirs.v2, "memory.current"))
-        if cur and cur.isdigit():
-            out["cgroup_mem_usage_bytes"] = (int(cur), "gauge")
+        limit = _read_int(os.path.join(dirs.v2, "memory.max"))
+        if limit is not None:
+            out["cgroup_mem_limit_bytes"] = (limit, "gauge")
+        cur = _read_int(os.path.join(dirs.v2, "memory.current"))
+        if cur is not None:
+            out["cgroup_mem_usage_bytes"] = (cur, "gauge")
         ev = procfs.read_bytes(os.path.join(dirs.v2, "memory.events"), 4096)
         kv = procfs.parse_kv(ev or b"")
         if "max" in kv:
@@ -132,15 +139,15 @@ def memory_values(dirs: CgroupDirs) -> dict[str, tuple[float, str]]:
         if "oom_kill" in kv:
             out["cgroup_mem_oom_kills"] = (kv["oom_kill"], "counter")
     elif dirs.v1_memory:
-        limit = _read_text(os.path.join(dirs.v1_memory, "memory.limit_in_bytes"))
-        if limit and limit.isdigit() and int(limit) < V1_NO_LIMIT:
-            out["cgroup_mem_limit_bytes"] = (int(limit), "gauge")
-        cur = _read_text(os.path.join(dirs.v1_memory, "memory.usage_in_bytes"))
-        if cur and cur.isdigit():
-            out["cgroup_mem_usage_bytes"] = (int(cur), "gauge")
-        fail = _read_text(os.path.join(dirs.v1_memory, "memory.failcnt"))
-        if fail and fail.isdigit():
-            out["cgroup_mem_max_events"] = (int(fail), "counter")
+        limit = _read_int(os.path.join(dirs.v1_memory, "memory.limit_in_bytes"))
+        if limit is not None and limit < V1_NO_LIMIT:
+            out["cgroup_mem_limit_bytes"] = (limit, "gauge")
+        cur = _read_int(os.path.join(dirs.v1_memory, "memory.usage_in_bytes"))
+        if cur is not None:
+            out["cgroup_mem_usage_bytes"] = (cur, "gauge")
+        fail = _read_int(os.path.join(dirs.v1_memory, "memory.failcnt"))
+        if fail is not None:
+            out["cgroup_mem_max_events"] = (fail, "counter")
         oom = procfs.read_bytes(os.path.join(dirs.v1_memory, "memory.oom_control"), 4096)
         kv = procfs.parse_kv(oom or b"")
         if "oom_kill" in kv:
