@@ -118,9 +118,9 @@ def test_without_a_control_the_stalls_must_coincide_with_prefills(share, fires):
 
 def test_injection_clock_waits_for_every_stream():
     clock = _InjectionClock(3)
-    clock.first_token("a", 10)
-    clock.first_token("a", 11)  # the same stream twice counts once
-    clock.first_token("b", 20)
+    clock.mark("a", 10)
+    clock.mark("a", 11)  # the same stream twice counts once
+    clock.mark("b", 20)
     assert not clock.ready.is_set() and clock.seen == 2
     clock.record(_stream("c", 0.0, [0.03]))
     assert clock.ready.is_set() and clock.ready_ns == 30_000
@@ -128,6 +128,28 @@ def test_injection_clock_waits_for_every_stream():
         Injection(Workload("w", isl=8, osl=1), 0.5, after="middle")
     with pytest.raises(ValueError, match=">= 0"):
         Injection(Workload("w", isl=8, osl=1), -1.0)
+
+
+def test_a_record_counts_once_it_holds_the_token_mark():
+    clock = _InjectionClock(1, token_mark=3)
+    clock.record(_stream("a", 0.0, [0.01, 0.02]))  # two tokens: short of the mark
+    assert not clock.ready.is_set()
+    clock.record(_stream("b", 0.0, [0.01, 0.02, 0.03, 0.04]))
+    assert clock.ready.is_set() and clock.ready_ns == 30_000  # its third token
+
+
+@pytest.mark.parametrize(("at_output", "osl", "mark"), [
+    (0.0, 64, 1), (0.25, 64, 16), (0.25, 65, 17), (0.5, 1, 1)])
+def test_the_token_mark_is_the_share_of_the_load_osl_rounded_up(at_output, osl, mark):
+    assert Injection(Workload("w", isl=8, osl=1), 0.0, at_output=at_output).token_mark(osl) == mark
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(at_output=1.0), r"in \[0, 1\)"), (dict(at_output=-0.1), r"in \[0, 1\)"),
+    (dict(at_output=0.5, after="start"), "needs after='first_tokens'")])
+def test_a_bad_output_share_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Injection(Workload("w", isl=8, osl=1), 0.0, **kwargs)
 
 
 def _slow_llama(seen: Seen) -> Reply:
@@ -163,3 +185,23 @@ def test_injection_lands_a_fixed_delay_after_every_stream_has_a_first_token():
     assert inj.dispatched_ns < min(r.done_ns for r in res.records)  # in steady decode
     names = {m[1] for m in marks if m[0] == "event"}
     assert {"decode_steady", f"inject:{inj.request_id}"} <= names
+
+
+def test_injection_at_a_share_of_the_output_waits_for_every_streams_token_mark():
+    lines = []
+    with ScriptServer(_slow_llama) as srv:
+        runner = CaseRunner(
+            CaseSetup(base_url=srv.url, api="llamacpp", config_id="c",
+                      token_space=TokenSpace(300, 1000), timeouts=Timeouts(read_s=10)),
+            record=lambda r: None, mark=lambda *m: None, add_case=lines.append)
+        w = Workload("decode", isl=8, osl=20, concurrency=4, requests=4, warmups=0)
+        res = runner.run(w, inject=Injection(Workload("inj", isl=64, osl=1), 0.0,
+                                             at_output=0.5))
+    assert not res.problems, res.problems
+    placed = lines[-1]["injection"]
+    assert placed["token_mark"] == 10
+    # Every stream's 10th token (one per event here) is in; the last of them is the moment.
+    assert placed["steady_mono_ns"] == max(r.events[9].t_ns for r in res.records)
+    (inj,) = res.injected
+    assert 0 <= (inj.dispatched_ns - placed["steady_mono_ns"]) / 1e9 < 0.2  # offset 0 + slack
+    assert inj.dispatched_ns < min(r.done_ns for r in res.records)

@@ -281,6 +281,9 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
     text = (run / "report.md").read_text().split("## A/B comparisons")[1]
     assert "95% t-interval, 2/2 repetitions" in text
     assert text.index("e2e p95 (ms)") < text.index("Request by request")
+    # 6 requests a repetition: under the 7 even p50 needs, so every percentile row is marked
+    assert "| e2e p95 (ms)\u2020 |" in text and "e2e p95 (ms) n=6, needs 90" in text
+    assert "| output tok/s |" in text  # not a percentile: never marked
     assert (run / "plots" / "case-mixed_control_0.png").exists()
     assert (run / "plots" / "ab-mixed.png").exists() and "(plots/ab-mixed.png)" in text
 

@@ -21,7 +21,7 @@ from strata_plugin.analysis.sufficiency import (
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
-from strata_plugin.report import write_report
+from strata_plugin.report import summarize_case, write_report
 from tests.sse_script_server import Reply, ScriptServer, Seen, sse
 
 
@@ -72,8 +72,8 @@ def test_report_says_which_percentiles_are_supported(tmp_path):
     write_report(run)
     text = (run / "report.md").read_text()
     few = text[text.index("### few"):text.index("### many")]
-    assert "**too few requests** for p90 (n=40, needs 44), p95 (n=40, needs 90), " \
-           "p99 (n=40, needs 459)" in few
+    assert ("**too few requests** (\u2020 in the table) for p90 (n=40, needs 44), "
+            "p95 (n=40, needs 90), p99 (n=40, needs 459)") in few
     assert "supported: p50;" in few
     many = text[text.index("### many"):]
     assert "supported: p50, p90, p95, p99." in many
@@ -109,6 +109,41 @@ def _runner(url: str, lines: list[dict]) -> CaseRunner:
     setup = CaseSetup(url, "llamacpp", "c", TokenSpace(300, 1000), Timeouts(read_s=10))
     return CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
                       add_case=lines.append)
+
+
+def _row(section: str, metric: str) -> list[str]:
+    line = next(x for x in section.splitlines() if x.startswith(f"| {metric} (ms) |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_each_percentile_cell_says_whether_its_count_supports_it_89_vs_90(tmp_path):
+    # p95 needs 90 requests at 99%: 89 is one short, 90 is enough; p99 needs 459.
+    run = make_run(tmp_path, RunSpec(cases=[CaseSpec("short", n_requests=89, osl=4),
+                                            CaseSpec("enough", n_requests=90, osl=4)]))
+    write_report(run)
+    text = (run / "report.md").read_text()
+    short = _row(text[text.index("### short"):text.index("### enough")], "tpot")
+    enough = _row(text[text.index("### enough"):], "tpot")
+    # metric, n, mean, p50, p90, p95, p99, max
+    assert short[1] == "89" and enough[1] == "90"
+    assert short[5].endswith("\u2020") and not enough[5].endswith("\u2020")  # p95
+    assert short[6].endswith("\u2020") and enough[6].endswith("\u2020")  # p99 both short
+    assert not short[3].endswith("\u2020") and not short[4].endswith("\u2020")  # p50, p90
+    chunk = _row(text[text.index("### short"):text.index("### enough")], "chunk_gap")
+    assert not any(c.endswith("\u2020") for c in chunk)  # not independent draws: unmarked
+    summary = json.loads((run / "summary.json").read_text())
+    by_case = {c["case_id"]: c for c in summary["cases"]}
+    p95 = {c: next(s for s in by_case[c]["sufficiency"]
+                   if s["metric"] == "tpot_ms" and s["percentile"] == 95.0)
+           for c in ("short", "enough")}
+    assert (p95["short"]["supported"], p95["enough"]["supported"]) == (False, True)
+    assert (p95["short"]["n"], p95["short"]["needed"]) == (89, 90)
+    props = {c: dict(summarize_case(run, c).user_properties()) for c in ("short", "enough")}
+    assert props["short"]["tpot_p95_ms_supported"] == 0
+    assert props["enough"]["tpot_p95_ms_supported"] == 1
+    assert props["enough"]["tpot_p99_ms_supported"] == 0
+    assert props["enough"]["ttft_p90_ms_supported"] == 1
+    assert not any(k.startswith("chunk_gap") and k.endswith("_supported") for k in props["short"])
 
 
 def test_until_runs_exactly_to_the_count_that_supports_p90():

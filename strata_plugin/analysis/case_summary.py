@@ -19,6 +19,7 @@ from typing import Any
 from strata_plugin.analysis import interference, rails
 from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.metrics import (
+    HEADLINE_STATS,
     CaseMetrics,
     case_metrics,
     headline,
@@ -31,6 +32,11 @@ from strata_plugin.analysis.signals import (
     GPU_SOURCES,
     RequestFacts,
     build_signals,
+)
+from strata_plugin.analysis.sufficiency import (
+    PER_REQUEST_DISTRIBUTIONS,
+    percentile_of_stat,
+    supported,
 )
 from strata_plugin.analysis.timeline import (
     HwStat,
@@ -100,6 +106,19 @@ class CaseAnalysis:
             out["hw_rdma_gb_s"] = round(sum(rdma) / 1e9, 4)
         return out
 
+    def headline_support(self) -> dict[str, int]:
+        """``<dist>_<pXX>_ms_supported``: 1 where the requests behind that headline
+        percentile support it (analysis/sufficiency.py), 0 where they are too few."""
+        out: dict[str, int] = {}
+        for dist in PER_REQUEST_DISTRIBUTIONS:
+            d = getattr(self.metrics, dist)
+            for stat in HEADLINE_STATS:
+                q = percentile_of_stat(stat)
+                key = f"{dist}_{stat}_ms"
+                if q is not None and d.n and key in self.headline:
+                    out[f"{key}_supported"] = int(supported(d.n, q))
+        return out
+
     def user_properties(self) -> list[tuple[str, float | int | str]]:
         """Plain scalars for the test's JUnit properties, sorted by name."""
         v = self.verdict
@@ -112,6 +131,7 @@ class CaseAnalysis:
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
         props.update(self.hw_headline())
+        props.update(self.headline_support())
         if self.energy is not None:
             props["energy_j"] = self.energy.joules
             if self.energy.j_per_output_token is not None:

@@ -27,6 +27,9 @@ SUPPORT_CONFIDENCE = 0.99
 REPORTED_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 #: The request metrics whose percentiles the report and the CI files show.
 SUFFICIENCY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+#: Distributions whose values are one per request (independent draws); chunk gaps are
+#: many per stream and not independent, so their percentiles are never marked.
+PER_REQUEST_DISTRIBUTIONS = ("ttft", "ttfo", "ttfb", "tpot", "e2e", "queue")
 
 
 def binom_cdf(k: int, n: int, p: float) -> float:
@@ -59,6 +62,22 @@ def min_count(q_pct: float, confidence: float = SUPPORT_CONFIDENCE) -> int:
     while n > 1 and 1.0 - q ** (n - 1) >= confidence:
         n -= 1
     return n
+
+
+def supported(n: int, q_pct: float, confidence: float = SUPPORT_CONFIDENCE) -> bool:
+    """Whether ``n`` requests support the q-th percentile (``n >= min_count``)."""
+    return n >= min_count(q_pct, confidence)
+
+
+def percentile_of_stat(stat: str) -> float | None:
+    """``p99`` -> 99.0, ``p99.9`` -> 99.9; None for ``mean``, ``max`` and the like."""
+    if not stat.startswith("p"):
+        return None
+    try:
+        q = float(stat[1:])
+    except ValueError:
+        return None
+    return q if 0 < q < 100 else None
 
 
 def upper_rank(n: int, q_pct: float, confidence: float = SUPPORT_CONFIDENCE) -> int | None:

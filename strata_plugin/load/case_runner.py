@@ -9,6 +9,7 @@ OSL, cold prefix) so a number is never reported for the wrong workload.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -70,36 +71,55 @@ class Injection:
     stream of the load (the first ``min(concurrency, requests)`` measured requests) has
     its first token: in steady-state decode, not during the load's own prefills, which
     at the seed's sizes (C=32 x 1K-token prompts) last long enough to swallow a fixed
-    offset from the start. ``after="start"`` counts ``offset_s`` from the start of the
-    measured load. The rule is the same in every repetition, so control and treatment
-    differ only by the injected request; the moments it was placed and sent are in
-    ``markers.csv`` (events ``decode_steady`` and ``inject:<request id>``) and in the
-    case's ``cases.jsonl`` line.
+    offset from the start. ``at_output`` moves that moment to when every stream has
+    that share of its output (0.25: a quarter of the load's OSL): a point in decode
+    progress rather than in seconds, so it lands inside the first round of streams
+    whatever the machine's speed or the profile's scaling of the OSL. A fixed offset in
+    seconds does not: where the load is several rounds of streams that start and end
+    together, it lands on a round boundary on one repetition and mid-decode on the
+    next. ``after="start"`` counts ``offset_s`` from the start of the measured load.
+    The rule is the same in every repetition, so control and treatment differ only by
+    the injected request; the moments it was placed and sent are in ``markers.csv``
+    (events ``decode_steady`` and ``inject:<request id>``) and in the case's
+    ``cases.jsonl`` line.
     """
 
     workload: Workload
     offset_s: float
     after: str = "first_tokens"
+    at_output: float = 0.0
 
     def __post_init__(self) -> None:
         if self.after not in INJECT_AFTER:
             raise ValueError(f"Injection(after={self.after!r}): one of {', '.join(INJECT_AFTER)}")
         if self.offset_s < 0:
             raise ValueError(f"Injection offset_s must be >= 0, got {self.offset_s}")
+        if not 0 <= self.at_output < 1:
+            raise ValueError(f"Injection at_output is a share of the load's output, in [0, 1), "
+                             f"got {self.at_output}")
+        if self.at_output and self.after != "first_tokens":
+            raise ValueError("Injection at_output counts the load's output tokens: it needs "
+                             "after='first_tokens'")
+
+    def token_mark(self, load_osl: int) -> int:
+        """The output tokens every stream of a load of ``load_osl`` must have first."""
+        return max(1, math.ceil(self.at_output * load_osl))
 
 
 class _InjectionClock:
-    """Counts the load's first tokens; ``ready`` is set when every stream has one."""
+    """Counts the load's streams that reached ``token_mark`` tokens; ``ready`` is set
+    when every stream has."""
 
-    def __init__(self, n_streams: int) -> None:
+    def __init__(self, n_streams: int, token_mark: int = 1) -> None:
         self.n_streams = max(1, n_streams)
+        self.token_mark = token_mark
         self.ready = threading.Event()
         self.load_done = threading.Event()
         self.ready_ns: int | None = None
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def first_token(self, request_id: str, t_ns: int) -> None:
+    def mark(self, request_id: str, t_ns: int) -> None:
         with self._lock:
             if self.ready.is_set() or request_id in self._seen:
                 return
@@ -110,9 +130,12 @@ class _InjectionClock:
 
     def record(self, rec: RequestRecord) -> None:
         """A finished record counts too (a stream read outside the multiplexer)."""
-        t = min((e.t_ns for e in rec.events if e.n_tokens > 0), default=None)
-        if t is not None:
-            self.first_token(rec.request_id, t)
+        n = 0
+        for e in rec.events:
+            n += e.n_tokens
+            if e.n_tokens > 0 and n >= self.token_mark:
+                self.mark(rec.request_id, e.t_ns)
+                return
 
     @property
     def seen(self) -> int:
@@ -318,7 +341,8 @@ class CaseRunner:
                         concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
                         headers=self.setup.headers, counters=self._counters,
                         on_record=on_record, progress=phase_progress,
-                        on_first_token=clock.first_token if clock else None)
+                        on_token_mark=clock.mark if clock else None,
+                        token_mark=clock.token_mark if clock else 1)
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""
@@ -385,7 +409,8 @@ class CaseRunner:
         ticker = self._start_ticker(progress, stop)
         injected: list[RequestRecord] = []
         placed: dict[str, object] = {}
-        clock = _InjectionClock(min(w.concurrency, len(jobs))) if inject else None
+        clock = (_InjectionClock(min(w.concurrency, len(jobs)), inject.token_mark(w.osl))
+                 if inject else None)
         injector = (self._start_injection(inject, case_id, injected, scale, clock, placed,
                                         salt)
                     if inject and clock else None)
@@ -590,12 +615,14 @@ class CaseRunner:
                 while not clock.ready.wait(0.02):
                     if clock.load_done.is_set():
                         placed["skipped"] = (
-                            f"only {clock.seen} of {clock.n_streams} streams had a first token "
+                            f"only {clock.seen} of {clock.n_streams} streams had "
+                            f"{clock.token_mark} output token(s) "
                             "before the load ended")
                         return
                 assert clock.ready_ns is not None
                 anchor = clock.ready_ns
                 placed["steady_mono_ns"] = anchor
+                placed["token_mark"] = clock.token_mark
                 self._mark("event", "decode_steady", case_id, anchor, anchor)
             else:
                 anchor = t0

@@ -126,7 +126,8 @@ def run_load(
     counters: Counters | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     progress: Progress | None = None,
-    on_first_token: Callable[[str, int], None] | None = None,
+    on_token_mark: Callable[[str, int], None] | None = None,
+    token_mark: int = 1,
     keep_alive: bool = False,
 ) -> LoadResult:
     """Send every job, at most ``concurrency`` in flight, and return their records.
@@ -135,8 +136,8 @@ def run_load(
     (:mod:`strata_plugin.load.client.slots`); HTTPS or a proxy falls back to a
     thread per request. ``keep_alive`` reuses connections (a server's idle close
     is handled); off, every request has its own connection, as a new user would.
-    ``on_first_token(request_id, t_ns)`` is called as each stream's first token arrives
-    (from the loop thread; keep it quick).
+    ``on_token_mark(request_id, t_ns)`` is called as each stream's ``token_mark``-th
+    token arrives (the first, by default; from the loop thread; keep it quick).
     """
     shared = concurrency > 1
     hdrs = dict(headers or {})
@@ -160,13 +161,14 @@ def run_load(
     with StreamMux() as mux:
         if not mux.handles(base_url):
             return _run_in_threads(jobs, base_url, api, concurrency, timeouts, hdrs,
-                                   counters, after, record)  # first tokens: from records
+                                   counters, after, record)  # token marks: from records
         with requests.Session() as session:
             # Every request is prepared (requests: headers, body, auth) before the clock starts.
             attempts = [Attempt(session, base_url, api, j.spec, 0, timeouts, hdrs) for j in jobs]
-            if on_first_token is not None:
+            if on_token_mark is not None:
                 for a in attempts:
-                    a.core.on_first_token = partial(on_first_token, a.spec.request_id)
+                    a.core.on_token_mark = partial(on_token_mark, a.spec.request_id)
+                    a.core.token_mark = token_mark
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
             start_ns = time.monotonic_ns()
             mux.take_stats()  # samples from before the run are not the run's

@@ -28,7 +28,15 @@ from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.tables import dist_rows, fmt_pair, key_hw_rows, md_table
+from strata_plugin.report.tables import (
+    TOO_FEW,
+    dist_rows,
+    fmt_pair,
+    key_hw_rows,
+    md_table,
+    pct_cell,
+    short_percentiles,
+)
 
 
 @dataclass
@@ -52,6 +60,8 @@ class ReportData:
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
     static: list[NodeStatic] = field(default_factory=list)
+    #: each case's reported percentiles with their counts (analysis/sufficiency.py)
+    sufficiency: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: lines under a case's percentile table, by case id (e.g. sample sufficiency)
     case_notes: dict[str, list[str]] = field(default_factory=dict)
     #: whole sections, before the thresholds
@@ -224,15 +234,27 @@ def summary_section(d: ReportData) -> str:
         cm = a.metrics
         head = ", ".join(
             f"{label} {md_num(x)}"
-            for label, x in (("output tok/s", cm.output_tok_s), ("TPOT p95 ms", cm.tpot.p95),
-                             ("TTFT p95 ms", cm.ttft.p95))
+            for label, x in (("output tok/s", cm.output_tok_s),
+                             ("TPOT p95 ms", pct_cell(cm.tpot.p95, cm.tpot.n, "p95")),
+                             ("TTFT p95 ms", pct_cell(cm.ttft.p95, cm.ttft.n, "p95")))
             if x is not None
         )
         rows.append((f"[`{a.case_id}`](#{_anchor(a)})", a.verdict.summary() or "none",
                      _deciding(a.verdict), head or "-", vs.get(a.case_id, "-")))
     return "\n## Summary\n\n" + md_table(
         ("case", "verdict", "decided by", "headline", "change"), rows
-    )
+    ) + _too_few_note(d.analyses)
+
+
+def _too_few_note(analyses: list[CaseAnalysis]) -> str:
+    if not any(isinstance(c, str) and TOO_FEW in c for a in analyses for c in
+               (pct_cell(a.metrics.tpot.p95, a.metrics.tpot.n, "p95"),
+                pct_cell(a.metrics.ttft.p95, a.metrics.ttft.n, "p95"),
+                pct_cell(a.metrics.ttft.p99, a.metrics.ttft.n, "p99"))):
+        return ""
+    return (f"\n{TOO_FEW}: too few requests to support this percentile at 99% confidence "
+            "([sample sufficiency](#sample-sufficiency)): the tail of what was seen, not the "
+            "server's percentile.\n")
 
 
 def static_section(d: ReportData) -> str:
@@ -280,7 +302,7 @@ def summary_table(d: ReportData) -> str:
                 _workload_short(a.params),
                 f"{cm.n_ok}/{cm.n_requests}",
                 cm.ttft.p50,
-                cm.ttft.p99,
+                pct_cell(cm.ttft.p99, cm.ttft.n, "p99"),
                 cm.tpot.p50,
                 cm.output_tok_s,
                 a.energy.j_per_output_token if a.energy else None,
@@ -505,8 +527,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def ab_effects_md(ae: ArmEffects) -> str:
-    """The seed's metrics per arm: change and interval over repetitions, then each repetition."""
+def ab_effects_md(ae: ArmEffects, case_metrics: dict[str, Any] | None = None) -> str:
+    """The seed's metrics per arm: change and interval over repetitions, then each repetition.
+
+    A percentile whose repetitions rest on too few requests each is marked :data:`TOO_FEW`
+    (``case_metrics``: case id -> CaseMetrics)."""
+    cms = [(case_metrics or {}).get(cid) for cid in (*ae.control_cases, *ae.treatment_cases)]
+    short = short_percentiles([cm for cm in cms if cm is not None],
+                              [e.metric for e in ae.effects])
     if not ae.effects:
         return f"No repetition of `{ae.treatment_arm}` or `{ae.control_arm}` has metrics.\n"
     e0 = ae.effects[0]
@@ -518,12 +546,19 @@ def ab_effects_md(ae: ArmEffects) -> str:
         md_table(
             ("metric", ae.control_arm, ae.treatment_arm, "change", "interval", "interval is"),
             [
-                (metric_label(e.metric), e.control, e.treatment, _pct(e.change_pct), e.interval,
-                 e.interval_label)
+                (metric_label(e.metric) + (TOO_FEW if e.metric in short else ""), e.control,
+                 e.treatment, _pct(e.change_pct), e.interval, e.interval_label)
                 for e in ae.effects
             ],
         ),
     ]
+    if short:
+        out.append(f"\n{TOO_FEW} each repetition's percentile rests on too few requests to be "
+                   "supported at 99% confidence: "
+                   + ", ".join(f"{metric_label(k)} n={n}, needs {need}"
+                               for k, (n, need) in short.items())
+                   + " ([sample sufficiency](#sample-sufficiency)); the change compares the "
+                   "tails that were seen.\n")
     metrics = [m for m in AB_HEADLINE if any(m in v for _, _, v in ae.per_repetition)]
     out.append("\n<details><summary>Per repetition</summary>\n\n")
     out.append(
@@ -592,7 +627,7 @@ def ab_section(d: ReportData) -> str:
         if not g.effects:
             out.append("Only one arm ran.\n")
         for ae in g.effects:
-            out.append(ab_effects_md(ae))
+            out.append(ab_effects_md(ae, {a.case_id: a.metrics for a in d.analyses}))
         if g.plot:
             out.append(
                 f"\n![A/B group {g.group}: request timeline, inter-token time, per repetition]"

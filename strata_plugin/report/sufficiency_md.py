@@ -15,7 +15,7 @@ from strata_plugin.analysis.sufficiency import (
     min_count,
 )
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.tables import md_table
+from strata_plugin.report.tables import TOO_FEW, md_table
 
 TITLE = "Sample sufficiency"
 ANCHOR = "sample-sufficiency"
@@ -43,8 +43,8 @@ def case_line(supports: Sequence[PercentileSupport]) -> str:
     text = f"Sample sufficiency at {_conf(c)} confidence ([how](#{ANCHOR})): "
     text += ("supported: " + ", ".join(ok)) if ok else "no percentile supported"
     if short:
-        text += "; **too few requests** for " + ", ".join(short) + ": read them as a bound " \
-                "on what was seen, not as the server's percentile"
+        text += (f"; **too few requests** ({TOO_FEW} in the table) for " + ", ".join(short)
+                 + ": read them as a bound on what was seen, not as the server's percentile")
     return text + ".\n"
 
 

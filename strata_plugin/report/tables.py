@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
-from strata_plugin.analysis.metrics import HEADLINE_DISTRIBUTIONS, HEADLINE_SCALARS, HEADLINE_STATS
+from strata_plugin.analysis.metrics import (
+    HEADLINE_DISTRIBUTIONS,
+    HEADLINE_SCALARS,
+    HEADLINE_STATS,
+    CaseMetrics,
+)
+from strata_plugin.analysis.sufficiency import (
+    PER_REQUEST_DISTRIBUTIONS,
+    min_count,
+    percentile_of_stat,
+    supported,
+)
 from strata_plugin.analysis.timeline import HW_COLUMNS, HwStat
 from strata_plugin.report.fmt import csv_cell, md_cell, md_num
 
@@ -188,13 +199,48 @@ def key_hw_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
     return sorted(rows, key=lambda row: (row[0], row[1] != "(host)", row[1]))
 
 
+#: Follows a percentile whose request count does not support it (sufficiency_md says so).
+TOO_FEW = "\u2020"
+
+
+def pct_cell(value: float | None, n: int, stat: str) -> Any:
+    """A percentile cell, marked :data:`TOO_FEW` when ``n`` requests do not support it."""
+    q = percentile_of_stat(stat)
+    if value is None or q is None or supported(n, q):
+        return value
+    return f"{md_num(value)}{TOO_FEW}"
+
+
+def short_percentiles(cms: Iterable[CaseMetrics], keys: Iterable[str]
+                      ) -> dict[str, tuple[int, int]]:
+    """Headline keys (``tpot_p95_ms``) that some case's request count does not support:
+    key -> (the smallest count, the count the percentile needs)."""
+    cms = list(cms)
+    out = {}
+    for key in keys:
+        dist, _, rest = key.partition("_")
+        q = percentile_of_stat(rest.removesuffix("_ms"))
+        if q is None or dist not in PER_REQUEST_DISTRIBUTIONS:
+            continue
+        counts = [getattr(cm, dist).n for cm in cms if getattr(cm, dist).n]
+        if counts and not supported(min(counts), q):
+            out[key] = (min(counts), min_count(q))
+    return out
+
+
 def dist_rows(a: CaseAnalysis) -> list[list[Any]]:
+    """The request-metric table; a per-request percentile its count does not support is
+    marked with :data:`TOO_FEW` (chunk gaps are not independent draws: never marked)."""
     cm = a.metrics
     rows = []
     for name in ("ttft", "ttfo", "tpot", "e2e", "queue", "chunk_gap"):
         d = getattr(cm, name)
-        if d.n:
-            rows.append([f"{name} (ms)", d.n, d.mean, d.p50, d.p90, d.p95, d.p99, d.max])
+        if not d.n:
+            continue
+        stats = ("p50", "p90", "p95", "p99")
+        cells = ([pct_cell(getattr(d, s), d.n, s) for s in stats]
+                 if name in PER_REQUEST_DISTRIBUTIONS else [getattr(d, s) for s in stats])
+        rows.append([f"{name} (ms)", d.n, d.mean, *cells, d.max])
     return rows
 
 

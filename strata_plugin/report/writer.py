@@ -279,6 +279,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                     "duration_s": a.window.duration_s,
                 },
                 "metrics": a.headline,
+                "sufficiency": [dataclasses.asdict(s) for s in data.sufficiency.get(a.case_id, ())],
                 "energy": None if a.energy is None else dataclasses.asdict(a.energy),
                 "verdict": {
                     **dataclasses.asdict(v),
@@ -340,6 +341,7 @@ def write_report(run_dir: Path | str) -> Path:
     )
 
     sufficiency = _sufficiency(bundle, analyses)
+    data.sufficiency = sufficiency
     for a in analyses:
         line = sufficiency_md.case_line(sufficiency[a.case_id])
         if line:

@@ -43,9 +43,12 @@ class StreamCore:
         # Made here, one by one (~1 us each), so that finishing a record is
         # cheap when hundreds of fixed-length streams end at the same moment.
         self.events: list[TokenEvent] = []
-        #: Called once, with its arrival stamp, when the first token-bearing event is
-        #: parsed (whichever thread reads the stream); then cleared.
-        self.on_first_token: Callable[[int], None] | None = None
+        #: Called once, with its arrival stamp, when the stream's token count reaches
+        #: ``token_mark`` (whichever thread reads the stream); then cleared. Tokens are
+        #: counted only while it is set.
+        self.on_token_mark: Callable[[int], None] | None = None
+        self.token_mark = 1
+        self._counted = 0
         self.first_ns: int | None = None  # first body byte
         self.done_ns: int | None = None  # terminal event (or EOF after a finish reason)
         self.eof_ns: int | None = None  # the body ended (cleanly), complete or not
@@ -116,9 +119,11 @@ class StreamCore:
                 h = time.monotonic_ns()
                 for n, kind in toks:
                     append(TokenEvent(t_ns, n, kind, h))
-                if self.on_first_token is not None:
-                    first, self.on_first_token = self.on_first_token, None
-                    first(t_ns)
+                if self.on_token_mark is not None:
+                    self._counted += sum(n for n, _ in toks)
+                    if self._counted >= self.token_mark:
+                        mark, self.on_token_mark = self.on_token_mark, None
+                        mark(t_ns)
             if parser.done:
                 self.done_ns = t_ns
                 return
