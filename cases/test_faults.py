@@ -52,7 +52,8 @@ REPEATS = max(1, int(os.environ.get("STRATA_FAULT_REPEATS", "2")))
 #: A scenario starts no further repetition once it has run this long (a shared machine's
 #: load can stretch a window tenfold); the matrix says how many runs each cell holds.
 SCENARIO_BUDGET_S = float(os.environ.get("STRATA_FAULT_SCENARIO_S", "100"))
-#: The server's slots (local.toml: -np 4): the queueing arm asks for three times as many.
+#: The load's streams (local.toml has -np 5: 4 for the scaled C=32 load, 1 for an injected
+#: prefill); the queueing arm asks for three times as many, 12 in flight for 5 slots.
 SLOTS = 4
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10

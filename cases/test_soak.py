@@ -29,7 +29,7 @@ from strata_plugin.load.workload import Workload
 
 SOAK_S = min(3600.0, max(10.0, float(os.environ.get("STRATA_SOAK_S", "150"))))
 CHUNK_S = 15.0
-SLOTS = 4  # local.toml: -np 4
+SLOTS = 4  # the scaled decode concurrency; local.toml has 5 slots, one kept for an injected prefill
 MAX_REQUESTS = 20_000
 MAX_CHUNK = 2_000
 #: Growth the harness may show once warm: 3 MB/min is 180 MB an hour, a leak worth a look;
