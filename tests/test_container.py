@@ -220,3 +220,36 @@ def test_sighup_and_sigterm_become_keyboard_interrupt(monkeypatch):
     with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGHUP)}"):
         installed[signal.SIGHUP](signal.SIGHUP, None)
     assert installed[signal.SIGHUP] == signal.SIG_DFL  # a second hangup is not caught
+
+
+def test_a_container_left_fails_the_block_marks_the_run_and_stays_registered(tmp_path,
+                                                                            monkeypatch):
+    from types import SimpleNamespace
+
+    from strata_plugin.run import reaper
+    from strata_plugin.run.session import ContainerLeft, StrataSession
+
+    monkeypatch.setattr(ctr, "stop_container", lambda launch, g: None)
+    monkeypatch.setattr(ctr, "remove_container",
+                        lambda launch: ctr.Removal(False, "container x still exists"))
+    server = _server(tmp_path)
+    server.block_id = "default"
+    sess = object.__new__(StrataSession)  # only what stop_server touches
+    manifest: dict = {}
+    sess.recorder = SimpleNamespace(update_manifest=manifest.update, manifest=manifest)
+    sess.servers, sess.workers = {"default": server}, {}
+    sess.incomplete_reason, sess.containers_left = "", []
+    sess.cfg = SimpleNamespace(profile=SimpleNamespace(telemetry=SimpleNamespace(
+        collectors=("proc",))))
+    reaper.register(server)
+    try:
+        with pytest.raises(ContainerLeft, match="still exists"):
+            sess.stop_server(server)
+        assert id(server) in reaper._live  # the reaper tries again at exit
+        assert manifest["servers"]["default"]["container"]["removal"]["removed"] is False
+        assert "server default: container x still exists" in manifest["incomplete_reason"]
+        with pytest.raises(ContainerLeft):
+            sess.stop_server(server)  # a second stop: the same reason, not twice
+        assert manifest["incomplete_reason"].count("still exists") == 1
+    finally:
+        reaper.unregister(server)

@@ -9,7 +9,7 @@ value never reaches the run folder), the agent follows the container's main proc
 normal end or after SIGTERM, SIGINT or SIGHUP of the pytest process.
 
 Where the machine cannot run a container, the probe's exact command and error is the
-skip reason (see docs/profiles.md for what this machine needed).
+skip reason (docs/containers.md says what this machine needed).
 """
 
 from __future__ import annotations

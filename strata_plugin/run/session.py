@@ -122,6 +122,7 @@ class StrataSession:
         self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
+        self.containers_left: list[str] = []  # containers a stop could not remove
 
     # --- servers -------------------------------------------------------------------------
 
@@ -245,13 +246,20 @@ class StrataSession:
         runs any more)."""
         pid = server.pid
         server.stop()  # a stop cut short stays registered: the reaper tries again at exit
-        reaper.unregister(server)
+        removal = server.container_removal
+        if removal is None or removal.removed:  # a container left: the reaper retries
+            reaper.unregister(server)
         self.stop_workers(server.block_key)
         if server.container is not None:
             self.record_servers()
-            removal = server.container_removal
             if removal is not None and not removal.removed:
-                raise ContainerLeft(f"server {server.block_key}: {removal.detail}")
+                why = f"server {server.block_key}: {removal.detail}"
+                if why not in self.containers_left:
+                    self.containers_left.append(why)
+                    self.incomplete_reason = "; ".join(
+                        x for x in (self.incomplete_reason, why) if x)
+                    self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+                raise ContainerLeft(why)
         if ("nvml" not in self.cfg.profile.telemetry.collectors
                 or server.block_key in self.gpu_checked):
             return
@@ -510,14 +518,11 @@ class StrataSession:
 
     def finish(self, *, interrupted: bool) -> Path | None:
         """Stop what runs, then write the report; an interrupted run says so in both."""
-        left = []
         for server in list(self.servers.values()):
             try:
                 self.stop_server(server)
-            except ContainerLeft as exc:  # the other servers still stop, the report is written
-                left.append(str(exc))
-        if left:
-            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, *left) if x)
+            except ContainerLeft:  # recorded; the other servers still stop, the report is
+                pass  # written
         try:
             self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
             if not interrupted:
@@ -538,7 +543,8 @@ class StrataSession:
                 self.recorder.close()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
-            return self._write_report(complete=not interrupted and not self.agents_lost)
+            return self._write_report(complete=not interrupted and not self.agents_lost
+                                      and not self.containers_left)
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
