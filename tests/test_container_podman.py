@@ -250,3 +250,79 @@ def test_a_signal_to_pytest_leaves_no_container(podman, tmp_path, sig):
                            "manifest.json").read_text())
     assert manifest["complete"] is False
     assert manifest["servers"]["default"]["container"]["removal"]["removed"] is True
+
+
+def _start(podman: list[str], tmp_path: Path, command: list[str], health_path: str,
+           timeout_s: float, volumes: tuple[str, ...] = ()):
+    from strata_plugin.configure.profile import ContainerSpec
+    from strata_plugin.run.container import build_launch
+    from strata_plugin.run.server import LaunchSpec, Server, free_port
+
+    port = free_port()
+    spec = ContainerSpec(runtime="podman", image=IMAGE, runtime_args=tuple(podman[1:]))
+    launch = build_launch(spec, name=f"strata-fail-{tmp_path.name}"[:60],
+                          command=[*command, "--port", str(port)], env_names=[],
+                          host="127.0.0.1", port=port, volumes=list(volumes), args=ULIMITS,
+                          image=IMAGE)
+    ls = LaunchSpec("default", launch.run_argv, (), f"http://127.0.0.1:{port}", health_path,
+                    timeout_s, 3.0, tmp_path / "server.log", container=launch)
+    return Server(ls, ls.base_url)
+
+
+@pytest.mark.parametrize(("command", "health", "expected"), [
+    (["/bin/llama-server", "--no-such-flag"], "/health", "exited with code"),
+    (["/bin/llama-server", "-m", "/nonexistent.gguf"], "/health", "exited with code"),
+])
+def test_a_container_whose_server_fails_to_start_is_removed(podman, tmp_path, command, health,
+                                                            expected):
+    from strata_plugin.run.server import ServerStartError
+
+    server = _start(podman, tmp_path, command, health, 60)
+    with pytest.raises(ServerStartError, match=expected):
+        server.start()
+    assert server.container_removal.removed, server.container_removal.detail
+    assert _containers(podman) == []
+
+
+def test_a_container_never_healthy_is_stopped_and_removed(podman, tmp_path):
+    """The server runs but never answers the health path: stopped at the timeout."""
+    from strata_plugin.run.server import ServerStartError
+
+    model = Path(json.loads(subprocess.run(
+        [sys.executable, "-m", "strata_plugin", "setup", "--print-paths"], capture_output=True,
+        text=True, check=True).stdout.strip().splitlines()[-1])["model"])
+    # the server is up (the model mounted read-only); /no-such-path answers 404
+    server = _start(podman, tmp_path, ["/bin/llama-server", "-m", "/m/" + model.name,
+                                       "-t", "1", "-c", "512"], "/no-such-path", 6,
+                    volumes=(f"{model.parent}:/m:ro",))
+    with pytest.raises(ServerStartError, match=r"not healthy .* \(last: HTTP 404\)"):
+        server.start()
+    assert server.container_removal.removed, server.container_removal.detail
+    assert _containers(podman) == []
+
+
+def test_a_container_outlives_its_killed_client_and_the_stop_still_removes_it(podman,
+                                                                               tmp_path):
+    """Why a stop cannot be the client's process group: with the client SIGKILLed the
+    server goes on running in its container; Server.stop removes it anyway."""
+    model = Path(json.loads(subprocess.run(
+        [sys.executable, "-m", "strata_plugin", "setup", "--print-paths"], capture_output=True,
+        text=True, check=True).stdout.strip().splitlines()[-1])["model"])
+    server = _start(podman, tmp_path, ["/bin/llama-server", "-m", "/m/" + model.name,
+                                       "-t", "1", "-c", "512"], "/health", 60,
+                    volumes=(f"{model.parent}:/m:ro",))
+    try:
+        server.start()
+        main = server.pid
+        assert main != server.proc.pid and "llama-server" in Path(
+            f"/proc/{main}/cmdline").read_text()
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=10)
+        time.sleep(1.0)
+        assert server.spec.container.name in _containers(podman)  # still running
+        assert Path(f"/proc/{main}").exists()
+    finally:
+        server.stop()
+    assert server.container_removal.removed, server.container_removal.detail
+    assert _containers(podman) == []
+    assert not _llama_servers_in(podman, main)
