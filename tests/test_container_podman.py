@@ -326,3 +326,51 @@ def test_a_container_outlives_its_killed_client_and_the_stop_still_removes_it(po
     assert server.container_removal.removed, server.container_removal.detail
     assert _containers(podman) == []
     assert not _llama_servers_in(podman, main)
+
+
+RESTART_CASES = """
+import json, os, signal, time
+from pathlib import Path
+
+from strata_plugin.load.workload import Workload
+
+
+def test_a_kills_the_server(strata, strata_server):
+    r = strata.run(Workload("tiny", isl=16, osl=4, requests=1), scale=False)
+    assert not r.problems, r.problems
+    Path("first.json").write_text(json.dumps({"pid": strata_server.pid}))
+    os.kill(strata_server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while strata_server.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_b_runs_on_the_restarted_container(strata, strata_server):
+    r = strata.run(Workload("tiny", isl=16, osl=4, requests=1), scale=False)
+    assert not r.problems, r.problems
+    Path("second.json").write_text(json.dumps({"pid": strata_server.pid,
+                                               "restarts": strata_server.restarts}))
+"""
+
+
+def test_a_server_killed_in_its_container_restarts_in_a_new_one(podman, tmp_path):
+    """The restart path: the dead container's name is free again (stop, rm, gone) and the
+    agent follows the new container's main PID."""
+    _run_dir(tmp_path, podman)
+    (tmp_path / "test_in_container.py").write_text(RESTART_CASES)
+    out = subprocess.run(_pytest_argv(tmp_path, "restart"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=400, check=False, env=_env())
+    # the case whose server died fails at its teardown (as for a bare process); the next
+    # one runs on the restarted container
+    assert "server default died during the case (exit 137)" in out.stdout, out.stdout[-3000:]
+    assert "2 passed, 1 error" in out.stdout, out.stdout[-3000:]
+    first = json.loads((tmp_path / "first.json").read_text())
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert second["restarts"] == 1 and second["pid"] != first["pid"]
+    run = tmp_path / "reports" / "restart"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["servers"]["default"]["container"]["main_pid"] == second["pid"]
+    samples = (run / "nodes" / "local" / "samples" / "proc.csv").read_text()
+    assert f"pid{first['pid']},cpu_user_s" in samples
+    assert f"pid{second['pid']},cpu_user_s" in samples  # retracked after the restart
+    assert _containers(podman) == []
