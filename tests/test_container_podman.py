@@ -211,6 +211,10 @@ def test_a_case_runs_in_the_container_and_nothing_remains(podman, tmp_path):
         assert "STRATA_TEST_SECRET" in snap["container"]["Config"]["Env"]
         assert snap["image"]["Id"].endswith(ctr["image_id"].split(":")[-1])
         assert manifest["static_snapshots"]["local"][f"{label}_container"] == "ok"
+    report = (run / "report.md").read_text()
+    image_id = ctr["image_id"].removeprefix("sha256:")[:12]
+    assert (f"The server on local ran in a podman container strata-test-ctr-default of image "
+            f"{IMAGE} (id {image_id})") in report
     assert _containers(podman) == []
     assert not _llama_servers_in(podman, seen["pid"])
 
