@@ -378,3 +378,37 @@ def test_a_server_killed_in_its_container_restarts_in_a_new_one(podman, tmp_path
     assert f"pid{first['pid']},cpu_user_s" in samples
     assert f"pid{second['pid']},cpu_user_s" in samples  # retracked after the restart
     assert _containers(podman) == []
+
+
+def test_the_gpu_release_check_follows_the_container_and_passes_once_it_is_removed(
+        podman, tmp_path):
+    """The agent given the container's main PID (as a run gives it): with the scripted
+    NVML stub saying that PID holds gpu0 while it lives (the GPU is the only fake), the
+    release check fails while the container runs and passes once Server.stop removed it."""
+    from test_gpu_release_nodes import STUB, TESTS, _agent
+
+    from strata_plugin.run.gpu_release import release_on_nodes
+
+    model = Path(json.loads(subprocess.run(
+        [sys.executable, "-m", "strata_plugin", "setup", "--print-paths"], capture_output=True,
+        text=True, check=True).stdout.strip().splitlines()[-1])["model"])
+    server = _start(podman, tmp_path, ["/bin/llama-server", "-m", "/m/" + model.name,
+                                       "-t", "1", "-c", "512"], "/health", 60,
+                    volumes=(f"{model.parent}:/m:ro",))
+    agent = None
+    try:
+        server.start()
+        stub = tmp_path / "stub.py"
+        stub.write_text(STUB.format(tests=str(TESTS), holder=server.pid))
+        agent = _agent(tmp_path, "head", stub, [server.pid])
+        held = release_on_nodes([agent], timeout_s=1.0)["head"]
+        assert not held.ok and f"pid {server.pid} on gpu0" in held.detail
+        server.stop()
+        assert server.container_removal.removed
+        released = release_on_nodes([agent], timeout_s=10.0)["head"]
+        assert released.ok, released.detail
+    finally:
+        server.stop()
+        if agent is not None:
+            agent.stop()
+    assert _containers(podman) == []
