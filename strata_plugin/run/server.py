@@ -5,7 +5,9 @@ folder, and a health poll that also watches the process, so a server that dies
 during start-up fails fast with its log tail instead of waiting out the timeout.
 Teardown sends SIGTERM to the whole group, then SIGKILL after a grace period.
 An attached server (``--strata-server-url``) offers the same interface and is
-never stopped by us.
+never stopped by us. A server in a container (``[server.container]``, argv built by
+``run/container.py``) is the runtime client's foreground run: its PID is the
+container's main process from ``inspect``, and a stop removes the container too.
 """
 
 from __future__ import annotations
@@ -197,7 +199,6 @@ class Server:
             self._log_fh.close()
             self._log_fh = None
         return code
-
 
     def _stop_container(self, launch: ContainerLaunch, grace: float) -> int | None:
         """The container first (killing its client would leave it running), then the
