@@ -64,13 +64,13 @@ def start_agents(sess: StrataSession, server: Server) -> list:
             h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
             handles.append(h)
             nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+        sess.recorder.update_manifest(nodes=nodes)  # a Ctrl-C here too: handles not returned
     except BaseException:  # Ctrl-C (in a clock measurement too) or a failed start:
         # the agents already up must not stay
         for h in handles:
             with contextlib.suppress(Exception):
                 h.stop(2.0)
         raise
-    sess.recorder.update_manifest(nodes=nodes)
     return handles
 
 

@@ -329,17 +329,18 @@ class StrataSession:
 
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
-        block = Block(server=server, agents=start_agents(self, server))
-        self.blocks[server.block_key] = block
+        agents = start_agents(self, server)
         try:
+            block = Block(server=server, agents=agents)
+            self.blocks[server.block_key] = block
             snapshot_agents(self, block.agents, "before", block.server)
             t0 = time.monotonic_ns()
             time.sleep(self.cfg.profile.telemetry.baseline_s)
+            self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
+                               time.monotonic_ns())
         except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
-            stop_agents(self, block.agents)
+            stop_agents(self, agents)
             raise
-        self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
-                           time.monotonic_ns())
         return block
 
     def end_block(self, block: Block) -> None:
