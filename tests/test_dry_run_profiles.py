@@ -88,3 +88,36 @@ def test_dry_run_lists_worker_env_names_queries_and_preflight(tmp_path):
     for path in (tmp_path / "dry").rglob("*"):
         if path.is_file():
             assert "s3cr3t-token-value" not in path.read_text(errors="replace"), path
+
+
+def test_dry_run_lists_the_container_command_and_its_stop(tmp_path):
+    """The docker profile: the runtime's run argv is the server command, the server's argv
+    is its command after the image, every variable named (the secret's value nowhere),
+    the runtime is what the preflight looks for, and the stop and rm commands are listed."""
+    profile = "fixtures/profiles/vllm-1gpu-docker.toml"
+    env = {**os.environ, "HF_TOKEN": "hf_s3cr3t-value", "CI_NO_PROGRESS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_matrix.py", "--strata-dry-run",
+         f"--strata-profile={profile}", f"--strata-reports-dir={tmp_path}",
+         "--strata-run-id=dry", "-p", "no:cacheprovider", "-q"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stdout[-3000:]
+    plan = json.loads((tmp_path / "dry" / "dry_run.json").read_text())
+    server = plan["commands"]["server-default"]
+    argv = server["argv"]
+    assert argv[:2] == ["docker", "run"] and argv[argv.index("--name") + 1] == (
+        "strata-vllm-dry-default")
+    image = argv.index("vllm/vllm-openai:v0.11.0")
+    assert argv[image + 1:] == server["container"]["command"]
+    assert argv[image + 1:image + 3] == ["--model", "Qwen/Qwen3-8B"]
+    assert server["env_names"] == ["VLLM_SERVER_DEV_MODE", "HF_TOKEN"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-e"] == server["env_names"]
+    assert argv[argv.index("--gpus") + 1] == "device=0"
+    assert server["container"]["stop_argv"] == ["docker", "stop", "-t", "30",
+                                                 "strata-vllm-dry-default"]
+    assert server["container"]["rm_argv"] == ["docker", "rm", "-f", "strata-vllm-dry-default"]
+    assert "docker" in plan["preflight"]["tools"] and "--model" not in plan["preflight"]["tools"]
+    assert "docker container inspect" in (tmp_path / "dry" / "dry_run.md").read_text()
+    for path in (tmp_path / "dry").rglob("*"):
+        if path.is_file():
+            assert "hf_s3cr3t-value" not in path.read_text(errors="replace"), path

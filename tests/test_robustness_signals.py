@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM at every stage of a real run: nothing left running, data kept,
+"""Ctrl-C, SIGTERM and SIGHUP at every stage of a real run: nothing left running, data kept,
 the report written and marked incomplete.
 
 Each test starts ``python -m pytest cases/test_matrix.py`` against the real
@@ -62,8 +62,10 @@ STAGES: dict[str, Callable[[Path], bool]] = {
     ("baseline", signal.SIGINT),
     ("mid_case", signal.SIGINT),
     ("mid_case", signal.SIGTERM),
+    ("mid_case", signal.SIGHUP),  # a closed terminal or ssh session
     ("report", signal.SIGINT),
-], ids=["setup-INT", "baseline-INT", "mid_case-INT", "mid_case-TERM", "report-INT"])
+], ids=["setup-INT", "baseline-INT", "mid_case-INT", "mid_case-TERM", "mid_case-HUP",
+        "report-INT"])
 def test_signal_leaves_nothing_running_and_an_incomplete_report(tmp_path, stage, sig):
     prefix = (sys.executable, "-c", DELAY_SHIM, "6") if stage == "setup" else ()
     profile = local_profile(tmp_path / "profile.toml", argv_prefix=prefix,

@@ -122,8 +122,21 @@ def node_static(node_dir: Path) -> NodeStatic:
         "driver": gpus.get("driver_version"),
         "nics": sorted(_load(src, "nics.json")),
         "rdma_ports": sorted(_load(src, "rdma.json")),
+        "container": _container_fact(_load(src, "container.json")),
     }
     return NodeStatic(node_dir.name, has_b, has_a, tuple(moved), errors, facts)
+
+
+def _container_fact(c: dict) -> str:
+    """The server's container in one line (``container.json``, written on the head by
+    ``run/nodes.py`` when the server runs in a container): runtime, image, image id."""
+    if not c:
+        return ""
+    info, image = c.get("container") or {}, c.get("image") or {}
+    name = info.get("ImageName") or (info.get("Config") or {}).get("Image") or "?"
+    image_id = str(image.get("Id") or info.get("Image") or "?").removeprefix("sha256:")
+    return (f"{c.get('runtime', '?')} container {str(info.get('Name', '')).lstrip('/')} "
+            f"of image {name} (id {image_id[:12]})")
 
 
 def run_static(run_dir: Path) -> list[NodeStatic]:

@@ -81,6 +81,34 @@ class PrometheusSpec:
     step_s: float = 0.0  # 0 = the telemetry interval
 
 
+#: Container runtimes Strata drives (``run/container.py`` builds their argv).
+CONTAINER_RUNTIMES = ("docker", "podman")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """``[server.container]``: the server's argv runs inside this container.
+
+    Every environment variable of the server (``[server.env]``, a configuration's env,
+    ``env`` here) is set inside the container by name (``-e NAME``, the value taken from
+    the runtime client's environment), so no value appears in an argv or the run folder;
+    ``env_pass`` names variables of the harness's own environment (secrets) passed the
+    same way.
+    """
+
+    runtime: str
+    image: str
+    name: str = "strata"  # prefix; the run id and block make each container's name unique
+    gpus: str = ""  # "" none, "all", or device indices "0,1"
+    volumes: tuple[str, ...] = ()  # "host:container[:options]"
+    env: tuple[tuple[str, str], ...] = ()
+    env_pass: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()  # extra options of `run`, before the image
+    runtime_args: tuple[str, ...] = ()  # global options, before every subcommand
+    network: str = "host"  # anything else publishes the server's port
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     engine: str
@@ -96,6 +124,7 @@ class ServerSpec:
     configs: tuple[ServerConfig, ...] = ()
     worker_argv: tuple[str, ...] = ()  # multi-node: the worker's command
     token_id_range: tuple[int, int] = (1000, 30000)  # random prompt tokens come from here
+    container: ContainerSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +254,34 @@ def _server_configs(r: _Reader, base_argv: tuple[str, ...],
     return tuple(configs)
 
 
+def _container(r: _Reader) -> ContainerSpec | None:
+    if "container" not in r.table:
+        r.seen.add("container")
+        return None
+    c = r.sub("container")
+    gpus = c.get("gpus", str, "", expected='"all" or device indices such as "0,1"')
+    if gpus and gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", gpus):
+        raise ProfileError(r.path, c._key("gpus"), '"all" or device indices such as "0,1"',
+                           gpus)
+    env = _str_table(c, "env")
+    env_pass = c.str_list("env_pass")
+    for name in [k for k, _ in env] + list(env_pass):
+        if not _ENV_NAME.match(name):
+            raise ProfileError(r.path, c._key("env"), "environment variable names", name)
+    spec = ContainerSpec(
+        runtime=c.choice("runtime", CONTAINER_RUNTIMES), image=c.get("image", str),
+        name=c.get("name", str, "strata"), gpus=gpus, volumes=c.str_list("volumes"),
+        env=env, env_pass=env_pass, args=c.str_list("args"),
+        runtime_args=c.str_list("runtime_args"), network=c.get("network", str, "host"))
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", spec.name):
+        raise ProfileError(r.path, c._key("name"), "a container name ([A-Za-z0-9_.-])",
+                           spec.name)
+    if not spec.image:
+        raise ProfileError(r.path, c._key("image"), "an image name or id", spec.image)
+    c.reject_unknown()
+    return spec
+
+
 def _caps(r: _Reader) -> tuple[tuple[str, float], ...]:
     sub = r.sub("link_caps")
     return tuple((k, sub.number(k, 0.0, lo=1.0, hi=1e13)) for k in list(sub.table))
@@ -291,8 +348,16 @@ def load_profile(path: Path | str) -> Profile:
         configs=_server_configs(s, base_argv, base_env),
         worker_argv=s.str_list("worker_argv"),
         token_id_range=_id_range(s),
+        container=_container(s),
     )
     s.reject_unknown()
+    if server.container is not None:  # passed as `-e NAME`: a name must be one name
+        for conf in server.configs:
+            for k, _ in conf.env:
+                if not _ENV_NAME.match(k):
+                    raise ProfileError(path, f"server.configs.{conf.config_id}.env",
+                                       "environment variable names (set inside the "
+                                       "container by name)", k)
     if not server.configs[0].argv and len(server.configs) == 1:
         pass  # attach-only profiles have no argv; --strata-server-url is then required
 
@@ -366,6 +431,11 @@ def _check_placeholders(path: Path, data: dict[str, Any], known: set[str]) -> No
     where += [("server.argv", server.get("argv", [])),
               ("server.worker_argv", server.get("worker_argv", []))]
     where += [(f"server.env.{k}", v) for k, v in server.get("env", {}).items()]
+    ctr = server.get("container", {})
+    where += [(f"server.container.{k}", ctr.get(k, []))
+              for k in ("volumes", "args", "runtime_args")]
+    where += [("server.container.image", ctr.get("image", ""))]
+    where += [(f"server.container.env.{k}", v) for k, v in ctr.get("env", {}).items()]
     for cid, c in server.get("configs", {}).items():
         where.append((f"server.configs.{cid}.args", c.get("args", [])))
         where += [(f"server.configs.{cid}.env.{k}", v) for k, v in c.get("env", {}).items()]

@@ -274,6 +274,9 @@ def static_section(d: ReportData) -> str:
             "; ".join(f"{k}: {v}" for k, v in sorted(n.errors.items())) or "none"))
     out.append(md_table(("node", "before", "after", "kernel", "CPU", "GPUs", "NICs",
                          "RDMA ports", "not captured"), rows))
+    for n in d.static:
+        if n.facts.get("container"):
+            out.append(f"\nThe server on {n.node} ran in a {n.facts['container']}.\n")
     moved = [m for n in d.static for m in n.moved]
     out.append("\nCounters that should not move (NIC and RDMA errors and drops, link state, "
                "GPU ECC errors, retired pages, remapped rows), after minus before: ")

@@ -109,6 +109,14 @@ def dry_run_commands(sess: StrataSession) -> dict[str, dict]:
             "argv": argv, "env_names": env_names, "node": head,
             "base_url": sess.cfg.server_url or f"http://{p.server.host}:{port}",
             "log": str(spec.log_path)}
+        if p.server.container is not None and not sess.cfg.server_url:
+            # The runtime's command is what runs; the server's argv is its command inside.
+            env = tuple((k, "") for k, _ in conf.env)
+            launch = sess.container_launch(argv, env, conf.config_id, port, values)
+            out[f"server-{conf.config_id}"].update(
+                argv=list(launch.run_argv), env_names=list(launch.env_names),
+                container={**launch.to_json(p.server.stop_timeout_s), "command": argv,
+                           "server_pid": f"State.Pid of `{' '.join(launch.inspect_argv())}`"})
         if p.server.worker_argv:
             for node in (n for n in p.nodes if n.role == "worker"):
                 out[f"worker-{conf.config_id}-{node.name}"] = {
@@ -200,6 +208,12 @@ def checklist_markdown(d: dict) -> str:
         for name, c in cmds:
             env = ", ".join(c.get("env_names") or []) or "-"
             lines.append(f"- `{name}` (env names: {env}): `{json.dumps(c['argv'])}`")
+            if c.get("container"):
+                ctr = c["container"]
+                lines.append(f"  - in {ctr['runtime']} container `{ctr['name']}` (image "
+                             f"`{ctr['image']}`); the agent follows {ctr['server_pid']}; "
+                             f"stop: `{json.dumps(ctr['stop_argv'])}`, then "
+                             f"`{json.dumps(ctr['rm_argv'])}`")
             for coll, what in (c.get("collectors") or {}).items():
                 lines.append(f"  - collector {coll}: `{json.dumps(what)}`")
         lines.append("")

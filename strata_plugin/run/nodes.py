@@ -64,13 +64,13 @@ def start_agents(sess: StrataSession, server: Server) -> list:
             h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
             handles.append(h)
             nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+        sess.recorder.update_manifest(nodes=nodes)  # a Ctrl-C here too: handles not returned
     except BaseException:  # Ctrl-C (in a clock measurement too) or a failed start:
         # the agents already up must not stay
         for h in handles:
             with contextlib.suppress(Exception):
                 h.stop(2.0)
         raise
-    sess.recorder.update_manifest(nodes=nodes)
     return handles
 
 
@@ -90,12 +90,15 @@ def restart_agent(sess: StrataSession, server: Server, node: str):
     return h
 
 
-def snapshot_agents(sess: StrataSession, handles: list, label: str) -> None:
+def snapshot_agents(sess: StrataSession, handles: list, label: str,
+                    server: Server | None = None) -> None:
     """Static snapshots of every node through its agent, into ``nodes/<node>/static/<label>``.
 
     ``before`` is taken once per node (the first block), ``after`` at every block's end
     (the last one stays), so the two bracket the whole run. A snapshot that fails is
-    recorded in the manifest with its reason and never stops the run.
+    recorded in the manifest with its reason and never stops the run. A server in a
+    container adds ``container.json`` to the head's snapshot: the runtime's ``inspect``
+    of the container and of its image (environment cut to names).
     """
     import shutil
 
@@ -113,7 +116,31 @@ def snapshot_agents(sess: StrataSession, handles: list, label: str) -> None:
         except Exception as exc:  # the run goes on; the report says the snapshot is missing
             result = f"{type(exc).__name__}: {exc}"
         done.setdefault(h.node, {})[label] = result
+        if server is not None and server.container is not None and h.node in _heads(sess):
+            done[h.node][f"{label}_container"] = _container_snapshot(server, dest)
     sess.recorder.update_manifest(static_snapshots=done)
+
+
+def _heads(sess: StrataSession) -> set[str]:
+    return {n.name for n in sess.cfg.profile.nodes if n.role == "head"}
+
+
+def _container_snapshot(server: Server, dest) -> str:
+    """``container.json``: the container's and its image's inspect, as now."""
+    import json
+
+    from strata_plugin.run.container import ContainerError, image_inspect, inspect
+
+    try:
+        info = inspect(server.container)
+        image = image_inspect(server.container, str(info.get("Image") or server.container.image))
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "container.json").write_text(json.dumps(
+            {"runtime": server.container.runtime, "container": info, "image": image},
+            indent=1, sort_keys=True, default=str) + "\n")
+        return "ok"
+    except (ContainerError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def stop_agents(sess: StrataSession, handles: list) -> None:

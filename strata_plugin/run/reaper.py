@@ -1,7 +1,7 @@
 """No process Strata starts outlives it, whatever way the run ends.
 
 Servers and remote workers register here when started and leave when stopped;
-whatever is still registered at interpreter exit is stopped. SIGTERM becomes
+whatever is still registered at interpreter exit is stopped. SIGTERM and SIGHUP become
 KeyboardInterrupt (installed only once a Strata run starts, so a repository
 that merely has the plugin installed keeps its own signal handling), and
 ``INTERRUPTED`` tells the teardown code to skip cooldowns and mark the run
@@ -46,17 +46,21 @@ def stop_all() -> None:
 
 
 def install_sigterm_handler() -> None:
-    """SIGTERM becomes KeyboardInterrupt, so pytest's teardown runs as for Ctrl-C.
+    """SIGTERM and SIGHUP (a closed terminal or ssh session) become KeyboardInterrupt, so
+    pytest's teardown runs as for Ctrl-C: by default either would end the interpreter
+    without teardown or atexit, leaving servers in their own sessions and containers
+    running.
 
     Leaves a handler someone else installed alone, and does nothing off the main thread.
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+            continue
 
-    def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise KeyboardInterrupt(f"signal {signum}")
+        def handler(signum: int, frame: object) -> None:
+            signal.signal(signum, signal.SIG_DFL)
+            raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, handler)
+        signal.signal(sig, handler)

@@ -5,7 +5,9 @@ folder, and a health poll that also watches the process, so a server that dies
 during start-up fails fast with its log tail instead of waiting out the timeout.
 Teardown sends SIGTERM to the whole group, then SIGKILL after a grace period.
 An attached server (``--strata-server-url``) offers the same interface and is
-never stopped by us.
+never stopped by us. A server in a container (``[server.container]``, argv built by
+``run/container.py``) is the runtime client's foreground run: its PID is the
+container's main process from ``inspect``, and a stop removes the container too.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
+
+if TYPE_CHECKING:
+    from strata_plugin.run.container import ContainerLaunch
 
 
 class ServerStartError(RuntimeError):
@@ -56,12 +62,18 @@ class LaunchSpec:
     health_timeout_s: float
     stop_timeout_s: float
     log_path: Path
+    #: ``[server.container]``: ``argv`` is then the runtime's ``run`` command
+    container: ContainerLaunch | None = None
 
     def to_json(self) -> dict:
         # Env values may be secrets: record names only.
-        return {"config_id": self.config_id, "argv": list(self.argv),
-                "env_names": sorted(k for k, _ in self.env), "base_url": self.base_url,
-                "log": str(self.log_path)}
+        out = {"config_id": self.config_id, "argv": list(self.argv),
+               "env_names": sorted(k for k, _ in self.env), "base_url": self.base_url,
+               "log": str(self.log_path)}
+        if self.container is not None:
+            out["container"] = self.container.to_json(self.stop_timeout_s)
+            out["env_names"] = list(self.container.env_names)
+        return out
 
 
 class Server:
@@ -75,6 +87,14 @@ class Server:
         self.restarts = 0
         self.block_id = ""
         self._log_fh = None
+        #: a container's inspect facts (run/container.facts) once it is healthy
+        self.container_facts: dict | None = None
+        self.container_inspect: dict | None = None
+        self.container_removal = None  # run/container.Removal of the last stop
+
+    @property
+    def container(self) -> ContainerLaunch | None:
+        return self.spec.container if self.spec else None
 
     @property
     def config_id(self) -> str:
@@ -88,6 +108,10 @@ class Server:
 
     @property
     def pid(self) -> int | None:
+        """The server's own PID: a container's main process (from ``inspect``), else the
+        process we launched."""
+        if self.container_facts and self.container_facts.get("main_pid"):
+            return int(self.container_facts["main_pid"])
         return self.proc.pid if self.proc else None
 
     @property
@@ -110,16 +134,32 @@ class Server:
         env = dict(os.environ)
         env.update(dict(spec.env))
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            list(spec.argv), stdout=self._log_fh, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
+        self.container_facts = self.container_inspect = self.container_removal = None
         try:
+            self.proc = subprocess.Popen(
+                list(spec.argv), stdout=self._log_fh, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )
             self.wait_healthy(spec.health_timeout_s)
+            if spec.container is not None:
+                self._inspect_container()
         except BaseException:
             self.stop()
             raise
         self.startup_s = time.monotonic() - t0
+
+    def _inspect_container(self) -> None:
+        from strata_plugin.run.container import ContainerError, facts, inspect
+
+        try:
+            info = inspect(self.spec.container)
+        except ContainerError as exc:
+            raise ServerStartError(f"the server answers but its container cannot be "
+                                   f"inspected: {exc}") from None
+        self.container_inspect, self.container_facts = info, facts(info)
+        if not self.container_facts["main_pid"]:
+            raise ServerStartError(f"container {self.spec.container.name} has no main PID "
+                                   f"(state {self.container_facts['status']!r})")
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Poll the health URL, failing fast when the process exits."""
@@ -150,10 +190,30 @@ class Server:
         if self.proc is None:
             return None
         grace = self.spec.stop_timeout_s if self.spec else 10.0
-        code = terminate_group(self.proc, grace)
+        launch = self.container
+        if launch is None:
+            code = terminate_group(self.proc, grace)
+        else:
+            code = self._stop_container(launch, grace)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
+        return code
+
+    def _stop_container(self, launch: ContainerLaunch, grace: float) -> int | None:
+        """The container first (killing its client would leave it running), then the
+        client's group, then ``rm -f`` and a check that it is gone; whatever raises in
+        between, the removal is attempted (Ctrl-C during a stop included)."""
+        from strata_plugin.run.container import remove_container, stop_container
+
+        code = None
+        try:
+            if self.container_removal is None or not self.container_removal.removed:
+                stop_container(launch, grace)
+            code = terminate_group(self.proc, 5.0)
+        finally:
+            if self.container_removal is None or not self.container_removal.removed:
+                self.container_removal = remove_container(launch)
         return code
 
 

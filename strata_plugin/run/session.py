@@ -64,6 +64,10 @@ class ServerDown(RuntimeError):
     """A server that died earlier and was not restarted: the tests that need it cannot run."""
 
 
+class ContainerLeft(RuntimeError):
+    """A server's container could not be removed (it may still hold the GPUs)."""
+
+
 class PreflightFailed(RuntimeError):
     """The run cannot start: a port, tool, node or GPU is not ready."""
 
@@ -118,6 +122,7 @@ class StrataSession:
         self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
+        self.containers_left: list[str] = []  # containers a stop could not remove
 
     # --- servers -------------------------------------------------------------------------
 
@@ -142,11 +147,34 @@ class StrataSession:
         values = self.placeholder_values(port)
         argv = expand_placeholders(conf.argv, values)
         env = tuple((k, v.format_map(values)) for k, v in conf.env)
+        container = None
+        if p.server.container is not None:
+            container = self.container_launch(argv, env, block_id or config_id, port, values)
+            env = env + tuple((k, v.format_map(values)) for k, v in p.server.container.env)
+            argv = list(container.run_argv)
         return LaunchSpec(
-            config_id=config_id, argv=tuple(argv), env=env,
+            config_id=config_id, argv=tuple(argv), env=env, container=container,
             base_url=f"http://{p.server.host}:{port}", health_path=p.server.health_path,
             health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
             log_path=self.run_dir / "service" / (block_id or config_id) / "server.log")
+
+    def container_launch(self, command: list[str], env: tuple[tuple[str, str], ...],
+                         block_id: str, port: int, values: dict[str, str]):
+        """The server's command inside ``[server.container]``: every variable of the
+        server and of the container section by name; ``env_pass`` names only where the
+        harness's environment has them (a secret is never read here, only named)."""
+        from strata_plugin.run.container import build_launch, container_name
+
+        p = self.cfg.profile
+        spec = p.server.container
+        names = [k for k, _ in env] + [k for k, _ in spec.env]
+        names += [n for n in spec.env_pass if n in os.environ or self.cfg.dry_run]
+        return build_launch(
+            spec, name=container_name(spec.name, self.cfg.run_id, block_id), command=command,
+            env_names=list(dict.fromkeys(names)), host=p.server.host, port=port,
+            volumes=[os.path.expanduser(v) for v in expand_placeholders(spec.volumes, values)],
+            args=expand_placeholders(spec.args, values),
+            image=expand_placeholders((spec.image,), values)[0])
 
     def start_server(self, config_id: str, block_id: str = "") -> Server:
         """Launch (or attach to) the server of one configuration for one block."""
@@ -168,11 +196,22 @@ class StrataSession:
                 raise
         server.block_id = block_id
         self.servers[block_id] = server
-        self.recorder.update_manifest(servers={
-            bid: {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
-                  "startup_s": s.startup_s, "restarts": s.restarts}
-            for bid, s in self.servers.items()})
+        self.record_servers()
         return server
+
+    def record_servers(self) -> None:
+        """Every server of the run in the manifest: its command (env names only), start-up
+        time, restarts and, in a container, the container's facts and removal."""
+        out = {}
+        for bid, s in self.servers.items():
+            entry = {**(s.spec.to_json() if s.spec else {"base_url": s.base_url}),
+                     "startup_s": s.startup_s, "restarts": s.restarts}
+            if s.container_facts is not None:
+                entry["container"] = {**entry.get("container", {}), **s.container_facts}
+            if s.container_removal is not None:
+                entry.setdefault("container", {})["removal"] = s.container_removal.to_json()
+            out[bid] = entry
+        self.recorder.update_manifest(servers=out)
 
     def start_workers(self, spec: LaunchSpec, block_id: str) -> list:
         """The profile's worker command on every remote worker node, tied to its ssh session."""
@@ -206,9 +245,21 @@ class StrataSession:
         every node, through that node's agent (the head alone, locally, when no agent
         runs any more)."""
         pid = server.pid
-        server.stop()
-        reaper.unregister(server)
+        server.stop()  # a stop cut short stays registered: the reaper tries again at exit
+        removal = server.container_removal
+        if removal is None or removal.removed:  # a container left: the reaper retries
+            reaper.unregister(server)
         self.stop_workers(server.block_key)
+        if server.container is not None:
+            self.record_servers()
+            if removal is not None and not removal.removed:
+                why = f"server {server.block_key}: {removal.detail}"
+                if why not in self.containers_left:
+                    self.containers_left.append(why)
+                    self.incomplete_reason = "; ".join(
+                        x for x in (self.incomplete_reason, why) if x)
+                    self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+                raise ContainerLeft(why)
         if ("nvml" not in self.cfg.profile.telemetry.collectors
                 or server.block_key in self.gpu_checked):
             return
@@ -263,6 +314,8 @@ class StrataSession:
             values = self.placeholder_values(p.server.port or 0)
             for conf in p.server.configs:
                 argv = expand_placeholders(conf.argv, values)
+                if p.server.container is not None:  # the command lives in the image
+                    argv = [p.server.container.runtime]
                 if argv and argv[0] not in tools:
                     tools.append(argv[0])
         remote = {n.name: n.ssh_host for n in p.nodes if n.ssh_host}
@@ -276,17 +329,18 @@ class StrataSession:
 
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
-        block = Block(server=server, agents=start_agents(self, server))
-        self.blocks[server.block_key] = block
+        agents = start_agents(self, server)
         try:
-            snapshot_agents(self, block.agents, "before")
+            block = Block(server=server, agents=agents)
+            self.blocks[server.block_key] = block
+            snapshot_agents(self, block.agents, "before", block.server)
             t0 = time.monotonic_ns()
             time.sleep(self.cfg.profile.telemetry.baseline_s)
+            self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
+                               time.monotonic_ns())
         except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
-            stop_agents(self, block.agents)
+            stop_agents(self, agents)
             raise
-        self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
-                           time.monotonic_ns())
         return block
 
     def end_block(self, block: Block) -> None:
@@ -300,7 +354,7 @@ class StrataSession:
         finally:
             try:
                 if not reaper.INTERRUPTED.is_set():
-                    snapshot_agents(self, block.agents, "after")
+                    snapshot_agents(self, block.agents, "after", block.server)
             finally:
                 self._stop_block(block)
 
@@ -466,7 +520,10 @@ class StrataSession:
     def finish(self, *, interrupted: bool) -> Path | None:
         """Stop what runs, then write the report; an interrupted run says so in both."""
         for server in list(self.servers.values()):
-            self.stop_server(server)
+            try:
+                self.stop_server(server)
+            except ContainerLeft:  # recorded; the other servers still stop, the report is
+                pass  # written
         try:
             self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
             if not interrupted:
@@ -487,7 +544,8 @@ class StrataSession:
                 self.recorder.close()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
-            return self._write_report(complete=not interrupted and not self.agents_lost)
+            return self._write_report(complete=not interrupted and not self.agents_lost
+                                      and not self.containers_left)
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
