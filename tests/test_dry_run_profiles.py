@@ -47,7 +47,11 @@ def test_every_profile_dry_runs_the_cases(profile, tmp_path):
         assert case["block_id"] and case["config_id"]
     mixed = [c for c in plan["cases"] if c.get("ab_group") == "mixed"]
     assert [c["ab_arm"] for c in mixed[:2]] == ["control", "treatment"]
-    assert mixed[0]["injection"] is None and mixed[1]["injection"]["offset_s"] == 0.5
+    inj = mixed[1]["injection"]
+    assert mixed[0]["injection"] is None and (inj["offset_s"], inj["at_output"]) == (0.0, 0.25)
+    assert inj["token_mark"] == -(-mixed[1]["params"]["osl"] // 4)  # a quarter of the OSL, up
+    assert f"after every stream has {inj['token_mark']} output tokens" in (
+        run / "dry_run.md").read_text()
     # Every server, worker and agent command with its env names, per node.
     cmds = plan["commands"]
     servers = [c for n, c in cmds.items() if n.startswith("server-")]

@@ -105,6 +105,23 @@ class Injection:
         """The output tokens every stream of a load of ``load_osl`` must have first."""
         return max(1, math.ceil(self.at_output * load_osl))
 
+    def fields(self, load_osl: int) -> dict[str, object]:
+        """Where it is placed, for the case line and the dry run's plan."""
+        out: dict[str, object] = {"params": self.workload.params(), "offset_s": self.offset_s,
+                                  "after": self.after}
+        if self.after == "first_tokens":
+            out.update(at_output=self.at_output, token_mark=self.token_mark(load_osl))
+        return out
+
+    @staticmethod
+    def placement(fields: dict) -> str:
+        """``+0.0 s after every stream has 16 output tokens``, from :meth:`fields`."""
+        if fields.get("after") == "start":
+            return f"+{fields['offset_s']} s after the load starts"
+        n = fields.get("token_mark", 1)
+        what = "its first token" if n == 1 else f"{n} output tokens"
+        return f"+{fields['offset_s']} s after every stream has {what}"
+
 
 class _InjectionClock:
     """Counts the load's streams that reached ``token_mark`` tokens; ``ready`` is set
@@ -456,8 +473,7 @@ class CaseRunner:
             "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
             "problems": list(problems), "headline": result.headline,
             "validation": [{"validator": n, "passed": p, "total": t} for n, p, t in validation],
-            "injection": ({"params": inject.workload.params(), "offset_s": inject.offset_s,
-                           "after": inject.after, **placed} if inject else None),
+            "injection": ({**inject.fields(w.osl), **placed} if inject else None),
             "prompt_salt": salt,
             "cache_flush": flush.as_dict() if flush else None,
             "cold_prefix": cold_prefix_status(w, res.records),
@@ -704,7 +720,7 @@ class PlanningRunner(CaseRunner):
         injected = None
         if inject is not None:
             iw = self.scaled(inject.workload) if scale else inject.workload
-            injected = {"name": iw.name, "params": iw.params(), "offset_s": inject.offset_s,
+            injected = {**inject.fields(scaled.osl), "name": iw.name, "params": iw.params(),
                         "scaled_from": (inject.workload.params() if iw != inject.workload
                                         else None)}
         line = {

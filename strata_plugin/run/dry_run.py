@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
-from strata_plugin.load.case_runner import PlanEnds
+from strata_plugin.load.case_runner import Injection, PlanEnds
 from strata_plugin.run.nodes import agent_commands
 from strata_plugin.run.server import write_command
 
@@ -229,7 +229,8 @@ def checklist_markdown(d: dict) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(d["cases"], 1):
         inj = c.get("injection")
-        inj_s = f"{inj['name']} ({_params(inj['params'])}) at +{inj['offset_s']} s" if inj else "-"
+        inj_s = (f"{inj['name']} ({_params(inj['params'])}) {Injection.placement(inj)}"
+                 if inj else "-")
         ab = f"{c['ab_group']}:{c['ab_arm']}" if c.get("ab_group") else "-"
         lines.append(f"| {i} | {c['case_id']} | {c['block_id']} | {c['config_id']} | "
                      f"{_params(c['params'])} | {_params(c.get('scaled_from'))} | {inj_s} | {ab} |")
