@@ -37,8 +37,8 @@ from strata_plugin.report import summarize_case
 from strata_plugin.testing import faults
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
-FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queueing",
-                 "client_bound", "network")
+FAULT_CLASSES = ("cpu_contention", "cpu_limited", "io_page_faults", "memory_pressure",
+                 "queueing", "client_bound", "network")
 #: Ground-truth thresholds: the same numbers the attribution uses (analysis/thresholds.py),
 #: applied to the independent host watch.
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
@@ -54,6 +54,9 @@ REPEATS = max(1, int(os.environ.get("STRATA_FAULT_REPEATS", "2")))
 SCENARIO_BUDGET_S = float(os.environ.get("STRATA_FAULT_SCENARIO_S", "100"))
 #: The server's slots (local.toml: -np 4): the queueing arm asks for three times as many.
 SLOTS = 4
+#: The server's own cgroup quota in the cpu_limited arm: a quarter of what it uses
+#: unlimited on the 2-core machine (~2 cores), so it binds even when other work slows it.
+SERVER_QUOTA_CORES = 0.5
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10
 #: samples), longer under the faults that slow the server.
@@ -73,6 +76,7 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("cpu_contention", DECODE),
+    Scenario("cpu_limited", DECODE),
     Scenario("io_page_faults", DECODE, private_model=True),
     Scenario("memory_pressure", DECODE),
     Scenario("queueing", QUEUE, replace(QUEUE, concurrency=3 * SLOTS)),
@@ -107,6 +111,8 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
         return faults.NoFault()
     if sc.fault == "cpu_contention":
         return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
+    if sc.fault == "cpu_limited":
+        return faults.ServerCpuQuota(server.pid, quota_cores=SERVER_QUOTA_CORES)
     if sc.fault == "io_page_faults":
         assert model is not None
         return faults.PageOut(server.pid, model, period_s=0.25)
@@ -253,7 +259,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
 
 
 #: Column labels of the matrix (the attribution's class names, shortened).
-SHORT = {"cpu_contention": "cpu_cont", "io_page_faults": "io_fault", "memory_pressure": "mem_pres",
+SHORT = {"cpu_contention": "cpu_cont", "cpu_limited": "cpu_limit", "io_page_faults": "io_fault",
+         "memory_pressure": "mem_pres",
          "queueing": "queueing", "client_bound": "client", "network": "network",
          "cpu_compute": "cpu_comp", "input_starved": "starved", "headroom": "headroom",
          "prefill_decode_interference": "pd_interf", "kv_cache_capacity": "kv_cache"}

@@ -170,3 +170,41 @@ def test_a_cgroup_memory_limit_tighter_than_the_host_is_the_free_memory():
     ]
     assert cgroup_mem_free_frac(HwView(rows), "n") == pytest.approx(0.04)
     assert cgroup_mem_free_frac(HwView(rows[1:]), "n") is None  # no limit
+
+
+def test_the_agent_follows_a_server_moved_into_a_quota_cgroup_and_back():
+    """A server put under a quota while the agent runs (the fault suite's cpu_limited
+    arm, a container started around a running process) is read in its new cgroup, and
+    in its old one again once it is moved back; the injector leaves no cgroup behind."""
+    from strata_plugin.testing import faults
+
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    col = CpuCollector(cgroup="server", per_core=False, targets=ProcessTargets(pids=[busy.pid]))
+    inj = faults.ServerCpuQuota(busy.pid, quota_cores=QUOTA_CORES)
+    try:
+        col.probe()
+        before = _values(col, 1)
+        assert "cgroup_quota_cores" not in before  # no quota where it started
+        try:
+            inj.start()
+        except faults.FaultUnavailable as exc:
+            pytest.skip(str(exc))
+        a = _values(col, 2)
+        time.sleep(1.0)
+        b = _values(col, 3)
+        facts = inj.stop().as_dict()
+        after = _values(col, 4)
+    finally:
+        inj.stop()
+        col.close()
+        busy.kill()
+        busy.wait()
+    assert a["cgroup_quota_cores"] == pytest.approx(QUOTA_CORES)
+    periods = b["cgroup_nr_periods"] - a["cgroup_nr_periods"]
+    throttled = b["cgroup_nr_throttled"] - a["cgroup_nr_throttled"]
+    assert periods >= 5 and throttled / periods >= 0.5, (periods, throttled)
+    assert facts["nr_throttled"] > 0 and facts["quota_cores"] == QUOTA_CORES, facts
+    assert "cgroup_quota_cores" not in after  # back in its own cgroup, unlimited
+    assert inj.dir is not None and not inj.dir.exists()

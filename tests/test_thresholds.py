@@ -48,7 +48,7 @@ CROWDED = dict(host_busy_cores=6.0, server_cpu_cores=1.0, runq_delay_per_cpu_s=0
 CASES: tuple[Boundary, ...] = (
     # host: CPU
     Boundary("steal_frac", "cpu_contention", CPU_CLEAN, one("steal_frac")),
-    Boundary("cgroup_throttled_frac", "cpu_contention", CPU_CLEAN, one("cgroup_throttled_frac")),
+    Boundary("cgroup_throttled_frac", "cpu_limited", CPU_CLEAN, one("cgroup_throttled_frac")),
     Boundary("other_cpu_frac", "cpu_contention", CPU_CLEAN,
              lambda x: {**CROWDED, "host_busy_cores": 1.0 + x * 8}),
     Boundary("runq_delay_per_cpu_s", "cpu_contention", CPU_CLEAN,
@@ -145,6 +145,8 @@ NOT_A_RULE_BOUNDARY = {
     "rail_active_bytes_s": "rails.py's imbalance filter (test_rails.py)",
     "net_drop_events": "a rails finding, not a classifier input (test_rails.py)",
     "iowait_frac": "corroboration: raises io_page_faults' score, never fires it alone",
+    "cgroup_quota_used": "corroboration: raises cpu_limited's score, never fires it alone "
+    "(test_quota_use_corroborates_cpu_limited below)",
     "client_bound": "a boolean (test_attribution.py, the client_bound cases)",
     "client_lateness_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "client_handling_lag_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
@@ -180,7 +182,7 @@ PINNED = {
     "runq_delay_per_cpu_s": 0.1, "psi_some_frac": 0.10, "cores_busy_frac": 0.9,
     "server_cores_of_threads": 0.85, "cpu_compute_server_share": 0.5,
     "other_cpu_frac": 0.25, "involuntary_ctx_per_cpu_s": 50.0, "steal_frac": 0.05,
-    "cgroup_throttled_frac": 0.05, "cpu_samples_disagree_factor": 1.1,
+    "cgroup_throttled_frac": 0.05, "cgroup_quota_used": 0.8, "cpu_samples_disagree_factor": 1.1,
     "cpu_samples_disagree_slack_cores": 0.5, "major_faults_per_s": 20.0,
     "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
     "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
@@ -274,3 +276,39 @@ def test_chunk_gap_ratio_needs_enough_gaps() -> None:
     n = int(value("chunk_gaps_min"))
     assert ratio(n - 1) is None
     assert ratio(n) == pytest.approx(5.0)
+
+
+def test_quota_use_corroborates_cpu_limited() -> None:
+    """Quota use just under / at its row: the evidence flips and the score rises, but the
+    throttled periods alone decide whether the class fires."""
+    t = value("cgroup_quota_used")
+    throttled = value("cgroup_throttled_frac") * 2
+
+    def verdict(used: float | None, frac: float = throttled) -> Verdict:
+        return classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=frac,
+                                            cgroup_quota_used=used))
+
+    def ev(v: Verdict):
+        (e,) = [e for e in v.evidence if e.threshold == "cgroup_quota_used"]
+        return e
+
+    under, at = verdict(t * (1 - STEP)), verdict(t)
+    assert "cpu_limited" in under.classes and "cpu_limited" in at.classes
+    assert not ev(under).met and ev(at).met
+    assert at.confidence > under.confidence
+    # used to the full without throttled periods is a server at its quota, not limited
+    assert "cpu_limited" not in named(verdict(1.0, frac=value("cgroup_throttled_frac") / 2))
+
+
+def test_cpu_limited_is_not_cpu_contention() -> None:
+    """A throttled server on an idle host is limited by its own cgroup: nobody else is
+    taking the cores; a crowded host without a quota is contention, not a limit."""
+    limited = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=0.9,
+                                           cgroup_quota_used=0.98, server_cpu_cores=0.5,
+                                           host_busy_cores=0.7))
+    assert limited.classes[0] == "cpu_limited" and "cpu_contention" not in named(limited)
+    assert any(e.threshold == "cgroup_throttled_frac" and e.met for e in limited.evidence)
+    crowded = classify(dataclasses.replace(CPU_CLEAN, **CROWDED))
+    assert "cpu_contention" in crowded.classes and "cpu_limited" not in named(crowded)
+    unread = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
+    assert "cgroup_throttled_frac" in " ".join(unread.missing_signals)

@@ -80,6 +80,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "psi_io_some": "cpu:psi_io_some_total_us",
     "psi_mem_some": "cpu:psi_memory_some_total_us",
     "cgroup_throttled_frac": "cpu:cgroup_nr_throttled/cgroup_nr_periods (the server's cgroup)",
+    "cgroup_quota_used": "cpu:cgroup_usage_s (or proc:cpu_user_s+cpu_system_s)/cgroup_quota_cores",
     "server_cpu_cores": "proc:cpu_user_s/cpu_system_s",
     "server_threads": "proc:num_threads (or thread_cpu_s devices)",
     "server_max_thread_cores": "proc:thread_cpu_s",
@@ -157,6 +158,9 @@ class WindowSignals:
     psi_io_some: float | None = None
     psi_mem_some: float | None = None
     cgroup_throttled_frac: float | None = None
+    # the server's CPU (its cgroup's usage where the kernel reports it) over the cgroup's
+    # CFS quota in cores; None without a quota
+    cgroup_quota_used: float | None = None
     server_cpu_cores: float | None = None
     server_threads: int | None = None
     server_max_thread_cores: float | None = None
@@ -260,6 +264,7 @@ CLASSES = (
     "waiting_on_peer",
     "cpu_compute",
     "cpu_contention",
+    "cpu_limited",
     "memory_pressure",
     "network",
     "queueing",
@@ -702,17 +707,30 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
     return r.o
 
 
+def rule_cpu_limited(s: WindowSignals) -> _Outcome:
+    """The server's own cgroup quota keeps its threads from the CPU (a container, a pod,
+    a systemd slice): CFS throttled the group in its enforcement periods, however idle
+    the host. Other processes taking the cores are ``cpu_contention``'s, not this."""
+    r = _Rule("cpu_limited", s)
+    if not r.need("cgroup_throttled_frac"):
+        return r.unassessable(TRACE_SCHED)
+    if not r.cmp("cgroup_throttled_frac", ">=", "cgroup_throttled_frac"):
+        return r.o
+    score = _m(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
+    # Corroboration: a group throttled in most periods uses nearly all of its quota. It
+    # adds a second met row (confidence) and never lowers the score.
+    if s.cgroup_quota_used is not None and r.cmp("cgroup_quota_used", ">=", "cgroup_quota_used"):
+        score = max(score, _m(s, "cgroup_quota_used", "cgroup_quota_used"))
+    return r.fire(score)
+
+
 def rule_cpu_contention(s: WindowSignals) -> _Outcome:
-    """Other work on the same cores, the hypervisor (steal) or the server's own cgroup
-    quota (throttled periods) keeps the server's threads from the CPU."""
+    """Other work on the same cores, or the hypervisor (steal), keeps the server's threads
+    from the CPU. (Its own cgroup's quota is ``cpu_limited``.)"""
     r = _Rule("cpu_contention", s)
     margins = []
     if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
         margins.append(_m(s, "steal_frac", "steal_frac"))
-    if s.cgroup_throttled_frac is not None and r.cmp(
-        "cgroup_throttled_frac", ">=", "cgroup_throttled_frac"
-    ):
-        margins.append(_m(s, "cgroup_throttled_frac", "cgroup_throttled_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
     other = max(0.0, s.host_busy_cores - s.server_cpu_cores) / max(s.n_cores, 1)
@@ -923,6 +941,7 @@ HOST_RULES = (
     rule_memory_pressure,
     rule_network,
     rule_cpu_contention,
+    rule_cpu_limited,
 )
 CPU_SERVER_RULES = (rule_cpu_compute,)
 SERVING_RULES = (

@@ -298,7 +298,19 @@ THRESHOLDS: tuple[Threshold, ...] = (
         0.05,
         "of CFS periods",
         f"{CGROUP_V1} and {CGROUP_V2}: nr_throttled / nr_periods of the server's own "
-        "cgroup; throttled in over 5% of its enforcement periods [inferred 5%]",
+        "cgroup; throttled in over 5% of its enforcement periods [inferred 5%] "
+        "(cpu_limited). Clean arms of the fault suite: 0 (no quota); quota arms: "
+        f"{VAL}, Fault injection (cpu_limited)",
+    ),
+    Threshold(
+        "cgroup_quota_used",
+        0.8,
+        "of the CFS quota",
+        f"{CGROUP_V1}, Statistics and 'Examples' (quota / period = the cores a group may "
+        "use): the server's CPU over its cgroup's quota; a group throttled in most "
+        "periods uses nearly all of it. Corroboration of cpu_limited (raises its score, "
+        "never fires it alone: a bursty group is throttled at a low average use) "
+        "[inferred 80%]",
     ),
     Threshold(
         "cpu_samples_disagree_factor",
