@@ -49,6 +49,11 @@ CASES: tuple[Boundary, ...] = (
     # host: CPU
     Boundary("steal_frac", "cpu_contention", CPU_CLEAN, one("steal_frac")),
     Boundary("cgroup_throttled_frac", "cpu_limited", CPU_CLEAN, one("cgroup_throttled_frac")),
+    # a crowded host is not contention for a server that used all its own quota: its waits
+    # are the throttling's (its corroboration of cpu_limited: a test below)
+    Boundary("cgroup_quota_used", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, "cgroup_throttled_frac": 0.9, "cgroup_quota_used": x},
+             op="<", evidence=False),
     Boundary("other_cpu_frac", "cpu_contention", CPU_CLEAN,
              lambda x: {**CROWDED, "host_busy_cores": 1.0 + x * 8}),
     Boundary("runq_delay_per_cpu_s", "cpu_contention", CPU_CLEAN,
@@ -64,7 +69,8 @@ CASES: tuple[Boundary, ...] = (
     # host: I/O, memory, network
     Boundary("major_faults_per_s", "io_page_faults", CPU_CLEAN, one("major_faults_per_s")),
     Boundary("read_bytes_s", "io_page_faults", CPU_CLEAN, one("read_bytes_s")),
-    Boundary("disk_busy_frac", "io_page_faults", CPU_CLEAN, one("disk_busy_frac")),
+    Boundary("disk_busy_frac", "io_page_faults", CPU_CLEAN,
+             one("disk_busy_frac", major_faults_per_s=None, read_bytes_s=None)),
     Boundary("mem_available_frac_min", "memory_pressure", CPU_CLEAN,
              one("mem_available_frac"), op="<"),
     Boundary("psi_some_frac", "memory_pressure", CPU_CLEAN, one("psi_mem_some")),
@@ -145,8 +151,6 @@ NOT_A_RULE_BOUNDARY = {
     "rail_active_bytes_s": "rails.py's imbalance filter (test_rails.py)",
     "net_drop_events": "a rails finding, not a classifier input (test_rails.py)",
     "iowait_frac": "corroboration: raises io_page_faults' score, never fires it alone",
-    "cgroup_quota_used": "corroboration: raises cpu_limited's score, never fires it alone "
-    "(test_quota_use_corroborates_cpu_limited below)",
     "client_bound": "a boolean (test_attribution.py, the client_bound cases)",
     "client_lateness_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "client_handling_lag_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
@@ -312,3 +316,15 @@ def test_cpu_limited_is_not_cpu_contention() -> None:
     assert "cpu_contention" in crowded.classes and "cpu_limited" not in named(crowded)
     unread = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
     assert "cgroup_throttled_frac" in " ".join(unread.missing_signals)
+
+
+def test_a_busy_disk_is_not_the_servers_when_its_own_reads_are_quiet() -> None:
+    """Another process's I/O fills the device: with the server's major faults and reads
+    measured and under their rows, a busy disk alone names nothing; with them past, it
+    adds to the score."""
+    busy = dict(disk_busy_frac=0.9, psi_io_some=0.4, iowait_frac=0.2)
+    quiet = classify(dataclasses.replace(CPU_CLEAN, **busy))
+    assert "io_page_faults" not in named(quiet), quiet
+    reads = classify(dataclasses.replace(CPU_CLEAN, read_bytes_s=value("read_bytes_s"), **busy))
+    assert "io_page_faults" in reads.classes
+    assert any(e.threshold == "disk_busy_frac" and e.met for e in reads.evidence)

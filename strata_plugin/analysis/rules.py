@@ -724,6 +724,16 @@ def rule_cpu_limited(s: WindowSignals) -> _Outcome:
     return r.fire(score)
 
 
+def _at_own_quota(s: WindowSignals) -> bool:
+    """The server's cgroup throttled it and it used (nearly) all of its quota."""
+    return (
+        s.cgroup_throttled_frac is not None
+        and s.cgroup_quota_used is not None
+        and s.cgroup_throttled_frac >= _v("cgroup_throttled_frac")
+        and s.cgroup_quota_used >= _v("cgroup_quota_used")
+    )
+
+
 def rule_cpu_contention(s: WindowSignals) -> _Outcome:
     """Other work on the same cores, or the hypervisor (steal), keeps the server's threads
     from the CPU. (Its own cgroup's quota is ``cpu_limited``.)"""
@@ -746,7 +756,12 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
         "ctx_involuntary_per_cpu_s", ">=", "involuntary_ctx_per_cpu_s"
     ):
         delayed.append(_m(s, "ctx_involuntary_per_cpu_s", "involuntary_ctx_per_cpu_s"))
-    if crowded and delayed:
+    if crowded and delayed and _at_own_quota(s):
+        # CFS throttling is run-queue delay and preemption too: a server that used its
+        # whole quota got all its cgroup allows, so its waits are the quota's
+        # (cpu_limited), not the other processes'.
+        r.cmp("cgroup_quota_used", "<", "cgroup_quota_used", label="quota_used_not_binding")
+    elif crowded and delayed:
         margins.append(sum(delayed) / len(delayed))
         margins.append(_margin(other, _v("other_cpu_frac"), ">="))
     if (
@@ -769,7 +784,14 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
         margins.append(_m(s, "major_faults_per_s", "major_faults_per_s"))
     if s.read_bytes_s is not None and r.cmp("read_bytes_s", ">=", "read_bytes_s"):
         margins.append(_m(s, "read_bytes_s", "read_bytes_s"))
-    if s.disk_busy_frac is not None and r.cmp("disk_busy_frac", ">=", "disk_busy_frac"):
+    # A busy device is the server's only when nothing says otherwise: with its own fault
+    # and read counters measured and quiet, the reads are another process's.
+    own_measured = s.major_faults_per_s is not None or s.read_bytes_s is not None
+    if (
+        s.disk_busy_frac is not None
+        and r.cmp("disk_busy_frac", ">=", "disk_busy_frac")
+        and (margins or not own_measured)
+    ):
         margins.append(_m(s, "disk_busy_frac", "disk_busy_frac"))
     # Corroboration raises the score but never fires the rule alone.
     extra = []
