@@ -247,7 +247,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
         return
     lines = matrix_lines(_RESULTS)
     (strata_session.run_dir / "fault_matrix.json").write_text(json.dumps(
-        {"matrix": lines, "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
+        {"matrix": lines, "fault_classes": FAULT_CLASSES,
+         "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
         sort_keys=True, default=str) + "\n")
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
