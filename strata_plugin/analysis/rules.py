@@ -90,6 +90,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "read_bytes_s": "proc:read_bytes",
     "disk_busy_frac": "disk:busy_ms",
     "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes (and cgroup_mem_*)",
+    "cgroup_mem_events": "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)",
     "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
@@ -170,6 +171,9 @@ class WindowSignals:
     read_bytes_s: float | None = None
     disk_busy_frac: float | None = None
     mem_available_frac: float | None = None
+    # the server cgroup's memory-limit events in the window (v2 memory.events max +
+    # oom_kill; v1 memory.failcnt + oom_kill); None when its cgroup has no memory files
+    cgroup_mem_events: float | None = None
     net_util: float | None = None  # busier direction / capacity, busiest interface
     net_wire_busy: float | None = None  # (tx + rx) / capacity, busiest interface
     # Ethernet bytes/s on a node that should use RDMA, where it exceeds what RDMA carried
@@ -808,10 +812,14 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
 
 def rule_memory_pressure(s: WindowSignals) -> _Outcome:
     r = _Rule("memory_pressure", s)
-    if s.psi_mem_some is None and s.mem_available_frac is None:
+    if s.psi_mem_some is None and s.mem_available_frac is None and s.cgroup_mem_events is None:
         r.need("psi_mem_some", "mem_available_frac")
         return r.unassessable(TRACE_MEM)
     margins = []
+    # The server's own memory limit: reclaim or OOM kills at the limit, on a host with
+    # plenty free (a container, a pod). Counts: one event is past, a tenth more scores.
+    if s.cgroup_mem_events is not None and r.cmp("cgroup_mem_events", ">=", "cgroup_mem_events"):
+        margins.append(_m(s, "cgroup_mem_events", "cgroup_mem_events"))
     if s.psi_mem_some is not None and r.cmp("psi_mem_some", ">=", "psi_some_frac"):
         margins.append(_m(s, "psi_mem_some", "psi_some_frac"))
     if s.mem_available_frac is not None and r.cmp(

@@ -262,6 +262,14 @@ def cgroup_quota_used(view: HwView, node: str | None, server_cpu: float | None) 
     return None if used is None else used / quota[0]
 
 
+def cgroup_mem_events(view: HwView, node: str | None) -> float | None:
+    """Memory-limit events of the server's cgroup in the window: allocations that hit
+    the limit (v2 memory.events ``max``, v1 ``memory.failcnt``) plus OOM kills."""
+    deltas = [r.delta for m in ("cgroup_mem_max_events", "cgroup_mem_oom_kills")
+              for r in view.select("mem", m, node) if r.delta is not None]
+    return sum(deltas) if deltas else None
+
+
 def cgroup_mem_free_frac(view: HwView, node: str | None) -> float | None:
     """What the server's cgroup may still allocate, as a share of its limit (the lowest
     in the window); None without a limit."""
@@ -329,6 +337,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         read_bytes_s=_rate(view, "proc", "read_bytes", node),
         disk_busy_frac=max(disk) if disk else None,
         mem_available_frac=mem_frac,
+        cgroup_mem_events=cgroup_mem_events(view, node),
     )
 
 

@@ -359,6 +359,19 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] Linux kernel docs, filesystems/proc.rst, meminfo MemAvailable (page "
         f"cache is not free memory). {VAL}, Fault injection: memory-hog arms 0.074",
     ),
+    Threshold(
+        "cgroup_mem_events",
+        1.0,
+        "count",
+        "Linux kernel docs, admin-guide/cgroup-v2.rst, Memory Interface Files "
+        "(memory.events 'max': usage was about to go over memory.max, so the group "
+        "reclaimed; 'oom_kill': a process of the group was killed) and "
+        "admin-guide/cgroup-v1/memory.rst (memory.failcnt: usage hit the limit; "
+        "memory.oom_control oom_kill): any in a window means the server's own memory "
+        "limit was reclaiming or killing, however much the host had free [inferred: "
+        "one event]. A limit filled by clean page cache also counts (cheap reclaim); "
+        "not yet checked against a measured slowdown in this repository",
+    ),
     # network
     Threshold(
         "net_link_frac",
