@@ -1017,8 +1017,21 @@ def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = (
     return f"{signal} <- {src}{why}"
 
 
-def classify(s: WindowSignals) -> Verdict:
-    """Every rule over one window, then the verdict: top classes, evidence, confidence."""
+def classify(s: WindowSignals, background: frozenset[str] | set[str] = frozenset()) -> Verdict:
+    """Every rule over one window, then the verdict: top classes, evidence, confidence.
+
+    ``background``: classes past threshold in the idle baseline before the load (host
+    background, from the case analysis). They rank after the classes that appeared
+    with the load, so a busy host's standing contention does not push the cause of
+    this window out of the named slots; they stay in the verdict, marked background.
+    """
+    v = _classify(s, frozenset(background))
+    if not background:
+        return v
+    return replace(v, background=tuple(c for c in v.past_threshold if c in background))
+
+
+def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     gpu_mode = s.gpu_present or s.gpu_expected
     notes: list[str] = []
     distrusted: tuple[str, ...] = ()
@@ -1039,7 +1052,7 @@ def classify(s: WindowSignals) -> Verdict:
 
     fired = [o for o in outcomes.values() if o.fired]
     modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
-    ordered = _rank([o for o in fired if o.cls not in MODIFIERS])
+    ordered = _rank([o for o in fired if o.cls not in MODIFIERS], background)
 
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     unassessed = [o for o in outcomes.values() if not o.assessable]
@@ -1153,16 +1166,19 @@ def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...
     }))
 
 
-def _rank(fired: list[_Outcome]) -> list[_Outcome]:
+def _rank(fired: list[_Outcome], background: frozenset[str] | set[str] = frozenset()
+          ) -> list[_Outcome]:
     """The order classes are named in: the client, a resource, a serving symptom, the rest.
 
     A client that fell behind leads: nothing below it was measured under the load asked
     for. Then the strongest resource class (what the hardware waited on), then the
     strongest serving symptom (what a user of the server saw), so a queue or a full KV
     cache is not pushed out by a second resource class; then the rest, by kind and
-    score. Score ties break by ``CLASSES`` order.
+    score. Score ties break by ``CLASSES`` order. Within each kind, classes already past
+    threshold in the idle baseline (``background``) come after those that appeared with
+    the load.
     """
-    ranked = sorted(fired, key=lambda o: (-o.score, CLASSES.index(o.cls)))
+    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score, CLASSES.index(o.cls)))
     client = [o for o in ranked if o.cls == "client_bound"]
     resource = [o for o in ranked if o.cls not in SERVING]
     serving = [o for o in ranked if o.cls in SERVING and o.cls != "client_bound"]
