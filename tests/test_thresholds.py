@@ -331,3 +331,43 @@ def test_a_busy_disk_is_not_the_servers_when_its_own_reads_are_quiet() -> None:
     reads = classify(dataclasses.replace(CPU_CLEAN, read_bytes_s=value("read_bytes_s"), **busy))
     assert "io_page_faults" in reads.classes
     assert any(e.threshold == "disk_busy_frac" and e.met for e in reads.evidence)
+
+
+def test_cpu_rules_without_their_host_signals_say_what_would_settle_them() -> None:
+    """Killed mutants (docs/validation.md, Mutation testing): an unmeasured signal makes a
+    rule unassessable with its finer trace; steal still names contention without the
+    host's core counts; a missing core count is missing, not a crash."""
+    from strata_plugin.analysis.rules import TRACE_SCHED
+
+    no_cgroup = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
+    assert no_cgroup.classes == ("headroom",) and no_cgroup.finer_trace == (TRACE_SCHED,)
+    no_host = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None))
+    assert no_host.inconclusive and no_host.finer_trace == (TRACE_SCHED,), no_host
+    stolen = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None, steal_frac=0.2))
+    assert stolen.classes[0] == "cpu_contention", stolen
+    no_cores = classify(dataclasses.replace(CPU_CLEAN, n_cores=None))
+    assert any(m.startswith("n_cores") for m in no_cores.missing_signals), no_cores
+
+
+def test_other_processes_are_counted_in_cores_of_a_small_host() -> None:
+    """On a 2-core host a server alone, its threads waiting on each other, is not
+    contention (no other process holds a core); on a 1-core host 0.4 of the core held by
+    others is 40% of it, past the row."""
+    alone = classify(dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.0,
+                                         server_cpu_cores=1.0, runq_delay_per_cpu_s=0.6,
+                                         ctx_involuntary_per_cpu_s=300.0))
+    assert "cpu_contention" not in named(alone), alone
+    one_core = classify(dataclasses.replace(CPU_CLEAN, n_cores=1, server_threads=1,
+                                            host_busy_cores=1.0, server_cpu_cores=0.6,
+                                            runq_delay_per_cpu_s=0.6,
+                                            ctx_involuntary_per_cpu_s=300.0))
+    assert "cpu_contention" in named(one_core), one_core
+    (ev,) = [e for e in one_core.evidence if e.threshold == "other_cpu_frac"]
+    assert ev.metric == "other_processes_cores_frac" and ev.value == pytest.approx(0.4)
+
+
+def test_a_server_throttled_at_exactly_the_row_and_at_its_quota_is_not_contention() -> None:
+    at_row = classify(dataclasses.replace(CPU_CLEAN, **CROWDED,
+                                          cgroup_throttled_frac=value("cgroup_throttled_frac"),
+                                          cgroup_quota_used=0.95))
+    assert "cpu_contention" not in named(at_row) and "cpu_limited" in at_row.classes, at_row
