@@ -371,3 +371,40 @@ def test_a_server_throttled_at_exactly_the_row_and_at_its_quota_is_not_contentio
                                           cgroup_throttled_frac=value("cgroup_throttled_frac"),
                                           cgroup_quota_used=0.95))
     assert "cpu_contention" not in named(at_row) and "cpu_limited" in at_row.classes, at_row
+
+
+def test_contention_scores_from_its_own_margins() -> None:
+    """Other processes exactly at their row (margin 0), both delay signals half-way to the
+    full margin: score (0.5 + 0) / 2, confidence 0.5 + 0.4 x 0.25 + 0.1 (two rows met)."""
+    full = value("full_margin")
+    half = 1 + full / 2
+    w = dataclasses.replace(
+        CPU_CLEAN, host_busy_cores=1.0 + value("other_cpu_frac") * 8,
+        runq_delay_per_cpu_s=value("runq_delay_per_cpu_s") * half,
+        ctx_involuntary_per_cpu_s=value("involuntary_ctx_per_cpu_s") * half)
+    v = classify(w)
+    assert v.classes == ("cpu_contention",), v
+    assert v.confidence == pytest.approx(0.7), v
+
+
+def test_contention_needs_the_waits_only_where_others_hold_the_cores() -> None:
+    no_waits = dict(runq_delay_per_cpu_s=None, ctx_involuntary_per_cpu_s=None)
+    crowded = classify(dataclasses.replace(CPU_CLEAN, **{**CROWDED, **no_waits}))
+    assert "cpu_contention" not in named(crowded)
+    assert any(m.startswith("runq_delay_per_cpu_s") for m in crowded.missing_signals)
+    quiet = classify(dataclasses.replace(CPU_CLEAN, **no_waits))
+    assert not any(m.startswith("runq_delay_per_cpu_s") for m in quiet.missing_signals)
+
+
+def test_memory_pressure_from_any_one_of_its_signals() -> None:
+    from strata_plugin.analysis.rules import TRACE_MEM
+
+    none = dict(psi_mem_some=None, mem_available_frac=None, cgroup_mem_events=None)
+    for one_signal in (dict(psi_mem_some=0.3), dict(mem_available_frac=0.04),
+                       dict(cgroup_mem_events=3.0)):
+        v = classify(dataclasses.replace(CPU_CLEAN, **{**none, **one_signal}))
+        assert v.classes == ("memory_pressure",), (one_signal, v)
+    blind = classify(dataclasses.replace(CPU_CLEAN, **none))
+    assert blind.inconclusive and blind.finer_trace == (TRACE_MEM,), blind
+    missing = " ".join(blind.missing_signals)
+    assert "psi_mem_some" in missing and "mem_available_frac" in missing

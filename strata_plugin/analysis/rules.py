@@ -769,11 +769,13 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
         margins.append(sum(delayed) / len(delayed))
         margins.append(_margin(other, _v("other_cpu_frac"), ">="))
     if (
-        not crowded
+        crowded
         and s.runq_delay_per_cpu_s is None
         and s.ctx_involuntary_per_cpu_s is None
         and not margins
     ):
+        # others hold the cores, but whether the server waited for them is unmeasured
+        # (a host that is not crowded is cleared without them)
         r.need("runq_delay_per_cpu_s")
     return r.fire(*margins) if margins else r.o
 
