@@ -404,7 +404,19 @@ def test_memory_pressure_from_any_one_of_its_signals() -> None:
                        dict(cgroup_mem_events=3.0)):
         v = classify(dataclasses.replace(CPU_CLEAN, **{**none, **one_signal}))
         assert v.classes == ("memory_pressure",), (one_signal, v)
+        # each far past its row: scored as such (MemAvailable is a "below" margin)
+        assert v.confidence >= 0.85, (one_signal, v)
     blind = classify(dataclasses.replace(CPU_CLEAN, **none))
     assert blind.inconclusive and blind.finer_trace == (TRACE_MEM,), blind
     missing = " ".join(blind.missing_signals)
     assert "psi_mem_some" in missing and "mem_available_frac" in missing
+
+
+def test_each_class_past_threshold_is_ranked_once() -> None:
+    """A resource class, then the strongest serving class, then the rest, each once."""
+    v = classify(dataclasses.replace(CPU_CLEAN, mem_available_frac=0.04, waiting_mean=6.0,
+                                     server_queue_frac=0.9, kv_usage_max=0.99,
+                                     prefill_stall_frac=0.4, prefill_stall_share=0.9,
+                                     concurrency=2))
+    assert v.classes[0] == "memory_pressure" and len(v.classes) == 2, v
+    assert len(v.past_threshold) == len(set(v.past_threshold)) == 4, v
