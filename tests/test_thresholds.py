@@ -371,6 +371,11 @@ def test_a_server_throttled_at_exactly_the_row_and_at_its_quota_is_not_contentio
                                           cgroup_throttled_frac=value("cgroup_throttled_frac"),
                                           cgroup_quota_used=0.95))
     assert "cpu_contention" not in named(at_row) and "cpu_limited" in at_row.classes, at_row
+    # steal still names contention; the evidence says why the crowding did not count
+    stolen = classify(dataclasses.replace(CPU_CLEAN, **CROWDED, steal_frac=0.2,
+                                          cgroup_throttled_frac=0.5, cgroup_quota_used=0.95))
+    (ev,) = [e for e in stolen.evidence if e.metric == "quota_used_not_binding"]
+    assert ev.cls == "cpu_contention" and not ev.met, stolen.evidence
 
 
 def test_contention_scores_from_its_own_margins() -> None:
