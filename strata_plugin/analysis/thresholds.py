@@ -299,8 +299,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "of CFS periods",
         f"{CGROUP_V1} and {CGROUP_V2}: nr_throttled / nr_periods of the server's own "
         "cgroup; throttled in over 5% of its enforcement periods [inferred 5%] "
-        "(cpu_limited). Clean arms of the fault suite: 0 (no quota); quota arms: "
-        f"{VAL}, Fault injection (cpu_limited)",
+        "(cpu_limited). Set before any run here; checked on held-out runs "
+        f"({VAL}, Fault injection > Scorecard): quota arms 0.50-0.99, clean arms 0 "
+        "(no quota)",
     ),
     Threshold(
         "cgroup_quota_used",
