@@ -37,8 +37,8 @@ from strata_plugin.report import summarize_case
 from strata_plugin.testing import faults
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
-FAULT_CLASSES = ("cpu_contention", "io_page_faults", "memory_pressure", "queueing",
-                 "client_bound", "network")
+FAULT_CLASSES = ("cpu_contention", "cpu_limited", "io_page_faults", "memory_pressure",
+                 "queueing", "client_bound", "network")
 #: Ground-truth thresholds: the same numbers the attribution uses (analysis/thresholds.py),
 #: applied to the independent host watch.
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
@@ -55,6 +55,9 @@ SCENARIO_BUDGET_S = float(os.environ.get("STRATA_FAULT_SCENARIO_S", "100"))
 #: The load's streams (local.toml has -np 5: 4 for the scaled C=32 load, 1 for an injected
 #: prefill); the queueing arm asks for three times as many, 12 in flight for 5 slots.
 SLOTS = 4
+#: The server's own cgroup quota in the cpu_limited arm: a quarter of what it uses
+#: unlimited on the 2-core machine (~2 cores), so it binds even when other work slows it.
+SERVER_QUOTA_CORES = 0.5
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10
 #: samples), longer under the faults that slow the server.
@@ -74,6 +77,7 @@ class Scenario:
 
 SCENARIOS = (
     Scenario("cpu_contention", DECODE),
+    Scenario("cpu_limited", DECODE),
     Scenario("io_page_faults", DECODE, private_model=True),
     Scenario("memory_pressure", DECODE),
     Scenario("queueing", QUEUE, replace(QUEUE, concurrency=3 * SLOTS)),
@@ -108,6 +112,8 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
         return faults.NoFault()
     if sc.fault == "cpu_contention":
         return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
+    if sc.fault == "cpu_limited":
+        return faults.ServerCpuQuota(server.pid, quota_cores=SERVER_QUOTA_CORES)
     if sc.fault == "io_page_faults":
         assert model is not None
         return faults.PageOut(server.pid, model, period_s=0.25)
@@ -242,7 +248,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
         return
     lines = matrix_lines(_RESULTS)
     (strata_session.run_dir / "fault_matrix.json").write_text(json.dumps(
-        {"matrix": lines, "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
+        {"matrix": lines, "fault_classes": FAULT_CLASSES,
+         "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
         sort_keys=True, default=str) + "\n")
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
@@ -254,7 +261,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
 
 
 #: Column labels of the matrix (the attribution's class names, shortened).
-SHORT = {"cpu_contention": "cpu_cont", "io_page_faults": "io_fault", "memory_pressure": "mem_pres",
+SHORT = {"cpu_contention": "cpu_cont", "cpu_limited": "cpu_limit", "io_page_faults": "io_fault",
+         "memory_pressure": "mem_pres",
          "queueing": "queueing", "client_bound": "client", "network": "network",
          "cpu_compute": "cpu_comp", "input_starved": "starved", "headroom": "headroom",
          "prefill_decode_interference": "pd_interf", "kv_cache_capacity": "kv_cache"}

@@ -1,4 +1,4 @@
-"""``python -m strata_plugin report|compare|bench|agent|setup``: offline tools, an ad-hoc
+"""``python -m strata_plugin report|compare|scorecard|bench|agent|setup``: offline tools, an ad-hoc
 benchmark, the agent, setup."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ USAGE = """usage: python -m strata_plugin COMMAND [ARGS]
 commands:
   report RUN_DIR        regenerate every derived file of a run from its raw files
   compare RUN_A RUN_B   per-case deltas with confidence intervals
+  scorecard RUN...      how the verdicts of fault-suite runs named the injected faults
+                        (-o FILE.md, --json FILE)
   bench URL --workload isl=256,osl=64,concurrency=4,requests=40 [--api API]
                         measure one workload against a running server; writes a run
                         folder and its report (--help for more)
@@ -33,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.report.cli import compare_main
 
         return compare_main(rest)
+    if command == "scorecard":
+        from strata_plugin.report.scorecard import scorecard_main
+
+        return scorecard_main(rest)
     if command == "bench":
         from strata_plugin.plugin.bench_cli import bench_main
 

@@ -153,6 +153,8 @@ ALONE = [
         CPU_CLEAN,
         dict(host_busy_cores=6.0, runq_delay_per_cpu_s=0.6, ctx_involuntary_per_cpu_s=300.0),
     ),
+    # the server's own cgroup quota on an idle host: nobody else holds the cores
+    ("cpu_limited", CPU_CLEAN, dict(cgroup_throttled_frac=0.6, cgroup_quota_used=0.97)),
     (
         "io_page_faults",
         CPU_CLEAN,

@@ -170,3 +170,95 @@ def test_a_cgroup_memory_limit_tighter_than_the_host_is_the_free_memory():
     ]
     assert cgroup_mem_free_frac(HwView(rows), "n") == pytest.approx(0.04)
     assert cgroup_mem_free_frac(HwView(rows[1:]), "n") is None  # no limit
+
+
+def test_the_agent_follows_a_server_moved_into_a_quota_cgroup_and_back():
+    """A server put under a quota while the agent runs (the fault suite's cpu_limited
+    arm, a container started around a running process) is read in its new cgroup, and
+    in its old one again once it is moved back; the injector leaves no cgroup behind."""
+    from strata_plugin.testing import faults
+
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    col = CpuCollector(cgroup="server", per_core=False, targets=ProcessTargets(pids=[busy.pid]))
+    inj = faults.ServerCpuQuota(busy.pid, quota_cores=QUOTA_CORES)
+    try:
+        col.probe()
+        before = _values(col, 1)
+        assert "cgroup_quota_cores" not in before  # no quota where it started
+        try:
+            inj.start()
+        except faults.FaultUnavailable as exc:
+            pytest.skip(str(exc))
+        a = _values(col, 2)
+        time.sleep(1.0)
+        b = _values(col, 3)
+        facts = inj.stop().as_dict()
+        after = _values(col, 4)
+    finally:
+        inj.stop()
+        col.close()
+        busy.kill()
+        busy.wait()
+    assert a["cgroup_quota_cores"] == pytest.approx(QUOTA_CORES)
+    periods = b["cgroup_nr_periods"] - a["cgroup_nr_periods"]
+    throttled = b["cgroup_nr_throttled"] - a["cgroup_nr_throttled"]
+    assert periods >= 5 and throttled / periods >= 0.5, (periods, throttled)
+    assert facts["nr_throttled"] > 0 and facts["quota_cores"] == QUOTA_CORES, facts
+    assert "cgroup_quota_cores" not in after  # back in its own cgroup, unlimited
+    assert inj.dir is not None and not inj.dir.exists()
+
+
+def test_a_server_at_its_cgroup_memory_limit_is_memory_pressure():
+    """A process that allocates past its cgroup's memory limit (64 MB, no swap to spill
+    into) is reclaimed at the limit and OOM-killed; the agent's counters see both, and
+    the classifier names memory_pressure from them on a host with plenty free."""
+    import dataclasses
+
+    from strata_plugin.analysis.rules import classify
+    from strata_plugin.analysis.signals import cgroup_mem_events
+    from tests.test_attribution import CPU_CLEAN
+
+    mem = Path(cgroups.CGROUP_ROOT) / "memory"
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    if not (mem / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller here (v2 is covered from files above)")
+    d = mem / f"strata-memtest-{os.getpid()}"
+    d.mkdir()
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline(); "
+         "b = [bytearray(8 << 20) for _ in range(32)]; print(len(b))"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        (d / "memory.limit_in_bytes").write_text(str(64 << 20))
+        (d / "cgroup.procs").write_text(str(hog.pid))
+        col = MemCollector(cgroup=f"pid:{hog.pid}")
+        col.probe()
+        a = _values(col, 1)
+        hog.stdin.write(b"go\n")
+        hog.stdin.flush()
+        rc = hog.wait(30)
+        b = _values(col, 2)
+        col.close()
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+    assert rc == -signal.SIGKILL  # 256 MB asked under a 64 MB limit: the OOM killer
+    assert b["cgroup_mem_oom_kills"] - a["cgroup_mem_oom_kills"] >= 1, (a, b)
+    assert b["cgroup_mem_max_events"] > a["cgroup_mem_max_events"], (a, b)
+    rows = [_row(m, (b[m] - a[m]) / 10, source="mem")  # as if over a 10 s window
+            for m in ("cgroup_mem_max_events", "cgroup_mem_oom_kills")]
+    events = cgroup_mem_events(HwView(rows), "n")
+    assert events is not None and events >= 2
+    v = classify(dataclasses.replace(CPU_CLEAN, cgroup_mem_events=events))
+    assert v.classes == ("memory_pressure",), v
+    assert any(e.threshold == "cgroup_mem_events" and e.met for e in v.evidence)

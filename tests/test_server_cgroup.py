@@ -75,7 +75,7 @@ def test_a_server_under_its_own_cpu_quota_is_named_cpu_limited(tmp_path):
     summary = json.loads((run.run_dir / "summary.json").read_text())
     (case,) = summary["cases"]
     v = case["verdict"]
-    assert "cpu_contention" in v["classes"], v
+    assert v["classes"][0] == "cpu_limited", v
     ev = [e for e in v["evidence"] if e["metric"] == "cgroup_throttled_frac"]
     assert ev and ev[0]["met"] and ev[0]["value"] <= 1.0, v["evidence"]
     # The agent read the server's cgroup, quota included.

@@ -48,7 +48,12 @@ CROWDED = dict(host_busy_cores=6.0, server_cpu_cores=1.0, runq_delay_per_cpu_s=0
 CASES: tuple[Boundary, ...] = (
     # host: CPU
     Boundary("steal_frac", "cpu_contention", CPU_CLEAN, one("steal_frac")),
-    Boundary("cgroup_throttled_frac", "cpu_contention", CPU_CLEAN, one("cgroup_throttled_frac")),
+    Boundary("cgroup_throttled_frac", "cpu_limited", CPU_CLEAN, one("cgroup_throttled_frac")),
+    # a crowded host is not contention for a server that used all its own quota: its waits
+    # are the throttling's (its corroboration of cpu_limited: a test below)
+    Boundary("cgroup_quota_used", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, "cgroup_throttled_frac": 0.9, "cgroup_quota_used": x},
+             op="<", evidence=False),
     Boundary("other_cpu_frac", "cpu_contention", CPU_CLEAN,
              lambda x: {**CROWDED, "host_busy_cores": 1.0 + x * 8}),
     Boundary("runq_delay_per_cpu_s", "cpu_contention", CPU_CLEAN,
@@ -64,10 +69,13 @@ CASES: tuple[Boundary, ...] = (
     # host: I/O, memory, network
     Boundary("major_faults_per_s", "io_page_faults", CPU_CLEAN, one("major_faults_per_s")),
     Boundary("read_bytes_s", "io_page_faults", CPU_CLEAN, one("read_bytes_s")),
-    Boundary("disk_busy_frac", "io_page_faults", CPU_CLEAN, one("disk_busy_frac")),
+    Boundary("disk_busy_frac", "io_page_faults", CPU_CLEAN,
+             one("disk_busy_frac", major_faults_per_s=None, read_bytes_s=None)),
     Boundary("mem_available_frac_min", "memory_pressure", CPU_CLEAN,
              one("mem_available_frac"), op="<"),
     Boundary("psi_some_frac", "memory_pressure", CPU_CLEAN, one("psi_mem_some")),
+    Boundary("cgroup_mem_events", "memory_pressure", CPU_CLEAN, one("cgroup_mem_events"),
+             absolute_step=1.0),
     Boundary("net_link_frac", "network", CPU_CLEAN, one("net_util")),
     Boundary("net_wire_busy", "network", CPU_CLEAN, one("net_wire_busy")),
     Boundary("rail_error_events", "network", CPU_CLEAN, one("rdma_error_events"),
@@ -180,7 +188,8 @@ PINNED = {
     "runq_delay_per_cpu_s": 0.1, "psi_some_frac": 0.10, "cores_busy_frac": 0.9,
     "server_cores_of_threads": 0.85, "cpu_compute_server_share": 0.5,
     "other_cpu_frac": 0.25, "involuntary_ctx_per_cpu_s": 50.0, "steal_frac": 0.05,
-    "cgroup_throttled_frac": 0.05, "cpu_samples_disagree_factor": 1.1,
+    "cgroup_throttled_frac": 0.05, "cgroup_quota_used": 0.8, "cgroup_mem_events": 1.0,
+    "cpu_samples_disagree_factor": 1.1,
     "cpu_samples_disagree_slack_cores": 0.5, "major_faults_per_s": 20.0,
     "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
     "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
@@ -274,3 +283,145 @@ def test_chunk_gap_ratio_needs_enough_gaps() -> None:
     n = int(value("chunk_gaps_min"))
     assert ratio(n - 1) is None
     assert ratio(n) == pytest.approx(5.0)
+
+
+def test_quota_use_corroborates_cpu_limited() -> None:
+    """Quota use just under / at its row: the evidence flips and the score rises, but the
+    throttled periods alone decide whether the class fires."""
+    t = value("cgroup_quota_used")
+    throttled = value("cgroup_throttled_frac") * 2
+
+    def verdict(used: float | None, frac: float = throttled) -> Verdict:
+        return classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=frac,
+                                            cgroup_quota_used=used))
+
+    def ev(v: Verdict):
+        (e,) = [e for e in v.evidence if e.threshold == "cgroup_quota_used"]
+        return e
+
+    under, at = verdict(t * (1 - STEP)), verdict(t)
+    assert "cpu_limited" in under.classes and "cpu_limited" in at.classes
+    assert not ev(under).met and ev(at).met
+    assert at.confidence > under.confidence
+    # used to the full without throttled periods is a server at its quota, not limited
+    assert "cpu_limited" not in named(verdict(1.0, frac=value("cgroup_throttled_frac") / 2))
+
+
+def test_cpu_limited_is_not_cpu_contention() -> None:
+    """A throttled server on an idle host is limited by its own cgroup: nobody else is
+    taking the cores; a crowded host without a quota is contention, not a limit."""
+    limited = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=0.9,
+                                           cgroup_quota_used=0.98, server_cpu_cores=0.5,
+                                           host_busy_cores=0.7))
+    assert limited.classes[0] == "cpu_limited" and "cpu_contention" not in named(limited)
+    assert any(e.threshold == "cgroup_throttled_frac" and e.met for e in limited.evidence)
+    crowded = classify(dataclasses.replace(CPU_CLEAN, **CROWDED))
+    assert "cpu_contention" in crowded.classes and "cpu_limited" not in named(crowded)
+    unread = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
+    assert "cgroup_throttled_frac" in " ".join(unread.missing_signals)
+
+
+def test_a_busy_disk_is_not_the_servers_when_its_own_reads_are_quiet() -> None:
+    """Another process's I/O fills the device: with the server's major faults and reads
+    measured and under their rows, a busy disk alone names nothing; with them past, it
+    adds to the score."""
+    busy = dict(disk_busy_frac=0.9, psi_io_some=0.4, iowait_frac=0.2)
+    quiet = classify(dataclasses.replace(CPU_CLEAN, **busy))
+    assert "io_page_faults" not in named(quiet), quiet
+    reads = classify(dataclasses.replace(CPU_CLEAN, read_bytes_s=value("read_bytes_s"), **busy))
+    assert "io_page_faults" in reads.classes
+    assert any(e.threshold == "disk_busy_frac" and e.met for e in reads.evidence)
+
+
+def test_cpu_rules_without_their_host_signals_say_what_would_settle_them() -> None:
+    """Killed mutants (docs/validation.md, Mutation testing): an unmeasured signal makes a
+    rule unassessable with its finer trace; steal still names contention without the
+    host's core counts; a missing core count is missing, not a crash."""
+    from strata_plugin.analysis.rules import TRACE_SCHED
+
+    no_cgroup = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
+    assert no_cgroup.classes == ("headroom",) and no_cgroup.finer_trace == (TRACE_SCHED,)
+    no_host = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None))
+    assert no_host.inconclusive and no_host.finer_trace == (TRACE_SCHED,), no_host
+    stolen = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None, steal_frac=0.2))
+    assert stolen.classes[0] == "cpu_contention", stolen
+    no_cores = classify(dataclasses.replace(CPU_CLEAN, n_cores=None))
+    assert any(m.startswith("n_cores") for m in no_cores.missing_signals), no_cores
+
+
+def test_other_processes_are_counted_in_cores_of_a_small_host() -> None:
+    """On a 2-core host a server alone, its threads waiting on each other, is not
+    contention (no other process holds a core); on a 1-core host 0.4 of the core held by
+    others is 40% of it, past the row."""
+    alone = classify(dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.0,
+                                         server_cpu_cores=1.0, runq_delay_per_cpu_s=0.6,
+                                         ctx_involuntary_per_cpu_s=300.0))
+    assert "cpu_contention" not in named(alone), alone
+    one_core = classify(dataclasses.replace(CPU_CLEAN, n_cores=1, server_threads=1,
+                                            host_busy_cores=1.0, server_cpu_cores=0.6,
+                                            runq_delay_per_cpu_s=0.6,
+                                            ctx_involuntary_per_cpu_s=300.0))
+    assert "cpu_contention" in named(one_core), one_core
+    (ev,) = [e for e in one_core.evidence if e.threshold == "other_cpu_frac"]
+    assert ev.metric == "other_processes_cores_frac" and ev.value == pytest.approx(0.4)
+
+
+def test_a_server_throttled_at_exactly_the_row_and_at_its_quota_is_not_contention() -> None:
+    at_row = classify(dataclasses.replace(CPU_CLEAN, **CROWDED,
+                                          cgroup_throttled_frac=value("cgroup_throttled_frac"),
+                                          cgroup_quota_used=0.95))
+    assert "cpu_contention" not in named(at_row) and "cpu_limited" in at_row.classes, at_row
+    # steal still names contention; the evidence says why the crowding did not count
+    stolen = classify(dataclasses.replace(CPU_CLEAN, **CROWDED, steal_frac=0.2,
+                                          cgroup_throttled_frac=0.5, cgroup_quota_used=0.95))
+    (ev,) = [e for e in stolen.evidence if e.metric == "quota_used_not_binding"]
+    assert ev.cls == "cpu_contention" and not ev.met, stolen.evidence
+
+
+def test_contention_scores_from_its_own_margins() -> None:
+    """Other processes exactly at their row (margin 0), both delay signals half-way to the
+    full margin: score (0.5 + 0) / 2, confidence 0.5 + 0.4 x 0.25 + 0.1 (two rows met)."""
+    full = value("full_margin")
+    half = 1 + full / 2
+    w = dataclasses.replace(
+        CPU_CLEAN, host_busy_cores=1.0 + value("other_cpu_frac") * 8,
+        runq_delay_per_cpu_s=value("runq_delay_per_cpu_s") * half,
+        ctx_involuntary_per_cpu_s=value("involuntary_ctx_per_cpu_s") * half)
+    v = classify(w)
+    assert v.classes == ("cpu_contention",), v
+    assert v.confidence == pytest.approx(0.7), v
+
+
+def test_contention_needs_the_waits_only_where_others_hold_the_cores() -> None:
+    no_waits = dict(runq_delay_per_cpu_s=None, ctx_involuntary_per_cpu_s=None)
+    crowded = classify(dataclasses.replace(CPU_CLEAN, **{**CROWDED, **no_waits}))
+    assert "cpu_contention" not in named(crowded)
+    assert any(m.startswith("runq_delay_per_cpu_s") for m in crowded.missing_signals)
+    quiet = classify(dataclasses.replace(CPU_CLEAN, **no_waits))
+    assert not any(m.startswith("runq_delay_per_cpu_s") for m in quiet.missing_signals)
+
+
+def test_memory_pressure_from_any_one_of_its_signals() -> None:
+    from strata_plugin.analysis.rules import TRACE_MEM
+
+    none = dict(psi_mem_some=None, mem_available_frac=None, cgroup_mem_events=None)
+    for one_signal in (dict(psi_mem_some=0.3), dict(mem_available_frac=0.04),
+                       dict(cgroup_mem_events=3.0)):
+        v = classify(dataclasses.replace(CPU_CLEAN, **{**none, **one_signal}))
+        assert v.classes == ("memory_pressure",), (one_signal, v)
+        # each far past its row: scored as such (MemAvailable is a "below" margin)
+        assert v.confidence >= 0.85, (one_signal, v)
+    blind = classify(dataclasses.replace(CPU_CLEAN, **none))
+    assert blind.inconclusive and blind.finer_trace == (TRACE_MEM,), blind
+    missing = " ".join(blind.missing_signals)
+    assert "psi_mem_some" in missing and "mem_available_frac" in missing
+
+
+def test_each_class_past_threshold_is_ranked_once() -> None:
+    """A resource class, then the strongest serving class, then the rest, each once."""
+    v = classify(dataclasses.replace(CPU_CLEAN, mem_available_frac=0.04, waiting_mean=6.0,
+                                     server_queue_frac=0.9, kv_usage_max=0.99,
+                                     prefill_stall_frac=0.4, prefill_stall_share=0.9,
+                                     concurrency=2))
+    assert v.classes[0] == "memory_pressure" and len(v.classes) == 2, v
+    assert len(v.past_threshold) == len(set(v.past_threshold)) == 4, v

@@ -297,7 +297,10 @@ def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
 
 
 def the_verdict(
-    raw: dict[str, Any], sig: WindowSignals, inter: interference.Interference | None = None
+    raw: dict[str, Any],
+    sig: WindowSignals,
+    inter: interference.Interference | None = None,
+    background: frozenset[str] = frozenset(),
 ) -> Verdict:
     """One verdict per case: the one recorded at the case's end, else computed now.
 
@@ -305,7 +308,7 @@ def the_verdict(
     control that ran in a later test); the recorded one is what JUnit reported, so it
     stands, with a note when the files now say otherwise.
     """
-    fresh = classify(sig)
+    fresh = classify(sig, background)
     if inter is not None and "prefill_decode_interference" in fresh.classes + fresh.also_flagged:
         fresh = replace(fresh, notes=(*fresh.notes, f"interference: {inter.line()}"))
     kept = recorded_verdict(raw)
@@ -424,9 +427,11 @@ def analyze_case(
             multi_node=ctx.multi_node,
             unavailable=ctx.unavailable,
         )
-    verdict = the_verdict(info.raw, sig, inter)
+    idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
-        idle = background_classes(ctx, baseline[0], baseline[1])
+        idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
+    verdict = the_verdict(info.raw, sig, inter, idle)
+    if idle:  # a recorded verdict: mark its background classes all the same
         verdict = replace(
             verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
         )

@@ -80,6 +80,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "psi_io_some": "cpu:psi_io_some_total_us",
     "psi_mem_some": "cpu:psi_memory_some_total_us",
     "cgroup_throttled_frac": "cpu:cgroup_nr_throttled/cgroup_nr_periods (the server's cgroup)",
+    "cgroup_quota_used": "cpu:cgroup_usage_s (or proc:cpu_user_s+cpu_system_s)/cgroup_quota_cores",
     "server_cpu_cores": "proc:cpu_user_s/cpu_system_s",
     "server_threads": "proc:num_threads (or thread_cpu_s devices)",
     "server_max_thread_cores": "proc:thread_cpu_s",
@@ -89,6 +90,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "read_bytes_s": "proc:read_bytes",
     "disk_busy_frac": "disk:busy_ms",
     "mem_available_frac": "mem:mem_available_bytes/mem_total_bytes (and cgroup_mem_*)",
+    "cgroup_mem_events": "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)",
     "net_util": "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "net_wire_busy": "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)",
     "rdma_rail_max_min": "rdma:xmit_bytes/rcv_bytes",
@@ -157,6 +159,9 @@ class WindowSignals:
     psi_io_some: float | None = None
     psi_mem_some: float | None = None
     cgroup_throttled_frac: float | None = None
+    # the server's CPU (its cgroup's usage where the kernel reports it) over the cgroup's
+    # CFS quota in cores; None without a quota
+    cgroup_quota_used: float | None = None
     server_cpu_cores: float | None = None
     server_threads: int | None = None
     server_max_thread_cores: float | None = None
@@ -166,6 +171,9 @@ class WindowSignals:
     read_bytes_s: float | None = None
     disk_busy_frac: float | None = None
     mem_available_frac: float | None = None
+    # the server cgroup's memory-limit events in the window (v2 memory.events max +
+    # oom_kill; v1 memory.failcnt + oom_kill); None when its cgroup has no memory files
+    cgroup_mem_events: float | None = None
     net_util: float | None = None  # busier direction / capacity, busiest interface
     net_wire_busy: float | None = None  # (tx + rx) / capacity, busiest interface
     # Ethernet bytes/s on a node that should use RDMA, where it exceeds what RDMA carried
@@ -260,6 +268,7 @@ CLASSES = (
     "waiting_on_peer",
     "cpu_compute",
     "cpu_contention",
+    "cpu_limited",
     "memory_pressure",
     "network",
     "queueing",
@@ -702,17 +711,40 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
     return r.o
 
 
+def rule_cpu_limited(s: WindowSignals) -> _Outcome:
+    """The server's own cgroup quota keeps its threads from the CPU (a container, a pod,
+    a systemd slice): CFS throttled the group in its enforcement periods, however idle
+    the host. Other processes taking the cores are ``cpu_contention``'s, not this."""
+    r = _Rule("cpu_limited", s)
+    if not r.need("cgroup_throttled_frac"):
+        return r.unassessable(TRACE_SCHED)
+    if not r.cmp("cgroup_throttled_frac", ">=", "cgroup_throttled_frac"):
+        return r.o
+    score = _m(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
+    # Corroboration: a group throttled in most periods uses nearly all of its quota. It
+    # adds a second met row (confidence) and never lowers the score.
+    if s.cgroup_quota_used is not None and r.cmp("cgroup_quota_used", ">=", "cgroup_quota_used"):
+        score = max(score, _m(s, "cgroup_quota_used", "cgroup_quota_used"))
+    return r.fire(score)
+
+
+def _at_own_quota(s: WindowSignals) -> bool:
+    """The server's cgroup throttled it and it used (nearly) all of its quota."""
+    return (
+        s.cgroup_throttled_frac is not None
+        and s.cgroup_quota_used is not None
+        and s.cgroup_throttled_frac >= _v("cgroup_throttled_frac")
+        and s.cgroup_quota_used >= _v("cgroup_quota_used")
+    )
+
+
 def rule_cpu_contention(s: WindowSignals) -> _Outcome:
-    """Other work on the same cores, the hypervisor (steal) or the server's own cgroup
-    quota (throttled periods) keeps the server's threads from the CPU."""
+    """Other work on the same cores, or the hypervisor (steal), keeps the server's threads
+    from the CPU. (Its own cgroup's quota is ``cpu_limited``.)"""
     r = _Rule("cpu_contention", s)
     margins = []
     if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
         margins.append(_m(s, "steal_frac", "steal_frac"))
-    if s.cgroup_throttled_frac is not None and r.cmp(
-        "cgroup_throttled_frac", ">=", "cgroup_throttled_frac"
-    ):
-        margins.append(_m(s, "cgroup_throttled_frac", "cgroup_throttled_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
     other = max(0.0, s.host_busy_cores - s.server_cpu_cores) / max(s.n_cores, 1)
@@ -728,15 +760,22 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
         "ctx_involuntary_per_cpu_s", ">=", "involuntary_ctx_per_cpu_s"
     ):
         delayed.append(_m(s, "ctx_involuntary_per_cpu_s", "involuntary_ctx_per_cpu_s"))
-    if crowded and delayed:
+    if crowded and delayed and _at_own_quota(s):
+        # CFS throttling is run-queue delay and preemption too: a server that used its
+        # whole quota got all its cgroup allows, so its waits are the quota's
+        # (cpu_limited), not the other processes'.
+        r.cmp("cgroup_quota_used", "<", "cgroup_quota_used", label="quota_used_not_binding")
+    elif crowded and delayed:
         margins.append(sum(delayed) / len(delayed))
         margins.append(_margin(other, _v("other_cpu_frac"), ">="))
     if (
-        not crowded
+        crowded
         and s.runq_delay_per_cpu_s is None
         and s.ctx_involuntary_per_cpu_s is None
         and not margins
     ):
+        # others hold the cores, but whether the server waited for them is unmeasured
+        # (a host that is not crowded is cleared without them)
         r.need("runq_delay_per_cpu_s")
     return r.fire(*margins) if margins else r.o
 
@@ -751,7 +790,14 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
         margins.append(_m(s, "major_faults_per_s", "major_faults_per_s"))
     if s.read_bytes_s is not None and r.cmp("read_bytes_s", ">=", "read_bytes_s"):
         margins.append(_m(s, "read_bytes_s", "read_bytes_s"))
-    if s.disk_busy_frac is not None and r.cmp("disk_busy_frac", ">=", "disk_busy_frac"):
+    # A busy device is the server's only when nothing says otherwise: with its own fault
+    # and read counters measured and quiet, the reads are another process's.
+    own_measured = s.major_faults_per_s is not None or s.read_bytes_s is not None
+    if (
+        s.disk_busy_frac is not None
+        and r.cmp("disk_busy_frac", ">=", "disk_busy_frac")
+        and (margins or not own_measured)
+    ):
         margins.append(_m(s, "disk_busy_frac", "disk_busy_frac"))
     # Corroboration raises the score but never fires the rule alone.
     extra = []
@@ -768,10 +814,14 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
 
 def rule_memory_pressure(s: WindowSignals) -> _Outcome:
     r = _Rule("memory_pressure", s)
-    if s.psi_mem_some is None and s.mem_available_frac is None:
+    if s.psi_mem_some is None and s.mem_available_frac is None and s.cgroup_mem_events is None:
         r.need("psi_mem_some", "mem_available_frac")
         return r.unassessable(TRACE_MEM)
     margins = []
+    # The server's own memory limit: reclaim or OOM kills at the limit, on a host with
+    # plenty free (a container, a pod). Counts: one event is past, a tenth more scores.
+    if s.cgroup_mem_events is not None and r.cmp("cgroup_mem_events", ">=", "cgroup_mem_events"):
+        margins.append(_m(s, "cgroup_mem_events", "cgroup_mem_events"))
     if s.psi_mem_some is not None and r.cmp("psi_mem_some", ">=", "psi_some_frac"):
         margins.append(_m(s, "psi_mem_some", "psi_some_frac"))
     if s.mem_available_frac is not None and r.cmp(
@@ -923,6 +973,7 @@ HOST_RULES = (
     rule_memory_pressure,
     rule_network,
     rule_cpu_contention,
+    rule_cpu_limited,
 )
 CPU_SERVER_RULES = (rule_cpu_compute,)
 SERVING_RULES = (
@@ -968,8 +1019,21 @@ def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = (
     return f"{signal} <- {src}{why}"
 
 
-def classify(s: WindowSignals) -> Verdict:
-    """Every rule over one window, then the verdict: top classes, evidence, confidence."""
+def classify(s: WindowSignals, background: frozenset[str] | set[str] = frozenset()) -> Verdict:
+    """Every rule over one window, then the verdict: top classes, evidence, confidence.
+
+    ``background``: classes past threshold in the idle baseline before the load (host
+    background, from the case analysis). They rank after the classes that appeared
+    with the load, so a busy host's standing contention does not push the cause of
+    this window out of the named slots; they stay in the verdict, marked background.
+    """
+    v = _classify(s, frozenset(background))
+    if not background:
+        return v
+    return replace(v, background=tuple(c for c in v.past_threshold if c in background))
+
+
+def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     gpu_mode = s.gpu_present or s.gpu_expected
     notes: list[str] = []
     distrusted: tuple[str, ...] = ()
@@ -990,7 +1054,7 @@ def classify(s: WindowSignals) -> Verdict:
 
     fired = [o for o in outcomes.values() if o.fired]
     modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
-    ordered = _rank([o for o in fired if o.cls not in MODIFIERS])
+    ordered = _rank([o for o in fired if o.cls not in MODIFIERS], background)
 
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     unassessed = [o for o in outcomes.values() if not o.assessable]
@@ -1104,16 +1168,19 @@ def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...
     }))
 
 
-def _rank(fired: list[_Outcome]) -> list[_Outcome]:
+def _rank(fired: list[_Outcome], background: frozenset[str] | set[str] = frozenset()
+          ) -> list[_Outcome]:
     """The order classes are named in: the client, a resource, a serving symptom, the rest.
 
     A client that fell behind leads: nothing below it was measured under the load asked
     for. Then the strongest resource class (what the hardware waited on), then the
     strongest serving symptom (what a user of the server saw), so a queue or a full KV
     cache is not pushed out by a second resource class; then the rest, by kind and
-    score. Score ties break by ``CLASSES`` order.
+    score. Score ties break by ``CLASSES`` order. Within each kind, classes already past
+    threshold in the idle baseline (``background``) come after those that appeared with
+    the load.
     """
-    ranked = sorted(fired, key=lambda o: (-o.score, CLASSES.index(o.cls)))
+    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score, CLASSES.index(o.cls)))
     client = [o for o in ranked if o.cls == "client_bound"]
     resource = [o for o in ranked if o.cls not in SERVING]
     serving = [o for o in ranked if o.cls in SERVING and o.cls != "client_bound"]

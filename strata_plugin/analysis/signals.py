@@ -249,6 +249,27 @@ def cgroup_throttled_frac(view: HwView, node: str | None) -> float | None:
     return min(1.0, throttled_us / 1e6 / max(1, len(cores)))
 
 
+def cgroup_quota_used(view: HwView, node: str | None, server_cpu: float | None) -> float | None:
+    """The server's CPU over its cgroup's CFS quota (cores over cores); None without a
+    quota. The cgroup's own usage counter where the kernel reports it (v2 cpu.stat
+    ``usage_usec``), else the server's process tree (v1 cpu.stat has no usage)."""
+    quota = [r.mean for r in view.select("cpu", "cgroup_quota_cores", node) if r.mean]
+    if not quota:
+        return None
+    used = _rate(view, "cpu", "cgroup_usage_s", node)
+    if used is None:
+        used = server_cpu
+    return None if used is None else used / quota[0]
+
+
+def cgroup_mem_events(view: HwView, node: str | None) -> float | None:
+    """Memory-limit events of the server's cgroup in the window: allocations that hit
+    the limit (v2 memory.events ``max``, v1 ``memory.failcnt``) plus OOM kills."""
+    deltas = [r.delta for m in ("cgroup_mem_max_events", "cgroup_mem_oom_kills")
+              for r in view.select("mem", m, node) if r.delta is not None]
+    return sum(deltas) if deltas else None
+
+
 def cgroup_mem_free_frac(view: HwView, node: str | None) -> float | None:
     """What the server's cgroup may still allocate, as a share of its limit (the lowest
     in the window); None without a limit."""
@@ -302,6 +323,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         psi_io_some=_psi(view, "io", node),
         psi_mem_some=_psi(view, "memory", node),
         cgroup_throttled_frac=throttled,
+        cgroup_quota_used=cgroup_quota_used(view, node, server_cpu),
         server_cpu_cores=server_cpu,
         server_threads=server_threads,
         server_max_thread_cores=max_thread,
@@ -315,6 +337,7 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         read_bytes_s=_rate(view, "proc", "read_bytes", node),
         disk_busy_frac=max(disk) if disk else None,
         mem_available_frac=mem_frac,
+        cgroup_mem_events=cgroup_mem_events(view, node),
     )
 
 

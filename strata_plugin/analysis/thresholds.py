@@ -298,7 +298,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         0.05,
         "of CFS periods",
         f"{CGROUP_V1} and {CGROUP_V2}: nr_throttled / nr_periods of the server's own "
-        "cgroup; throttled in over 5% of its enforcement periods [inferred 5%]",
+        "cgroup; throttled in over 5% of its enforcement periods [inferred 5%] "
+        "(cpu_limited). Set before any run here; checked on held-out runs "
+        f"({VAL}, Fault injection > Scorecard): quota arms 0.50-0.99, clean arms 0 "
+        "(no quota)",
+    ),
+    Threshold(
+        "cgroup_quota_used",
+        0.8,
+        "of the CFS quota",
+        f"{CGROUP_V1}, Statistics and 'Examples' (quota / period = the cores a group may "
+        "use): the server's CPU over its cgroup's quota; a group throttled in most "
+        "periods uses nearly all of it. Corroboration of cpu_limited (raises its score, "
+        "never fires it alone: a bursty group is throttled at a low average use) "
+        "[inferred 80%]",
     ),
     Threshold(
         "cpu_samples_disagree_factor",
@@ -346,6 +359,19 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "of MemTotal (or of the server cgroup's limit)",
         "[inferred] Linux kernel docs, filesystems/proc.rst, meminfo MemAvailable (page "
         f"cache is not free memory). {VAL}, Fault injection: memory-hog arms 0.074",
+    ),
+    Threshold(
+        "cgroup_mem_events",
+        1.0,
+        "count",
+        "Linux kernel docs, admin-guide/cgroup-v2.rst, Memory Interface Files "
+        "(memory.events 'max': usage was about to go over memory.max, so the group "
+        "reclaimed; 'oom_kill': a process of the group was killed) and "
+        "admin-guide/cgroup-v1/memory.rst (memory.failcnt: usage hit the limit; "
+        "memory.oom_control oom_kill): any in a window means the server's own memory "
+        "limit was reclaiming or killing, however much the host had free [inferred: "
+        "one event]. A limit filled by clean page cache also counts (cheap reclaim); "
+        "not yet checked against a measured slowdown in this repository",
     ),
     # network
     Threshold(

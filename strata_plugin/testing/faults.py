@@ -11,6 +11,9 @@ bottleneck real on this machine:
   the kernel never drops page-cache pages that a process has mapped;
 * :class:`MemoryHog` - a process that allocates and touches memory until MemAvailable is
   under a floor, bounded, and holds it (``memory_pressure``);
+* :class:`ServerCpuQuota` - the server process moved into a CPU cgroup of its own with a
+  CFS quota, as a container or a systemd slice would limit it, on an otherwise idle
+  host (``cpu_limited``);
 * :class:`ClientThrottle` - the load generator's own threads put in a CPU cgroup with a
   small CFS quota (``client_bound``);
 * :class:`LinkCap` - a token-bucket rate cap (tc tbf) on a veth link (``network``).
@@ -483,8 +486,8 @@ def _cpu_cgroup_root() -> tuple[Path, str]:
     raise FaultUnavailable("no cgroup cpu controller mounted")
 
 
-def _own_cgroup(tid: int, version: str) -> str:
-    for line in Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines():
+def _own_cgroup(tid: int, version: str, pid: int | str = "self") -> str:
+    for line in Path(f"/proc/{pid}/task/{tid}/cgroup").read_text().splitlines():
         _, ctrls, path = line.split(":", 2)
         if (version == "v1" and "cpu" in ctrls.split(",")) or (version == "v2" and ctrls == ""):
             return path
@@ -493,6 +496,91 @@ def _own_cgroup(tid: int, version: str) -> str:
 
 def _tids() -> list[int]:
     return sorted(int(t) for t in os.listdir("/proc/self/task"))
+
+
+def _quota_cgroup(home: Path, name: str, version: str, quota_cores: float, period_us: int,
+                  threaded: bool) -> Path:
+    """A new cgroup ``home/name`` with a CFS quota of ``quota_cores`` (FaultUnavailable
+    when the kernel refuses)."""
+    d = home / name
+    try:
+        d.mkdir(exist_ok=True)
+        quota_us = max(1000, int(quota_cores * period_us))
+        if version == "v1":
+            (d / "cpu.cfs_period_us").write_text(str(period_us))
+            (d / "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            if threaded:
+                (d / "cgroup.type").write_text("threaded")
+            (d / "cpu.max").write_text(f"{quota_us} {period_us}")
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+        raise FaultUnavailable(f"cannot create a CPU-limited cgroup under {home}: "
+                               f"{exc}") from None
+    return d
+
+
+def _rmdir_cgroup(d: Path, move_back: Any) -> None:
+    """Remove an emptied cgroup; its tasks leave a moment after they are moved."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            d.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            move_back()
+            time.sleep(0.05)
+
+
+class ServerCpuQuota(Injector):
+    """The server process (every thread) moved into a cgroup of its own whose CFS quota is
+    ``quota_cores`` cores, and back on ``stop()``.
+
+    This is how a container runtime or a systemd slice limits a server: the host stays
+    idle, the server is throttled in each enforcement period it used its quota. The
+    sampling agent follows the server's cgroup (``--cgroup server``), so it reads this
+    group's throttling while the fault is on.
+    """
+
+    name = "server_cpu_quota"
+    expected_class = "cpu_limited"
+
+    def __init__(self, pid: int, quota_cores: float = 0.5, period_us: int = 100_000) -> None:
+        super().__init__()
+        if not 0.01 <= quota_cores <= 64:
+            raise ValueError("quota_cores is a number of cores in [0.01, 64]")
+        self.pid, self.quota, self.period_us = pid, quota_cores, period_us
+        self.dir: Path | None = None
+        self.home: Path | None = None
+        self.version = ""
+
+    def _start(self) -> None:
+        root, self.version = _cpu_cgroup_root()
+        home = root / _own_cgroup(self.pid, self.version, self.pid).lstrip("/")
+        self.home = home
+        sweep_cgroups(home, "strata-server-")
+        self.dir = _quota_cgroup(home, f"strata-server-{self.pid}", self.version,
+                                 self.quota, self.period_us, threaded=False)
+        try:
+            (self.dir / "cgroup.procs").write_text(str(self.pid))
+        except OSError as exc:
+            raise FaultUnavailable(f"cannot move the server into {self.dir}: {exc}") from None
+
+    def _move_back(self) -> None:
+        assert self.home is not None
+        with contextlib.suppress(OSError):  # the server may have ended
+            (self.home / "cgroup.procs").write_text(str(self.pid))
+
+    def _stop(self) -> dict[str, Any]:
+        if self.dir is None or self.home is None:
+            return {}
+        stat = _cpu_stat(self.dir)
+        self._move_back()
+        _rmdir_cgroup(self.dir, self._move_back)
+        return {"quota_cores": self.quota, "cgroup": str(self.dir), **stat}
 
 
 class ClientThrottle(Injector):
@@ -520,23 +608,9 @@ class ClientThrottle(Injector):
         home = root / _own_cgroup(threading.get_native_id(), self.version).lstrip("/")
         self.home = home
         sweep_cgroups(home)
-        d = home / f"strata-client-{os.getpid()}"
-        try:
-            d.mkdir(exist_ok=True)
-            quota_us = max(1000, int(self.quota * self.period_us))
-            if self.version == "v1":
-                (d / "cpu.cfs_period_us").write_text(str(self.period_us))
-                (d / "cpu.cfs_quota_us").write_text(str(quota_us))
-            else:
-                (d / "cgroup.type").write_text("threaded")
-                (d / "cpu.max").write_text(f"{quota_us} {self.period_us}")
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-            raise FaultUnavailable(f"cannot create a CPU-limited cgroup under {home}: "
-                                   f"{exc}") from None
-        self.dir = d
-        self._move(d)
+        self.dir = _quota_cgroup(home, f"strata-client-{os.getpid()}", self.version,
+                                 self.quota, self.period_us, threaded=True)
+        self._move(self.dir)
 
     def _move(self, dest: Path) -> None:
         target = dest / ("tasks" if self.version == "v1" else "cgroup.threads")
@@ -548,17 +622,9 @@ class ClientThrottle(Injector):
         if self.dir is None or self.home is None:
             return {}
         stat = _cpu_stat(self.dir)
-        self._move(self.home)
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self.dir.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                self._move(self.home)
-                time.sleep(0.05)
+        home = self.home
+        self._move(home)
+        _rmdir_cgroup(self.dir, lambda: self._move(home))
         return {"quota_cores": self.quota, "cgroup": str(self.dir), **stat}
 
 
@@ -575,10 +641,10 @@ def _cpu_stat(d: Path) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k in ("nr_periods", "nr_throttled", "throttled_s")}
 
 
-def sweep_cgroups(home: Path) -> list[str]:
-    """Remove ``strata-client-<pid>`` cgroups whose process is gone (a killed run)."""
+def sweep_cgroups(home: Path, prefix: str = "strata-client-") -> list[str]:
+    """Remove ``<prefix><pid>`` cgroups whose process is gone (a killed run)."""
     removed = []
-    for d in home.glob("strata-client-*"):
+    for d in home.glob(prefix + "*"):
         pid = d.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             with contextlib.suppress(OSError):

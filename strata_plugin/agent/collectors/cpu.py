@@ -14,7 +14,11 @@ which is exact for any window and needs no state in the agent.
   (``--cgroup server`` / ``pid:<N>``; ``self`` is the agent's own): ``cgroup_usage_s``,
   ``cgroup_user_s``, ``cgroup_system_s``, ``cgroup_nr_periods``,
   ``cgroup_nr_throttled``, ``cgroup_throttled_s``; gauge ``cgroup_quota_cores`` (the
-  CFS quota over its period) when a quota is set. See ``agent/cgroups.py``.
+  CFS quota over its period) when a quota is set. See ``agent/cgroups.py``. The server
+  can change cgroup while it runs (moved into a slice, restarted in a container): with
+  ``--cgroup server`` its ``/proc/<pid>/cgroup`` is re-read every sample (one small read)
+  and the files are reopened when it changed. The counters restart with the new group;
+  the analysis reads a decrease as a reset.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class CpuCollector(Collector):
         self._loadavg = PreadFile(f"{self.proc_root}/loadavg", 256)
         self._psi: dict[str, PreadFile] = {}
         self._cg: list[PreadFile] = []
+        self._cg_pid: int | None = None  # the server process whose cgroup is read
+        self._cg_lines: tuple[str, ...] = ()
 
     def probe(self) -> None:
         if not self._stat.ok:
@@ -76,11 +82,8 @@ class CpuCollector(Collector):
                 self._psi[res] = f
             else:
                 self.mark_unavailable(f"psi_{res}", f"{f.path}: {f.error or 'empty'}")
-        self._cg_dirs, what = cgroups.resolve(self.cgroup, server_pid(self.targets))
-        for path in cgroups.cpu_stat_files(self._cg_dirs):
-            f = PreadFile(path, 4096)
-            if f.ok:
-                self._cg.append(f)
+        self._cg_pid = server_pid(self.targets) if self.cgroup == "server" else None
+        what = self._open_cgroup()
         seen: dict[str, int] = {}
         for f in self._cg:
             seen.update(parse_kv(f.read() or b""))
@@ -100,6 +103,41 @@ class CpuCollector(Collector):
             files=[f.path for f in self._cg],
             quota_cores=cgroups.cpu_quota_cores(self._cg_dirs),
         )
+
+    def _open_cgroup(self) -> str:
+        """(Re)open the cpu.stat of the cgroup ``--cgroup`` names; its description."""
+        for f in self._cg:
+            f.close()
+        self._cg = []
+        self._cg_dirs, what = cgroups.resolve(self.cgroup, self._cg_pid)
+        self._cg_lines = self._cg_dirs.lines
+        for path in cgroups.cpu_stat_files(self._cg_dirs):
+            f = PreadFile(path, 4096)
+            if f.ok:
+                self._cg.append(f)
+        return what
+
+    def _follow_server_cgroup(self) -> None:
+        """Reopen the files when the tracked server moved to another cgroup (or was
+        replaced by a new process, which the harness's track command announces)."""
+        if self.cgroup != "server":
+            return
+        pid = self._cg_pid
+        roots = getattr(self.targets, "roots", ()) or getattr(self.targets, "pids", ())
+        if roots and roots[0] != pid:
+            pid = roots[0]
+        if pid is None:
+            return
+        data = procfs.read_bytes(f"{procfs.PROC}/{pid}/cgroup")
+        if data is None:
+            return  # gone: keep reading the last group until the harness says otherwise
+        lines = tuple(data.decode(errors="replace").splitlines())
+        if pid != self._cg_pid or lines != self._cg_lines:
+            self._cg_pid = pid
+            what = self._open_cgroup()
+            self.info(kind="cgroup", source=self.source, cgroup=what, moved=True,
+                      files=[f.path for f in self._cg],
+                      quota_cores=cgroups.cpu_quota_cores(self._cg_dirs))
 
     def close(self) -> None:
         for f in [self._stat, self._loadavg, *self._psi.values(), *self._cg]:
@@ -149,6 +187,7 @@ class CpuCollector(Collector):
             if d:
                 for kind, secs in _psi(d).items():
                     out.append((wall_ns, "", f"psi_{res}_{kind}_s", secs, "counter"))
+        self._follow_server_cgroup()
         if self._cg:
             kv: dict[str, int] = {}
             for pf in self._cg:

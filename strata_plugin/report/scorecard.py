@@ -1,0 +1,255 @@
+"""``python -m strata_plugin scorecard RUN...``: how well the classifier named the faults
+injected on purpose, over one or more fault-suite runs.
+
+Why: a verdict is believable only as far as it names known faults and nothing else;
+the fault suite (``cases/test_faults.py``) asserts that per run, and this adds it up
+across runs so a change to the rules shows as a moved number, not a feeling.
+
+Reads, per run folder, the cases whose ``cases.jsonl`` line records an injected fault
+(``fault``: the class the fault arm must name; ``fault_arm``: ``fault`` or ``clean``)
+and the verdict recorded at each case's end. What "really happened" in an arm (a shared
+host's real contention beside the injected fault) comes from the suite's independent
+host watch in ``fault_matrix.json`` where the run has one; without it, only the
+injected fault counts.
+
+Scored the way the suite judges an arm: a fault arm is a hit when its fault is among
+the verdict's named classes (one or two), conclusively, with evidence past its
+threshold; any arm misses when it names a fault class that did not happen. Top-1: the
+fault is the first class; top-3: among the first three classes past threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: A clean arm expects nothing.
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class Arm:
+    run: str
+    case_id: str
+    fault: str  # the scenario's class
+    arm: str  # "fault" | "clean"
+    classes: tuple[str, ...]
+    past_threshold: tuple[str, ...]  # classes, then also_flagged
+    inconclusive: bool
+    evidence: tuple[str, ...]  # met evidence, "cls: metric value op threshold"
+    truth: tuple[str, ...]  # fault classes that happened
+    fault_classes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def expected(self) -> str:
+        return self.fault if self.arm == "fault" else NONE
+
+    @property
+    def named(self) -> str:
+        head = "inconclusive: " if self.inconclusive else ""
+        return head + (" + ".join(self.classes) or "none")
+
+    @property
+    def false_classes(self) -> tuple[str, ...]:
+        """Fault classes named (or past threshold) that did not happen."""
+        return tuple(c for c in self.past_threshold
+                     if c in self.fault_classes and c not in self.truth)
+
+    @property
+    def fault_named(self) -> bool:
+        return (self.fault in self.classes and not self.inconclusive
+                and any(e.startswith(self.fault + ":") for e in self.evidence))
+
+    @property
+    def hit(self) -> bool:
+        named_ok = self.arm == "clean" or self.fault_named
+        return named_ok and not self.false_classes
+
+    @property
+    def top1(self) -> bool:
+        return self.arm == "fault" and bool(self.classes) and self.classes[0] == self.fault
+
+    @property
+    def top3(self) -> bool:
+        return self.arm == "fault" and self.fault in self.past_threshold[:3]
+
+
+class ScorecardError(ValueError):
+    """A folder that is not a fault-suite run; the message says which and why."""
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ScorecardError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    return out
+
+
+def read_run(run_dir: Path) -> list[Arm]:
+    """The fault arms and clean arms of one run folder, in the order they ran."""
+    cases = run_dir / "cases.jsonl"
+    if not (run_dir / "manifest.json").exists() or not cases.exists():
+        raise ScorecardError(f"{run_dir}: not a run folder (needs manifest.json and "
+                             "cases.jsonl)")
+    truth: dict[str, tuple[str, ...]] = {}
+    fault_classes: tuple[str, ...] = ()
+    matrix = run_dir / "fault_matrix.json"
+    recorded: tuple[str, ...] = ()
+    if matrix.exists():
+        doc = json.loads(matrix.read_text())
+        recorded = tuple(doc.get("fault_classes", ()))
+        for a in doc.get("arms", []):
+            truth[a["case_id"]] = tuple(a.get("truth", ()))
+    latest: dict[str, dict[str, Any]] = {}
+    for c in _lines(cases):
+        if c.get("fault") and c.get("fault_arm") and isinstance(c.get("verdict"), dict):
+            latest[c["case_id"]] = c  # a case line written again replaces the first
+    scenarios = tuple(sorted({c["fault"] for c in latest.values()}))
+    # the classes a fault could be (the suite records its list; an older run: what it ran)
+    fault_classes = tuple(sorted(set(recorded) | set(scenarios)
+                                 | {x for t in truth.values() for x in t}))
+    arms = []
+    for cid, c in latest.items():
+        v = c["verdict"]
+        classes = tuple(v.get("classes", ()))
+        evidence = tuple(
+            f"{e['cls']}: {e['metric']} {e['value']:g} {e['op']} {e['threshold_value']:g}"
+            for e in v.get("evidence", ()) if e.get("met")
+        )
+        injected = (c["fault"],) if c["fault_arm"] == "fault" else ()
+        arms.append(Arm(
+            run=run_dir.name,
+            case_id=cid,
+            fault=c["fault"],
+            arm=c["fault_arm"],
+            classes=classes,
+            past_threshold=classes + tuple(v.get("also_flagged", ())),
+            inconclusive=bool(v.get("inconclusive")),
+            evidence=evidence,
+            truth=tuple(sorted(set(truth.get(cid, injected)) | set(injected))),
+            fault_classes=fault_classes,
+        ))
+    if not arms:
+        raise ScorecardError(f"{run_dir}: no case records an injected fault (cases.jsonl "
+                             "'fault' / 'fault_arm'); is it a fault-suite run?")
+    return arms
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    cls: str
+    runs: int  # fault arms injecting it
+    tp: int
+    fp: int  # arms naming it (top two, conclusively) where it did not happen
+    fn: int
+
+    @property
+    def precision(self) -> float | None:
+        return self.tp / (self.tp + self.fp) if self.tp + self.fp else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.tp / (self.tp + self.fn) if self.tp + self.fn else None
+
+
+def class_scores(arms: Sequence[Arm]) -> list[ClassScore]:
+    out = []
+    for cls in sorted({a.fault for a in arms}):
+        mine = [a for a in arms if a.arm == "fault" and a.fault == cls]
+        tp = sum(a.fault_named for a in mine)
+        fp = sum(cls in a.classes and not a.inconclusive and cls not in a.truth for a in arms)
+        out.append(ClassScore(cls, len(mine), tp, fp, len(mine) - tp))
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def scorecard_markdown(arms: Sequence[Arm]) -> str:
+    """The scorecard: totals, per class, the confusion matrix and every arm."""
+    faults = [a for a in arms if a.arm == "fault"]
+    runs = sorted({a.run for a in arms})
+    hits = sum(a.hit for a in arms)
+    lines = [
+        f"Runs: {', '.join(runs)}. Arms: {len(arms)} ({len(faults)} with a fault, "
+        f"{len(arms) - len(faults)} clean). Hits: {hits} of {len(arms)}.",
+        "",
+        f"Top-1 accuracy (the fault is the first class named): "
+        f"{sum(a.top1 for a in faults)} of {len(faults)}; top-3 (among the first three "
+        f"classes past threshold): {sum(a.top3 for a in faults)} of {len(faults)}.",
+        "",
+        "| class | fault arms | named (TP) | missed (FN) | named, did not happen (FP) "
+        "| precision | recall |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in class_scores(arms):
+        lines.append(f"| {s.cls} | {s.runs} | {s.tp} | {s.fn} | {s.fp} | "
+                     f"{_pct(s.precision)} | {_pct(s.recall)} |")
+    # confusion matrix: expected x first class named
+    firsts = sorted({(a.classes[0] if a.classes else "none") for a in arms})
+    expected = [NONE, *sorted({a.fault for a in faults})]
+    lines += ["", "Confusion matrix (rows: injected; columns: the first class named, "
+              "inconclusive verdicts included):", "",
+              "| injected | runs | " + " | ".join(firsts) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in firsts) + " |"]
+    for e in expected:
+        rs = [a for a in arms if a.expected == e]
+        if not rs:
+            continue
+        cells = [str(sum((a.classes[0] if a.classes else "none") == f for a in rs))
+                 for f in firsts]
+        lines.append(f"| {e} | {len(rs)} | " + " | ".join(cells) + " |")
+    lines += ["", "| run | case | expected | named | hit | evidence (past threshold) |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for a in arms:
+        mine = [x for x in a.evidence if a.arm == "clean" or x.startswith(a.fault + ":")]
+        why = [*(["missed"] if a.arm == "fault" and not a.fault_named else []),
+               *([f"false: {', '.join(a.false_classes)}"] if a.false_classes else [])]
+        lines.append(f"| {a.run} | {a.case_id} | {a.expected} | {_cell(a.named)} | "
+                     f"{'hit' if a.hit else 'miss (' + '; '.join(why) + ')'} | "
+                     f"{_cell('; '.join(mine) or '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def scorecard_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m strata_plugin scorecard",
+        description="Score the verdicts of fault-suite runs (cases/test_faults.py): per "
+        "scenario the expected class, the named class, hit or miss and the evidence; "
+        "per class precision and recall; top-1 / top-3 accuracy.",
+    )
+    p.add_argument("runs", type=Path, nargs="+", help="reports/<RUN_ID> of fault-suite runs")
+    p.add_argument("-o", "--out", type=Path, help="also write the scorecard (Markdown) here")
+    p.add_argument("--json", type=Path, help="also write every arm and class score as JSON")
+    args = p.parse_args(argv)
+    try:
+        arms = [a for run in args.runs for a in read_run(run)]
+    except (ScorecardError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = scorecard_markdown(arms)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "arms": [{**a.__dict__, "expected": a.expected, "hit": a.hit, "top1": a.top1,
+                      "top3": a.top3} for a in arms],
+            "classes": [{**s.__dict__, "precision": s.precision, "recall": s.recall}
+                        for s in class_scores(arms)],
+        }, indent=2) + "\n")
+    return 0 if arms else 1
