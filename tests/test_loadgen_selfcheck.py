@@ -77,6 +77,17 @@ def test_slow_event_handling_and_cpu_flag_on_their_own():
     assert busy.client_bound and "client CPU" in busy.reasons[0]
 
 
+def test_handling_lag_with_the_loops_view_is_a_figure_not_a_reason():
+    """Stamps are taken at the read: a parse preempted by another tenant moves none.
+    With the loop's view, its own lag and the bytes waiting at a read decide."""
+    recs = _records([0.2] * 24, lag_ms=9.0)
+    clean = self_check(recs, client_cpu_cores=0.1, loop=_loop([0.3] * 100, backlog=[64] * 50))
+    assert not clean.client_bound and abs(clean.handling_lag_p99_ms - 9.0) < 0.01
+    behind = self_check(recs, client_cpu_cores=0.1,
+                        loop=_loop([0.3] * 100, backlog=[CLIENT_READ_BACKLOG_BYTES * 2] * 100))
+    assert behind.client_bound and "reads behind" in behind.reasons[0]
+
+
 def test_a_few_slow_events_are_not_a_client_limit():
     """Twelve streams on two busy cores: 15 of 1,152 events handled 10 ms late (p99 over
     5 ms), 0.6% of the streams' time. The arrival stamps were barely moved."""
