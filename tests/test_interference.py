@@ -104,6 +104,10 @@ AB = dict(prefill_stall_frac=0.3, prefill_stall_share=0.2, ab_prefill_stall_rati
     (dict(prefill_stall_frac=0.099), False),
     (dict(prefill_stall_frac=0.101), True),
     (dict(ab_tail_pace_rise=None), False),
+    # the same window's pace, when the control comparison does not hold
+    (dict(ab_tail_pace_rise=0.0, injected_pace_factor=0.99), False),
+    (dict(ab_tail_pace_rise=0.0, injected_pace_factor=1.01), True),
+    (dict(ab_tail_pace_rise=0.0, injected_pace_factor=5.0, prefill_stall_frac=0.099), False),
 ])
 def test_ab_thresholds_just_below_and_above(change, fires):
     v = classify(dataclasses.replace(CLEAN, **{**AB, **change}))

@@ -102,6 +102,9 @@ CASES: tuple[Boundary, ...] = (
     Boundary("ab_tail_pace_rise", "prefill_decode_interference", CPU_CLEAN,
              one("ab_tail_pace_rise", prefill_stall_frac=0.4, prefill_stall_share=0.9,
                  ab_prefill_stall_ratio=5.0)),
+    Boundary("injected_pace_factor", "prefill_decode_interference", CPU_CLEAN,
+             one("injected_pace_factor", prefill_stall_frac=0.4, prefill_stall_share=0.9,
+                 ab_prefill_stall_ratio=1.0, ab_tail_pace_rise=0.0)),
     # GPU busy: which kind
     Boundary("sm_active_compute", "gpu_compute", GPU_CLEAN,
              one("sm_active", tensor_active=0.75, **GPU_BUSY)),
@@ -200,7 +203,7 @@ PINNED = {
     "client_cpu_cores": 0.85, "client_delay_share": 0.05, "full_margin": 0.25,
     "dominance_margin": 0.5, "missing_penalty": 0.85,
     "prefill_stall_frac": 0.1, "prefill_stall_share": 0.5, "ab_prefill_stall_ratio": 2.0,
-    "ab_tail_pace_rise": 0.2, "client_timing_error_ms": 5.0,
+    "ab_tail_pace_rise": 0.2, "injected_pace_factor": 1.0, "client_timing_error_ms": 5.0,
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
     "trace_retrans_per_s": 1.0,
 }

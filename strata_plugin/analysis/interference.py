@@ -274,8 +274,10 @@ def signals(
         "prefill_stall_share": inter.prefill_stall_share,
         "ab_prefill_stall_ratio": None,
         "ab_tail_pace_rise": None,
+        "injected_pace_factor": None,
     }
     if reference and inter.n_decode:
+        out["injected_pace_factor"] = inter.interference_factor
         ref = statistics.fmean(r.stall_with_prefill_ms_per_request for r in reference)
         mine = inter.stall_with_prefill_ms_per_request
         # a control with no stall at all: the yardstick is one token's time, not zero

@@ -109,6 +109,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "prefill_stall_share": "requests: token events against dispatch..first token of prefills",
     "ab_prefill_stall_ratio": "requests: this arm's stalls against its A/B control's",
     "ab_tail_pace_rise": "requests: TPOT p95 against the A/B control's repetitions",
+    "injected_pace_factor": "requests: decode pace inside the injected prefill against outside",
     "inflight_frac": "requests: dispatched..done windows",
     "client_bound": "cases.jsonl: client_bound (load generator self-check)",
 }
@@ -194,6 +195,9 @@ class WindowSignals:
     prefill_stall_share: float | None = None
     ab_prefill_stall_ratio: float | None = None
     ab_tail_pace_rise: float | None = None
+    # the same window: decode time per token while the injected prefill was in flight
+    # over the time outside it, minus 1 (interference.Interference.interference_factor)
+    injected_pace_factor: float | None = None
     concurrency: int | None = None
     inflight_frac: float | None = None
     client_bound: bool | None = None
@@ -299,6 +303,7 @@ CLIENT_MEASURED = (
     "prefill_stall_frac",
     "prefill_stall_share",
     "ab_prefill_stall_ratio",
+    "injected_pace_factor",
     "outside_server_frac",
 )
 
@@ -918,6 +923,10 @@ def rule_interference(s: WindowSignals) -> _Outcome:
 
     A treatment of an A/B group is judged against its control: its stall time with a
     prefill in flight must be a multiple of the control's and its tail pace must rise.
+    Or within its own window: decode slowed by a factor while the injected prefill was
+    in flight, against its pace outside it. That comparison is immune to what the host
+    did between repetitions minutes apart (a control run while another tenant held a
+    core had its own tail 8x slower, and hid a treatment's stalls from the first test).
     A case without a control must show that its stalls coincide with prefills: a stall
     with no prefill in flight (a busy host, a slow client) is not interference.
     """
@@ -937,6 +946,14 @@ def rule_interference(s: WindowSignals) -> _Outcome:
                 _m(s, "prefill_stall_frac", "prefill_stall_frac"),
                 _m(s, "ab_prefill_stall_ratio", "ab_prefill_stall_ratio"),
                 _m(s, "ab_tail_pace_rise", "ab_tail_pace_rise"),
+            )
+        pace = s.injected_pace_factor is not None and r.cmp(
+            "injected_pace_factor", ">=", "injected_pace_factor"
+        )
+        if frac and pace:
+            return r.fire(
+                _m(s, "prefill_stall_frac", "prefill_stall_frac"),
+                _m(s, "injected_pace_factor", "injected_pace_factor"),
             )
         return r.o
     share = r.cmp("prefill_stall_share", ">=", "prefill_stall_share")

@@ -544,6 +544,15 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "control's repetitions), minus 1: the stalls reach the tail pace",
     ),
     Threshold(
+        "injected_pace_factor",
+        1.0,
+        "ratio",
+        "[inferred] in the treatment's own window, decode's time per token while the "
+        "injected prefill was in flight at least twice its time per token outside it "
+        "(interference factor >= 1): the same window, so the host's load between "
+        "repetitions does not enter",
+    ),
+    Threshold(
         "client_timing_error_ms",
         5.0,
         "ms",
