@@ -53,7 +53,8 @@ def vllm(tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     base = f"http://127.0.0.1:{port}"
     server = Server(LaunchSpec("it", tuple(expand_placeholders(conf.argv, values)),
-                               conf.env, base, "/health", 300, 20, log), base)
+                               tuple((k, v.format_map(values)) for k, v in conf.env),
+                               base, "/health", 300, 20, log), base)
     server.start()
     yield server
     server.stop()

@@ -99,7 +99,7 @@ SIGNAL_SOURCES: dict[str, str] = {
     "straggler_rel_dev": "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)",
     "waiting_mean": "prom:waiting_requests",
     "kv_usage_max": "prom:kv_cache_usage",
-    "preemptions": "prom:num_preemptions_total",
+    "preemptions": "prom:preemptions_total/retracted_requests_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
     "outside_server_frac": "requests: e2e - timings.prompt_ms - timings.predicted_ms",
     "chunk_gap_p99_p50": "requests: chunk gaps",

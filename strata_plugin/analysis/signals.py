@@ -322,15 +322,20 @@ def _host_signals(view: HwView, node: str | None) -> dict:
 # run's recorded link caps (formats/telemetry.TelemetryFacts).
 
 
+#: The prom collector's common names (agent/collectors/prom.ALIASES) of the engines'
+#: preemption counters. Only these: vLLM also exports a per-request histogram
+#: ``vllm:request_num_preemptions`` whose ``_count`` and buckets grow by one per finished
+#: request, preempted or not, and a name match on "preempt" read those as preemptions.
+PREEMPTION_COUNTERS = ("preemptions_total", "retracted_requests_total")
+
+
 def _prom_signals(view: HwView) -> dict:
     waiting = [r.mean for r in view.select("prom", "waiting_requests") if r.mean is not None]
     kv = [r.max for r in view.select("prom", "kv_cache_usage") if r.max is not None]
     pre = [
         r.delta
         for r in view.rows
-        if r.source == "prom"
-        and r.delta is not None
-        and ("preempt" in r.metric or "retract" in r.metric)
+        if r.source == "prom" and r.delta is not None and r.metric in PREEMPTION_COUNTERS
     ]
     return dict(
         waiting_mean=sum(waiting) if waiting else None,
