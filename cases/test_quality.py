@@ -3,7 +3,8 @@
 The local model is random, so its free text is noise; these cases constrain it
 (a JSON schema, a GBNF grammar, in the keys the profile's engine reads:
 ``strata.constrain``) to produce a JSON object and a small function, and then
-validate them exactly as a real model's output would be: required JSON fields,
+validate them exactly as a real model's output would be: required JSON fields
+(the score bounded: an unbounded integer lets a random model emit digits up to OSL),
 and code that must pass a frozen test file. Both expect a natural stop: a
 ``length`` cut is a failure, kept and reported.
 """
@@ -16,7 +17,8 @@ from strata_plugin import Workload, code_passes, json_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                           "score": {"type": "integer"}},
+                                           "score": {"type": "integer", "minimum": 0,
+                                                     "maximum": 100}},
           "required": ["name", "score"], "additionalProperties": False}
 CODE = 'root ::= "```python\\ndef add(a, b):\\n    return a + b\\n```"'
 

@@ -6,8 +6,9 @@ key ignores it silently (vLLM) and answers unconstrained. One table here, so a c
 what it wants and runs unchanged on every engine:
 
 * llama.cpp (`/completion` and its OpenAI endpoints): ``json_schema``, ``grammar`` (GBNF);
-* vLLM: ``structured_outputs`` with ``json`` (and ``disable_any_whitespace``) or
-  ``grammar`` (xgrammar reads GBNF), vLLM docs "Structured Outputs";
+* vLLM: ``structured_outputs`` with ``json`` or ``grammar`` (xgrammar reads GBNF), vLLM
+  docs "Structured Outputs" (whitespace inside JSON is a server option in vLLM 0.32:
+  ``--structured-outputs-config``, see the vllm-cpu profile);
 * SGLang: ``json_schema`` (a JSON string) or ``ebnf``, SGLang docs "Structured Outputs".
 """
 
@@ -25,10 +26,8 @@ def constraint_body(engine: str, *, json_schema: dict | None = None,
     if engine == "llamacpp":
         return {"json_schema": json_schema} if json_schema is not None else {"grammar": grammar}
     if engine == "vllm":
-        # No whitespace between JSON tokens: xgrammar otherwise allows runs of it, which
-        # a weak model can fill up to the output length.
-        return {"structured_outputs": ({"json": json_schema, "disable_any_whitespace": True}
-                                       if json_schema is not None else {"grammar": grammar})}
+        return {"structured_outputs": ({"json": json_schema} if json_schema is not None
+                                       else {"grammar": grammar})}
     if engine == "sglang":
         return ({"json_schema": json.dumps(json_schema)} if json_schema is not None
                 else {"ebnf": grammar})
