@@ -4,7 +4,9 @@ The local model is random, so its free text is noise; these cases constrain it
 (a JSON schema, a GBNF grammar, in the keys the profile's engine reads:
 ``strata.constrain``) to produce a JSON object and a small function, and then
 validate them exactly as a real model's output would be: required JSON fields
-(the score bounded: an unbounded integer lets a random model emit digits up to OSL),
+(the name in letters and the score bounded: an unbounded integer lets a random model
+emit digits up to OSL, and xgrammar lets control characters into a plain string, which
+JSON forbids),
 and code that must pass a frozen test file. Both expect a natural stop: a
 ``length`` cut is a failure, kept and reported.
 """
@@ -16,7 +18,7 @@ import pytest
 from strata_plugin import Workload, code_passes, json_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,8}$"},
                                            "score": {"type": "integer", "minimum": 0,
                                                      "maximum": 100}},
           "required": ["name", "score"], "additionalProperties": False}
