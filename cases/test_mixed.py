@@ -37,7 +37,8 @@ def test_prefill_injected_into_decode(strata, record_property):
     effects = {e.metric: e for e in mixed_effects(arms["control"], arms["treatment"])}
     for e in effects.values():
         print(e.line())
-        record_property(f"mixed_{e.metric}_change_pct", round(e.change_pct, 2))
+        if e.change_pct is not None:  # None: a zero control value (e.g. TPOT p50 0 ms)
+            record_property(f"mixed_{e.metric}_change_pct", round(e.change_pct, 2))
         record_property(f"mixed_{e.metric}_interval", f"{e.interval} ({e.interval_label})")
     # The seed's result is in throughput and the tail, per repetition: the whole 95%
     # interval over repetitions shows the drop and the rise.

@@ -5,8 +5,20 @@
 # models (built once, cached in ~/.cache/strata; `python -m strata_plugin setup --clean`
 # removes that cache). No system package is installed here: the few tests that need one
 # install it on demand (scripts/install_system_deps.sh).
+#
+# --vllm also sets up the opt-in second engine: a real vLLM server on the CPU in its own
+# virtualenv with a generated model (~/.cache/strata/vllm-venv, models/tiny-llama-hf;
+# minutes the first time, seconds once cached). Where pip's configured sources do not
+# provide the CPU build of torch, set STRATA_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VLLM=0
+for arg in "$@"; do
+    case "$arg" in
+        --vllm) VLLM=1 ;;
+        *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+    esac
+done
 PY="${STRATA_PYTHON:-python3}"
 # pip's download cache beside the build cache: setup writes nothing else outside the repo.
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-${STRATA_CACHE:-$HOME/.cache/strata}/pip}"
@@ -16,3 +28,7 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,embedded]" \
     2> >(grep -v "^WARNING: Location" >&2)
 .venv/bin/python -m strata_plugin setup >/dev/null
+if [ "$VLLM" = 1 ]; then
+    .venv/bin/python -m strata_plugin setup --vllm \
+        ${STRATA_TORCH_INDEX:+--torch-index "$STRATA_TORCH_INDEX"} >/dev/null
+fi

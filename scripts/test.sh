@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Sets up, then runs the harness's own tests (unit, plugin, packaging and integration
 # against the real llama-server) and lints the code.
+#
+# --vllm also sets up the vLLM CPU server (scripts/setup.sh --vllm) and requires the
+# tests marked `vllm` to run against it (without --vllm they skip when it is not set up).
+# Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+SETUP=()
+ARGS=()
+for arg in "$@"; do
+    if [ "$arg" = "--vllm" ]; then SETUP=(--vllm); else ARGS+=("$arg"); fi
+done
+bash scripts/setup.sh "${SETUP[@]}"
+if [ "${#SETUP[@]}" -gt 0 ]; then
+    export STRATA_REQUIRE_VLLM=1
+fi
 .venv/bin/python -m ruff check .
-exec .venv/bin/python -m pytest tests/ -q "$@"
+exec .venv/bin/python -m pytest tests/ -q "${ARGS[@]}"

@@ -17,7 +17,8 @@ commands:
                         folder and its report (--help for more)
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
   setup [ARGS]          build llama-server and generate the embedded target's models
-                        (cached in ~/.cache/strata; --print-paths, --clean, --help)
+                        (cached in ~/.cache/strata; --print-paths, --clean, --help);
+                        with --vllm: the opt-in vLLM CPU server's virtualenv and model
 """
 
 
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.plugin.bench_cli import bench_main
 
         return bench_main(rest)
+    if command == "setup" and "--vllm" in rest:
+        from strata_plugin.embedded.vllm_setup import main as vllm_setup_main
+
+        return vllm_setup_main(rest)
     if command == "setup":
         from strata_plugin.embedded.llama_setup import main as setup_main
 

@@ -611,3 +611,15 @@ def test_rails_thresholds_live_in_the_one_table():
     for t in rails.RAIL_THRESHOLDS:
         assert t.name in names and threshold(t.name) is t
     assert threshold("net_wire_busy").value == 1.0
+
+
+@pytest.mark.parametrize(("frac", "fires"), [(0.49, False), (0.5, True)])
+def test_the_engines_own_queue_time_decides_queueing_even_with_a_late_client(frac, fires):
+    """vLLM's queue-time histogram over its TTFT is the server's clock: a starved client
+    (whose own TTFT split is not trusted) does not hide it, and it alone decides."""
+    verdict = v(CPU_CLEAN, waiting_mean=None, server_queue_frac=None, engine_queue_frac=frac,
+                client_bound=True)
+    assert ("queueing" in verdict.classes + verdict.also_flagged) is fires, verdict
+    if fires:
+        met = [e for e in verdict.evidence if e.cls == "queueing" and e.met]
+        assert [e.metric for e in met] == ["engine_queue_frac"], verdict

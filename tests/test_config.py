@@ -124,3 +124,18 @@ def test_a_packaged_name_resolves_from_any_rootdir_and_a_path_from_the_rootdir(t
     assert resolve_profile("local", tmp_path).is_file()
     assert resolve_profile("mine.toml", tmp_path) == tmp_path / "mine.toml"
     assert resolve_profile("/abs/p.toml", tmp_path) == Path("/abs/p.toml")
+
+
+def test_gpu_expected_follows_the_engine_unless_the_profile_says(tmp_path):
+    """A GPU engine's CPU build (vllm-cpu) is judged by the CPU rules."""
+    assert load_profile(packaged_profiles()["vllm-cpu"]).telemetry_facts().gpu_expected is False
+    p = tmp_path / "p.toml"
+    vllm = GOOD.replace('engine = "llamacpp"', 'engine = "vllm"')
+    assert 'engine = "vllm"' in vllm
+    p.write_text(vllm)
+    assert load_profile(p).telemetry_facts().gpu_expected is True
+    p.write_text(vllm.replace("interval_s = 0.1", "interval_s = 0.1\ngpu_expected = false"))
+    assert load_profile(p).telemetry_facts().gpu_expected is False
+    p.write_text(vllm.replace("interval_s = 0.1", 'interval_s = 0.1\ngpu_expected = "no"'))
+    with pytest.raises(ProfileError, match=r"telemetry\.gpu_expected"):
+        load_profile(p)

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.configure.profile import packaged_profiles
+
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = [*sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fixtures" / "profiles").glob(
-    "*.toml")), "local"]
+    "*.toml")), *sorted(packaged_profiles())]
 #: The only skip reasons a dry run may give: planned, or a configuration the profile lacks.
 REASON = re.compile(r"dry run: \d+ case\(s\) planned, nothing started|profile \S+ has no "
                     r"configuration")

@@ -101,8 +101,10 @@ SIGNAL_SOURCES: dict[str, str] = {
     "straggler_rel_dev": "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)",
     "waiting_mean": "prom:waiting_requests",
     "kv_usage_max": "prom:kv_cache_usage",
-    "preemptions": "prom:num_preemptions_total",
+    "preemptions": "prom:preemptions_total/retracted_requests_total",
     "server_queue_frac": "requests: ttft - timings.prompt_ms (llama.cpp)",
+    "engine_queue_frac": "prom:queue_time_seconds_sum/ttft_seconds_sum",
+    "prefix_cache_hit_frac": "prom:prefix_cache_hits_total/prefix_cache_queries_total",
     "outside_server_frac": "requests: e2e - timings.prompt_ms - timings.predicted_ms",
     "chunk_gap_p99_p50": "requests: chunk gaps",
     "prefill_stall_frac": "requests: token events against dispatch..first token of prefills",
@@ -185,6 +187,11 @@ class WindowSignals:
     kv_usage_max: float | None = None
     preemptions: float | None = None
     server_queue_frac: float | None = None
+    # the engine's own queue time over its TTFT, from its histograms (vLLM
+    # request_queue_time_seconds / time_to_first_token_seconds): server-measured
+    engine_queue_frac: float | None = None
+    # prefix-cache hits over lookups, in tokens (vLLM prefix_cache_hits/queries)
+    prefix_cache_hit_frac: float | None = None
     # median share of a request's time no server clock accounts for (network, proxy,
     # client; and the server's queue, which the waiting count tells apart)
     outside_server_frac: float | None = None
@@ -872,10 +879,12 @@ def rule_queueing(s: WindowSignals) -> _Outcome:
 
     The server's waiting count decides where it is measured: TTFT outside prefill
     (``server_queue_frac``, seen from the client) grows for any delay between client and
-    server as well, so alone it only decides where the server reports no queue.
+    server as well, so alone it only decides where the server reports no queue. The
+    engine's own queue time over its TTFT (``engine_queue_frac``, vLLM's histograms) is
+    the server's clock and decides alone.
     """
     r = _Rule("queueing", s)
-    if s.waiting_mean is None and s.server_queue_frac is None:
+    if s.waiting_mean is None and s.server_queue_frac is None and s.engine_queue_frac is None:
         r.need("waiting_mean")
         return r.unassessable(TRACE_SERVER)
     margins = []
@@ -884,6 +893,10 @@ def rule_queueing(s: WindowSignals) -> _Outcome:
     )
     if queued:
         margins.append(_m(s, "waiting_mean", "waiting_requests_mean"))
+    # The engine's own clock of its queue (its histograms): no client delay in it.
+    if s.engine_queue_frac is not None and r.cmp("engine_queue_frac", ">=",
+                                                  "server_queue_frac"):
+        margins.append(_m(s, "engine_queue_frac", "server_queue_frac"))
     if s.server_queue_frac is not None and r.cmp("server_queue_frac", ">=", "server_queue_frac"):
         if queued or s.waiting_mean is None:
             margins.append(_m(s, "server_queue_frac", "server_queue_frac"))

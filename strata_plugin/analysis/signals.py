@@ -345,21 +345,41 @@ def _host_signals(view: HwView, node: str | None) -> dict:
 # run's recorded link caps (formats/telemetry.TelemetryFacts).
 
 
+#: The prom collector's common names (agent/collectors/prom.ALIASES) of the engines'
+#: preemption counters. Only these: vLLM also exports a per-request histogram
+#: ``vllm:request_num_preemptions`` whose ``_count`` and buckets grow by one per finished
+#: request, preempted or not, and a name match on "preempt" read those as preemptions.
+PREEMPTION_COUNTERS = ("preemptions_total", "retracted_requests_total")
+
+
 def _prom_signals(view: HwView) -> dict:
     waiting = [r.mean for r in view.select("prom", "waiting_requests") if r.mean is not None]
     kv = [r.max for r in view.select("prom", "kv_cache_usage") if r.max is not None]
     pre = [
         r.delta
         for r in view.rows
-        if r.source == "prom"
-        and r.delta is not None
-        and ("preempt" in r.metric or "retract" in r.metric)
+        if r.source == "prom" and r.delta is not None and r.metric in PREEMPTION_COUNTERS
     ]
     return dict(
         waiting_mean=sum(waiting) if waiting else None,
         kv_usage_max=max(kv) if kv else None,
         preemptions=sum(pre) if pre else None,
+        engine_queue_frac=_ratio(view, "queue_time_seconds_sum", "ttft_seconds_sum"),
+        prefix_cache_hit_frac=_ratio(view, "prefix_cache_hits_total",
+                                     "prefix_cache_queries_total"),
     )
+
+
+def _ratio(view: HwView, num: str, den: str) -> float | None:
+    """Growth of one engine counter over another's in the window (None without both, or
+    when the second did not grow): e.g. the engine's own queue time over its TTFT, both
+    summed over the requests its histograms recorded in the window."""
+    def grew(metric: str) -> float | None:
+        deltas = [r.delta for r in view.select("prom", metric) if r.delta is not None]
+        return sum(deltas) if deltas else None
+
+    n, d = grew(num), grew(den)
+    return n / d if n is not None and d else None
 
 
 def build_signals(

@@ -69,6 +69,9 @@ class TelemetrySpec:
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.
     link_caps: tuple[tuple[str, float], ...] = ()
+    #: Does the server run on GPUs? None: the engine says (vLLM, SGLang: yes). A CPU build
+    #: of a GPU engine (vLLM on the CPU) says false, so the CPU rules apply.
+    gpu_expected: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,8 @@ class Profile:
         return TelemetryFacts(
             interval_s=t.interval_s, collectors=t.collectors,
             link_caps_bits_s=dict(t.link_caps),
-            gpu_expected=self.server.engine in ("vllm", "sglang"),
+            gpu_expected=(self.server.engine in ("vllm", "sglang")
+                          if t.gpu_expected is None else t.gpu_expected),
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
 
@@ -374,6 +378,7 @@ def load_profile(path: Path | str) -> Profile:
         pid_pattern=t.get("pid_pattern", str, ""),
         log_patterns=_str_table(t, "log_patterns"),
         link_caps=_caps(t),
+        gpu_expected=t.get("gpu_expected", bool, None),
     )
     t.reject_unknown()
 

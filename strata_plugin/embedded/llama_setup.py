@@ -116,10 +116,10 @@ def read_build_info(bins: Path, version: str) -> dict | None:
 
 
 @contextlib.contextmanager
-def locked(root: Path):
+def locked(root: Path, name: str = ".setup.lock"):
     """Serialise concurrent setups (e.g. pytest-xdist workers) on one cache."""
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".setup.lock", "w") as fh:
+    with open(root / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

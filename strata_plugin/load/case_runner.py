@@ -491,6 +491,14 @@ class CaseRunner:
             raise err
         return result
 
+    def constrain(self, *, json_schema: dict | None = None,
+                  grammar: str | None = None) -> dict:
+        """``extra_body`` asking this server's engine for output matching a JSON schema or
+        a GBNF grammar (load/constraints.py spells it per engine)."""
+        from strata_plugin.load.constraints import constraint_body
+
+        return constraint_body(self.setup.engine, json_schema=json_schema, grammar=grammar)
+
     def _require_token_ids(self) -> None:
         if self.setup.api == "chat":
             raise ValueError(

@@ -196,6 +196,7 @@ def key_hw_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
                 if v is None:
                     continue
                 rows.append([r.node, r.device or "(host)", label, v * scale, unit])
+    rows += _engine_ratio_rows(hw)
     return sorted(rows, key=lambda row: (row[0], row[1] != "(host)", row[1]))
 
 
@@ -226,6 +227,32 @@ def short_percentiles(cms: Iterable[CaseMetrics], keys: Iterable[str]
         if counts and not supported(min(counts), q):
             out[key] = (min(counts), min_count(q))
     return out
+
+
+#: The engine's histograms and counters as one number per window: growth of the first
+#: series over the second (prom collector common names), label, scale, unit.
+ENGINE_RATIOS = (
+    ("queue_time_seconds_sum", "queue_time_seconds_count", "engine queue time (mean)", 1e3,
+     "ms"),
+    ("prefill_time_seconds_sum", "prefill_time_seconds_count", "engine prefill time (mean)",
+     1e3, "ms"),
+    ("decode_time_seconds_sum", "decode_time_seconds_count", "engine decode time (mean)",
+     1e3, "ms"),
+    ("prefix_cache_hits_total", "prefix_cache_queries_total", "prefix-cache hits", 100.0,
+     "% of lookups"),
+)
+
+
+def _engine_ratio_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
+    delta = {(r.node, r.device, r.metric): r.delta for r in hw
+             if r.source == "prom" and r.delta is not None}
+    rows = []
+    for num, den, label, scale, unit in ENGINE_RATIOS:
+        for (node, device, metric), d in sorted(delta.items()):
+            n = delta.get((node, device, num))
+            if metric == den and d and n is not None:
+                rows.append([node, device or "(host)", label, n / d * scale, unit])
+    return rows
 
 
 def dist_rows(a: CaseAnalysis) -> list[list[Any]]:

