@@ -11,7 +11,7 @@ from strata_plugin import CapacitySweep, Slo, Workload
 SWEEP = CapacitySweep(
     Workload("capacity", isl=128, osl=16, seed=11),
     Slo(ttft_ms=2000, tpot_ms=200),
-    start_rate=0.5, factor=2.0, max_steps=6, refine=2, step_s=12.0, min_requests=12,
+    start_rate=0.5, factor=2.0, max_steps=8, refine=2, step_s=12.0, min_requests=12,
 )
 
 
