@@ -40,14 +40,15 @@ def test_prefill_injected_into_decode(strata, record_property):
         if e.change_pct is not None:  # None: a zero control value (e.g. TPOT p50 0 ms)
             record_property(f"mixed_{e.metric}_change_pct", round(e.change_pct, 2))
         record_property(f"mixed_{e.metric}_interval", f"{e.interval} ({e.interval_label})")
-    # The tail and the stalls, per repetition: the whole 95% interval over repetitions
-    # shows the rise on every engine. The throughput change is recorded, not asserted: how
+    # The tail, per repetition: the whole 95% interval over repetitions shows the rise on
+    # every engine. The throughput change and the stalls are recorded, not asserted: how
     # much of a run one injected prefill costs is the engine's answer, not the harness's
     # (quiet embedded llama.cpp: -29% tok/s, interval -44% .. -11%; vLLM with chunked
-    # prefill, its 2K-token prefill 0.23 s inside a 2.5 s run: +7%, -5% .. +20%, with
-    # ~190 tokens lost per treatment, under the spread of its repetitions).
-    tpot95, stall = effects["tpot_p95_ms"], effects["stall_with_prefill_ms_per_request"]
-    for e in (effects["output_tok_s"], tpot95, stall):
+    # prefill, its 2K-token prefill 0.23 s inside a 2.5 s run: +0% .. +7%, ~160 tokens
+    # lost per treatment, under the spread of its repetitions). A control's stall time
+    # with a prefill in flight is near zero (vLLM: 0.35, 0, 0.92 ms), so a ratio to it has
+    # no bounded interval and the report says so.
+    tpot95 = effects["tpot_p95_ms"]
+    for e in (effects["output_tok_s"], tpot95, effects["stall_with_prefill_ms_per_request"]):
         assert (e.unit, e.n_control, e.n_treatment) == ("repetition", 3, 3), e.line()
     assert tpot95.ci_lo_pct > 0, tpot95.line()
-    assert stall.ci_lo_pct > 0, stall.line()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
 from scipy import stats as st
+from scipy.stats import t as scipy_t
 
 from strata_plugin.analysis.effects import MIN_BOOTSTRAP_UNITS, compare, effect
 
@@ -34,8 +36,27 @@ def test_a_ratio_interval_never_passes_minus_100_percent():
     assert -100 < e.ci_lo_pct < e.change_pct < 0
     # a non-positive value: arithmetic means, the delta method
     z = effect("stall_ms", [0.0, 1.0, 2.0], [10.0, 12.0, 11.0])
-    assert z.control == pytest.approx(1.0) and z.method == "t-interval"
-    assert z.change_pct == pytest.approx(1000.0)
+    assert z.control == pytest.approx(1.0) and z.change_pct == pytest.approx(1000.0)
+    # the control's mean (1.0, se 0.58, 3 repetitions) is not told from zero: a ratio to
+    # it has no upper bound, so no interval is given (Fieller)
+    assert z.ci_lo_pct is None and z.interval == "-"
+
+
+def test_fieller_interval_is_the_set_of_ratios_the_t_test_does_not_reject():
+    # a zero among the values: arithmetic means; the control is clearly away from zero
+    xc, xt = [9.0, 10.0, 11.0, 10.0], [0.0, 40.0, 20.0, 25.0]
+    e = effect("stall_ms", xc, xt)
+    assert e.method == "t-interval" and e.ci_lo_pct is not None
+    # brute force: rho is inside when |mean(t) - rho mean(c)| <= t * se(mean(t) - rho mean(c))
+    mc, mt = statistics.fmean(xc), statistics.fmean(xt)
+    sc2, st2 = statistics.variance(xc) / 4, statistics.variance(xt) / 4
+    a, b = sc2 / mc**2, st2 / mt**2
+    df = (a + b) ** 2 / (a * a / 3 + b * b / 3)
+    t = scipy_t.ppf(0.975, df)
+    inside = [r / 1000 for r in range(-5000, 5000)
+              if (mt - r / 1000 * mc) ** 2 <= t * t * (st2 + (r / 1000) ** 2 * sc2)]
+    assert e.ci_lo_pct == pytest.approx(100 * (inside[0] - 1), abs=0.2)
+    assert e.ci_hi_pct == pytest.approx(100 * (inside[-1] - 1), abs=0.2)
 
 
 def test_one_repetition_a_side_has_no_interval_and_says_so():

@@ -116,20 +116,37 @@ def _welch_log(xc: list[float], xt: list[float], level: float) -> tuple[float, f
 
 
 def _welch_ratio(xc: list[float], xt: list[float], level: float) -> tuple[float, float] | None:
-    """Interval of 100 * (mean(t) / mean(c) - 1): Welch df, delta-method variance."""
+    """Interval of 100 * (mean(t) / mean(c) - 1): Fieller's, Welch df.
+
+    The set of ratios rho with (mean(t) - rho mean(c))^2 <= t^2 (se_t^2 + rho^2 se_c^2).
+    Bounded only when the control's mean is itself told from zero at ``level``; a
+    control whose repetitions are 0.35, 0 and 0.92 ms of stall is not, and the ratio
+    then has no upper bound (None: no interval), where the delta method printed
+    -11245% .. +24056%.
+    """
     mc, mt = mean(xc), mean(xt)
     if mc == 0 or mt == 0:
         return None
     nc, nt = len(xc), len(xt)
-    vc = math.fsum((x - mc) ** 2 for x in xc) / (nc - 1)
-    vt = math.fsum((x - mt) ** 2 for x in xt) / (nt - 1)
-    a, b = vc / (nc * mc * mc), vt / (nt * mt * mt)  # squared relative standard errors
+    sc2 = math.fsum((x - mc) ** 2 for x in xc) / (nc - 1) / nc  # squared standard errors
+    st2 = math.fsum((x - mt) ** 2 for x in xt) / (nt - 1) / nt
     r = mt / mc
-    if a + b == 0:
+    if sc2 + st2 == 0:
         return 100.0 * (r - 1.0), 100.0 * (r - 1.0)
+    a, b = sc2 / (mc * mc), st2 / (mt * mt)  # squared relative standard errors
     df = (a + b) ** 2 / (a * a / (nc - 1) + b * b / (nt - 1))
-    half = t_ppf(0.5 + level / 2.0, df) * r * math.sqrt(a + b)
-    return 100.0 * (r - half - 1.0), 100.0 * (r + half - 1.0)
+    t2 = t_ppf(0.5 + level / 2.0, df) ** 2
+    qa = mc * mc - t2 * sc2
+    if qa <= 0:
+        return None  # the control's mean is not told from zero: unbounded
+    qb = -2.0 * mt * mc
+    qc = mt * mt - t2 * st2
+    disc = qb * qb - 4.0 * qa * qc
+    if disc < 0:
+        return None
+    root = math.sqrt(disc)
+    lo, hi = (-qb - root) / (2.0 * qa), (-qb + root) / (2.0 * qa)
+    return 100.0 * (lo - 1.0), 100.0 * (hi - 1.0)
 
 
 def effect(metric: str, control: Iterable[float], treatment: Iterable[float], *,
