@@ -25,6 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import default_signals
 import pytest
 from system_packages import require
 
@@ -232,7 +233,8 @@ def test_a_signal_to_pytest_leaves_no_container(podman, tmp_path, sig):
     _run_dir(tmp_path, podman)
     proc = subprocess.Popen(_pytest_argv(tmp_path, f"sig{sig.name.lower()}"), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=_env(HOLD="1"), start_new_session=True)
+                            env=_env(HOLD="1"), start_new_session=True,
+                            preexec_fn=default_signals.restore)
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "ready").exists():

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import default_signals
+
 from strata_plugin.agent.procfs import process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +95,7 @@ class PytestRun:
         proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                                  *args], cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=full_env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=default_signals.restore)
         fh.close()
         return cls(proc, out, run_dir)
 

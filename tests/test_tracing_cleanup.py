@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import default_signals
 import pytest
 
 from strata_plugin.run import tracing
@@ -87,7 +88,7 @@ except KeyboardInterrupt:
 
 def _child(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "t.txt")],
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, text=True, preexec_fn=default_signals.restore)
     assert p.stdout is not None
     line = p.stdout.readline().split()
     assert line[0] == "ready", line
