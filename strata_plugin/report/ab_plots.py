@@ -97,7 +97,11 @@ def _ecdf(ax, reps: Sequence[Repetition]) -> None:
     ax.set_ylabel("share of gaps <= x")
     ax.set_title("inter-token time, every repetition", loc="left")
     ax.grid(True, lw=0.3, alpha=0.5)
-    ax.legend(loc="lower right", fontsize=5, frameon=False)
+    if ax.get_lines():
+        ax.legend(loc="lower right", fontsize=5, frameon=False)
+    else:  # a prefill A/B: one output token per request, no gap to draw
+        ax.text(0.5, 0.5, "no inter-token gaps (one output token per request)",
+                ha="center", va="center", fontsize=7, transform=ax.transAxes)
 
 
 def _per_repetition(ax, reps: Sequence[Repetition], control_arm: str) -> None:
