@@ -196,7 +196,8 @@ class StreamMux:
         self._addrs: dict[tuple[str, int], tuple] = {}
         self._live = 0  # requests the loop owns
         self._t_enter = self._t_ret = 0  # the last select call and its return
-        self._cpu_ret = 0  # the loop thread's CPU time when select returned (probe rounds)
+        self._cpu_ret = 0  # the loop thread's CPU time when select returned
+        self._cpu_busy = 0  # its CPU in the round before select, when the probe was overdue
         self._nread = 0
         self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
         self.probe = LoopProbe()
@@ -347,10 +348,13 @@ class StreamMux:
             # not delayed by the parsing of the sockets read before it.
             reads, admit = [], False
             self._t_enter = mono()
+            # The probe already overdue: the loop was busy since; its CPU in the last
+            # round bounds how much of that was its own work, not a preemption.
+            self._cpu_busy = (cpu() - self._cpu_ret
+                              if 0 < self._probe_due <= self._t_enter else 0)
             ready = sel.select(timeout)
             self._t_ret = mono()
-            if 0 < self._probe_due <= self._t_ret:  # the probe is handled this round
-                self._cpu_ret = cpu()
+            self._cpu_ret = cpu()
             for key, mask in ready:
                 r = key.data
                 if r is None:
@@ -657,13 +661,14 @@ class StreamMux:
             if isinstance(r, _Probe):
                 # The part of the lateness the loop's own work caused: its CPU time
                 # since select returned, plus the time it was already busy when the
-                # probe fell due. Not the host's late wake-up from select, nor the
-                # loop's preemption by other tenants while it worked: fallen due while
-                # this round's reads were handled, it is the CPU time of the round, not
-                # its wall time (on a host whose other tenants held the cores, wall time
-                # made a 0.3 ms round 8-16 ms of "own" work).
+                # probe fell due (at most that round's CPU time). Not the host's late
+                # wake-up from select, nor the loop's preemption by other tenants (or
+                # by the server it measures) while it worked: CPU time, not wall time
+                # (on a host whose other tenants held the cores, wall time made a 0.3 ms
+                # round 8-16 ms of "own" work).
                 cpu_round = time.thread_time_ns() - self._cpu_ret
-                own = cpu_round + max(0, self._t_enter - due) if due <= self._t_ret else cpu_round
+                busy = min(max(0, self._t_enter - due), self._cpu_busy)
+                own = cpu_round + busy if due <= self._t_ret else cpu_round
                 self.probe.sample(now - due, min(now - due, own))
                 self._probe_due = 0
                 if self._live:
