@@ -29,6 +29,11 @@ from strata_plugin.load.client.spec import RequestSpec, Timeouts
 #: How often a worker sends its finished records back.
 FLUSH_S = 0.25
 
+#: Records pickled per message. One ``pickle.dumps`` holds the GIL from start to end,
+#: so a whole flush in one message (up to ~10k token events when hundreds of
+#: streams end together) held the loop off for tens of ms.
+_SEND_RECORDS = 4
+
 Job = tuple[RequestSpec, int]
 
 
@@ -95,8 +100,8 @@ def _flush(conn: Connection, lock: threading.Lock, finished: list[tuple[int, Any
     with lock:
         batch = finished[:]
         finished.clear()
-    if batch:
-        conn.send(batch)
+    for i in range(0, len(batch), _SEND_RECORDS):
+        conn.send(batch[i:i + _SEND_RECORDS])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """From body bytes to token events: split at event boundaries, parse, stamp.
 
 Both drivers (the blocking reader and the multiplexing loop) push each read
-here with its arrival time. Only complete events are handed to sseclient, so
-each event is stamped with the read that completed it, and an unfinished
-event is held as a list of parts whose size is bounded by ``max_event_bytes``.
+here with its arrival time. Only complete events are parsed, so each event is
+stamped with the read that completed it, and an unfinished event is held as a
+list of parts whose size is bounded by ``max_event_bytes``. sseclient parses
+them, except the one shape every streaming LLM server sends per token (each
+event one ``data:`` line), whose result is known without it
+(:func:`single_line_events`).
 
 Lines may end in CRLF, LF or CR (the SSE spec, "Event stream interpretation"), and
 an event ends at an empty line, so ``\n\r\n`` or ``\r\n\n`` end one too; sseclient
@@ -32,6 +35,28 @@ def last_boundary(buf: bytes) -> int:
     j = buf.rfind(b"\r\n\r\n")
     k = buf.rfind(b"\r\r")
     return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1, k + 2 if k >= 0 else -1)
+
+
+def single_line_events(block: bytes) -> list[bytes] | None:
+    """The data of each event when every event in ``block`` is one ``data: `` line, else None.
+
+    That is what streaming LLM servers send per token, and for it the event
+    sseclient would give is known without it: type ``message``, the data after
+    ``"data: "``. Skipping sseclient there parses an event in 5 us instead of 9
+    on this host; every other block (several lines to an event, comments,
+    ``event:`` / ``id:`` fields, blank lines in a row) goes through sseclient.
+    ``block`` is LF-only and ends at an event boundary (``StreamCore._take``);
+    ``tests/test_client_sse_fastpath.py`` holds this to sseclient's output.
+    """
+    if not block.startswith(b"data: "):
+        return None
+    if block.find(b"\n") == len(block) - 2:
+        return [block[6:-2]]
+    parts = block[:-2].split(b"\n\n")
+    for p in parts:
+        if not p.startswith(b"data: ") or b"\n" in p:
+            return None
+    return [p[6:] for p in parts]
 
 
 class StreamCore:
@@ -70,6 +95,9 @@ class StreamCore:
         self.n_bytes += len(chunk)
         if self.done_ns is not None:
             return  # after the terminal event nothing counts
+        if not self._parts and not self._cr and chunk.endswith(b"\n\n") and b"\r" not in chunk:
+            self._parse(chunk, t_ns)  # whole events and nothing held: what _take would do
+            return
         if self._cr:  # the last read ended in CR: an LF here completes that CRLF
             self._cr = False
             if chunk[:1] == b"\n":
@@ -107,26 +135,37 @@ class StreamCore:
 
     def _parse(self, block: bytes, t_ns: int) -> None:
         """The hot path: parse, stamp, append. Nothing else happens per event."""
-        parser = self.parser
-        append = self.events.append
+        datas = single_line_events(block)
+        if datas is not None:
+            for d in datas:
+                self._event("message", d.decode(), t_ns)
+                if self.done_ns is not None:
+                    return
+            return
         for ev in SSEClient((block,)).events():
-            if ev.event == "error":
-                raise StreamError("http_status", f"server error event: {ev.data[:300]}")
-            if self.first_event is None:
-                self.first_event = ev.data
-            toks = parser.feed(ev.data)
-            if toks:
-                h = time.monotonic_ns()
-                for n, kind in toks:
-                    append(TokenEvent(t_ns, n, kind, h))
-                if self.on_token_mark is not None:
-                    self._counted += sum(n for n, _ in toks)
-                    if self._counted >= self.token_mark:
-                        mark, self.on_token_mark = self.on_token_mark, None
-                        mark(t_ns)
-            if parser.done:
-                self.done_ns = t_ns
+            self._event(ev.event, ev.data, t_ns)
+            if self.done_ns is not None:
                 return
+
+    def _event(self, kind: str, data: str, t_ns: int) -> None:
+        if kind == "error":
+            raise StreamError("http_status", f"server error event: {data[:300]}")
+        if self.first_event is None:
+            self.first_event = data
+        parser = self.parser
+        toks = parser.feed(data)
+        if toks:
+            h = time.monotonic_ns()
+            append = self.events.append
+            for n, tk in toks:
+                append(TokenEvent(t_ns, n, tk, h))
+            if self.on_token_mark is not None:
+                self._counted += sum(n for n, _ in toks)
+                if self._counted >= self.token_mark:
+                    mark, self.on_token_mark = self.on_token_mark, None
+                    mark(t_ns)
+        if parser.done:
+            self.done_ns = t_ns
 
     def end_of_body(self, eof_ns: int) -> None:
         """The body ended cleanly at ``eof_ns``: complete, or truncated?"""

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 import requests
 
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import gcpause
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
 from strata_plugin.load.client.errors import StreamError
@@ -200,6 +201,7 @@ class StreamMux:
         self._cpu_busy = 0  # its CPU in the round before select, when the probe was overdue
         self._nread = 0
         self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
+        self._gc_held = False  # this loop holds the collector's full passes off (gcpause)
         self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
@@ -330,6 +332,9 @@ class StreamMux:
             self._shut(f"the stream multiplexer failed: {type(e).__name__}: {e}")
             raise
         finally:
+            if self._gc_held:
+                self._gc_held = False
+                gcpause.release()
             for socks in self._idle.values():
                 for s in socks:
                     s.close()
@@ -382,6 +387,9 @@ class StreamMux:
                 while self._wake_r.recv(4096):
                     pass
         if self._incoming and not self._probe_due:
+            if not self._gc_held:
+                self._gc_held = True
+                gcpause.hold()
             self._arm_probe(time.monotonic_ns())
         for _ in range(ADMIT_PER_ROUND):
             if not self._incoming:
@@ -672,7 +680,11 @@ class StreamMux:
                 self.probe.sample(now - due, min(now - due, own))
                 self._probe_due = 0
                 if self._live:
+                    gcpause.tick()
                     self._arm_probe(now)
+                elif self._gc_held:
+                    self._gc_held = False
+                    gcpause.release()
                 continue
             if r.over or due != r.heap_due:
                 continue  # finished, or superseded by an earlier entry

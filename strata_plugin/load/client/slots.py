@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.load.client import fdtable
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.mux import StreamMux
@@ -43,64 +44,15 @@ def run_slots(
     that is its scheduled time); otherwise not before ``scheduled_ns``.
     ``on_record(index, record)`` and ``on_tick()`` run in the calling thread.
     """
+    run = _SlotRun(mux, attempts, before, after)
     n = len(attempts)
-    out: list[RequestRecord | None] = [None] * n
-    finished: list[tuple[int, RequestRecord]] = []  # appended by the loop, taken by the caller
-    all_done = threading.Event()
-    lock = threading.Lock()
-    cursor = iter(range(n))
-    counted: dict[int, Any] = {}  # before() values of requests in flight
-    ended = [0]
-
-    def put(i: int, rec: RequestRecord) -> None:
-        finished.append((i, rec))
-        ended[0] += 1
-        if ended[0] == n:
-            all_done.set()
-
-    def start_next() -> None:
-        while True:  # a loop, not recursion: refused requests are recorded here
-            with lock:
-                i = next(cursor, None)
-            if i is None:
-                return
-            a, at = attempts[i]
-            if at is not None:
-                a.scheduled_ns = at
-            if mux.submit(a, _done(i, a, at), at_ns=at, on_start=_start(a, at)):
-                return
-            with lock:
-                put(i, a.record())
-
-    def _start(a: Attempt, at: int | None) -> Callable[[], None]:
-        def on_start() -> None:
-            if at is None:
-                a.scheduled_ns = time.monotonic_ns()
-            if before is not None:
-                counted[id(a)] = before()
-
-        return on_start
-
-    def _done(i: int, a: Attempt, at: int | None) -> Callable[[RequestRecord], None]:
-        def on_done(rec: RequestRecord) -> None:
-            if after is not None and id(a) in counted:
-                try:
-                    rec = after(rec, counted.pop(id(a)))
-                except Exception:
-                    pass
-            with lock:
-                put(i, rec)
-            start_next()
-
-        return on_done
-
+    fdtable.reserve(min(max(1, slots), n))  # the ramp never waits for the kernel's file table
     for _ in range(min(max(1, slots), n)):
-        start_next()
+        run.start_next()
+    out: list[RequestRecord | None] = [None] * n
 
     def take() -> None:
-        with lock:
-            batch, finished[:] = finished[:], []
-        for i, rec in batch:
+        for i, rec in run.take():
             out[i] = rec
             if on_record is not None:
                 on_record(i, rec)
@@ -108,8 +60,8 @@ def run_slots(
             on_tick()
 
     if n == 0:
-        all_done.set()
-    while not all_done.wait(tick_s):
+        run.all_done.set()
+    while not run.all_done.wait(tick_s):
         take()
         if not mux.running:  # the loop died without finishing them (a bug)
             break
@@ -120,3 +72,91 @@ def run_slots(
             a.error = StreamError("client", "the stream multiplexer stopped")
             out[i] = a.record()
     return [r for r in out if r is not None]
+
+
+class _SlotRun:
+    """The state of one ``run_slots`` call, shared by the loop and the caller.
+
+    An object rather than closures that call each other: those made a reference
+    cycle that kept the whole run's attempts alive until a full collection
+    (which the loop holds off while it measures, :mod:`gcpause`).
+    """
+
+    def __init__(
+        self,
+        mux: StreamMux,
+        attempts: Sequence[tuple[Attempt, int | None]],
+        before: Before | None,
+        after: After | None,
+    ) -> None:
+        self.mux, self.attempts = mux, attempts
+        self.before, self.after = before, after
+        self.n = len(attempts)
+        self.finished: list[tuple[int, RequestRecord]] = []  # by the loop, for the caller
+        self.all_done = threading.Event()
+        self.lock = threading.Lock()
+        self.cursor = iter(range(self.n))
+        self.counted: dict[int, Any] = {}  # before() values of requests in flight
+        self.ended = 0
+
+    def take(self) -> list[tuple[int, RequestRecord]]:
+        with self.lock:
+            batch, self.finished = self.finished, []
+        return batch
+
+    def _put(self, i: int, rec: RequestRecord) -> None:
+        self.finished.append((i, rec))
+        self.ended += 1
+        if self.ended == self.n:
+            self.all_done.set()
+
+    def start_next(self) -> None:
+        while True:  # a loop, not recursion: refused requests are recorded here
+            with self.lock:
+                i = next(self.cursor, None)
+            if i is None:
+                return
+            a, at = self.attempts[i]
+            if at is not None:
+                a.scheduled_ns = at
+            on_done = _OnDone(self, i, a)
+            if self.mux.submit(a, on_done, at_ns=at, on_start=_OnStart(self, a, at)):
+                return
+            with self.lock:
+                self._put(i, a.record())
+
+    def started(self, a: Attempt, at: int | None) -> None:
+        if at is None:
+            a.scheduled_ns = time.monotonic_ns()
+        if self.before is not None:
+            self.counted[id(a)] = self.before()
+
+    def done(self, i: int, a: Attempt, rec: RequestRecord) -> None:
+        if self.after is not None and id(a) in self.counted:
+            try:
+                rec = self.after(rec, self.counted.pop(id(a)))
+            except Exception:
+                pass
+        with self.lock:
+            self._put(i, rec)
+        self.start_next()
+
+
+class _OnStart:
+    __slots__ = ("a", "at", "run")
+
+    def __init__(self, run: _SlotRun, a: Attempt, at: int | None) -> None:
+        self.run, self.a, self.at = run, a, at
+
+    def __call__(self) -> None:
+        self.run.started(self.a, self.at)
+
+
+class _OnDone:
+    __slots__ = ("a", "i", "run")
+
+    def __init__(self, run: _SlotRun, i: int, a: Attempt) -> None:
+        self.run, self.i, self.a = run, i, a
+
+    def __call__(self, rec: RequestRecord) -> None:
+        self.run.done(self.i, self.a, rec)
