@@ -64,7 +64,7 @@ def sent_stamps(output_text: str) -> list[int]:
 
 
 class _Conn:
-    __slots__ = ("inbuf", "interval", "k", "n", "out", "sock", "start", "writing")
+    __slots__ = ("close", "inbuf", "interval", "k", "n", "out", "sock", "start", "writing")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -74,6 +74,7 @@ class _Conn:
         self.n = self.k = 0
         self.start = 0.0
         self.interval = 0.02
+        self.close = False  # the request said Connection: close
 
 
 class Emitter:
@@ -134,8 +135,11 @@ class Emitter:
         length = 0
         for line in head.split(b"\r\n")[1:]:
             k, _, v = line.partition(b":")
-            if k.strip().lower() == b"content-length":
+            key = k.strip().lower()
+            if key == b"content-length":
                 length = int(v)
+            elif key == b"connection":
+                c.close = v.strip().lower() == b"close"
         if len(rest) < length:
             return
         body = json.loads(rest[:length] or b"{}")
@@ -172,6 +176,12 @@ class Emitter:
         tail = b'data: {"id":"cmpl-emit","choices":[],"usage":%s}\n\ndata: [DONE]\n\n' % usage
         self._send(c, _chunk(last) + _chunk(tail) + b"0\r\n\r\n")
         c.n = 0  # ready for the next request on this connection
+        if c.close and not c.writing:
+            # As an HTTP/1.1 server must after a response to "Connection: close"
+            # (RFC 9112, section 9.6), and as real servers do; a client that closed
+            # first would hold every connection in TIME_WAIT, and thousands of
+            # those slow the kernel's search for a free port at each connect.
+            self._close(c)
 
     def _send(self, c: _Conn, data: bytes) -> None:
         if c.writing:
@@ -200,6 +210,9 @@ class Emitter:
         del c.out[:sent]
         if not c.out:
             c.writing = False
+            if c.close and not c.n:
+                self._close(c)
+                return
             self.sel.modify(c.sock, selectors.EVENT_READ, c)
 
     def _close(self, c: _Conn) -> None:
