@@ -108,6 +108,38 @@ def test_memory_hog_allocates_holds_and_frees():
     assert hog.proc.poll() is not None and not _helpers()
 
 
+GIB = 2**30
+
+
+@pytest.mark.parametrize(("total", "tol"), [
+    (24 * GIB, int(24 * GIB * 0.05)),  # 5% of MemTotal: 1.2 GiB
+    (4 * GIB, faults.MEM_HOG_CHUNK),  # a small host: one helper chunk (5% would be 205 MiB)
+])
+def test_the_hog_counts_as_injected_only_near_its_floor(total, tol):
+    assert faults.mem_floor_tolerance(total) == tol
+    floor, step = int(total * 0.06), 2**20
+    figures = {"before": total // 2, "held": total // 2 - floor, "floor": floor, "total": total}
+    assert faults.mem_floor_missed(available=floor + tol - step, **figures) == ""
+    assert faults.mem_floor_missed(available=floor + tol, **figures) == ""
+    why = faults.mem_floor_missed(available=floor + tol + step, **figures)
+    assert "was not injected" in why
+    for figure in (total // 2, total // 2 - floor, floor, total, floor + tol + step):
+        assert faults._gib(figure) in why, why
+
+
+def test_a_hog_stopped_before_its_floor_is_unavailable_not_injected():
+    """The real helper, given no time to allocate (as a slow host or a cgroup limit would
+    stop it): MemAvailable stays where it was, so the start fails with the figures, and
+    the helper is gone."""
+    hog = faults.MemoryHog(alloc_s=0.0, max_s=30)
+    before = faults.meminfo()
+    with pytest.raises(faults.FaultUnavailable, match="was not injected") as exc:
+        hog.start()
+    assert f"MemTotal {faults._gib(before['MemTotal'])}" in str(exc.value)
+    assert hog.ready["allocated_bytes"] == 0
+    assert hog.proc is not None and hog.proc.poll() is not None and not _helpers()
+
+
 def _mapper(path: Path) -> subprocess.Popen:
     """A process that maps ``path`` shared and touches every page, like llama.cpp's mmap."""
     code = textwrap.dedent(f"""

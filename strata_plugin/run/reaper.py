@@ -6,23 +6,34 @@ KeyboardInterrupt (installed only once a Strata run starts, so a repository
 that merely has the plugin installed keeps its own signal handling), and
 ``INTERRUPTED`` tells the teardown code to skip cooldowns and mark the run
 incomplete.
+
+A second SIGTERM or SIGHUP while the first is still being handled (a stop waiting out
+a server's grace period, a CI runner that sends TERM twice) ends the interpreter at
+once, but only after every registered process group got SIGKILL (``kill_all``): the
+servers run in their own sessions, so dying by default would leave them running.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import threading
 from typing import Protocol
 
 
 class Stoppable(Protocol):
+    """What the reaper holds. A stoppable may also offer ``kill_group()``: SIGKILL its
+    process group now, waiting for nothing and taking no lock (the second-signal path
+    calls it from a signal handler, possibly in the middle of that object's ``stop()``)."""
+
     def stop(self) -> object: ...
 
 
 INTERRUPTED = threading.Event()
 _live: dict[int, Stoppable] = {}  # by id(), in start order
 _atexit_registered = False
+_signals_seen = 0  # SIGTERM/SIGHUP caught by this run's handler, both counted together
 
 
 def register(proc: Stoppable) -> None:
@@ -39,17 +50,71 @@ def unregister(proc: Stoppable) -> None:
 
 def stop_all() -> None:
     """Last line of defence: stop every server and worker still registered, newest first
-    (a head before the workers it was started after)."""
+    (a head before the workers it was started after).
+
+    A stop that raises (an interrupt in the middle of it included) does not spare the
+    ones after it: that process group gets SIGKILL, the rest are still stopped, and the
+    first error is raised at the end.
+    """
+    first: BaseException | None = None
     for key, proc in reversed(list(_live.items())):
-        proc.stop()
+        try:
+            proc.stop()
+        except BaseException as exc:  # re-raised below, after the rest
+            _kill_group(proc)
+            first = first or exc
+            continue
         _live.pop(key, None)
+    if first is not None:
+        raise first
+
+
+def kill_all() -> int:
+    """SIGKILL every registered process group now, newest first; returns how many were
+    signalled. Calls no ``stop()``: it runs from a signal handler that may have interrupted
+    one, so it must not wait on that process or take a lock that code holds."""
+    n = 0
+    for proc in reversed(list(_live.values())):
+        n += _kill_group(proc)
+    return n
+
+
+def _kill_group(proc: Stoppable) -> int:
+    kill = getattr(proc, "kill_group", None)
+    if kill is None:
+        return 0
+    try:
+        kill()
+    except Exception:  # the last resort goes on to the next process
+        return 0
+    return 1
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """First SIGTERM/SIGHUP: KeyboardInterrupt, so pytest's teardown stops the servers
+    (with their grace periods, and the run is marked incomplete). Any later one: the
+    teardown is being cut short, so SIGKILL every registered group and exit with the
+    conventional 128 + signal status, without unwinding into the interrupted stop."""
+    global _signals_seen
+    _signals_seen += 1
+    if _signals_seen == 1:
+        raise KeyboardInterrupt(f"signal {signum}")
+    n = kill_all()
+    try:
+        os.write(2, f"\nstrata: signal {signum} during teardown: killed {n} process "
+                    f"group(s) still registered, exiting now\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
 
 
 def install_sigterm_handler() -> None:
     """SIGTERM and SIGHUP (a closed terminal or ssh session) become KeyboardInterrupt, so
     pytest's teardown runs as for Ctrl-C: by default either would end the interpreter
     without teardown or atexit, leaving servers in their own sessions and containers
-    running.
+    running. The handler stays installed after the first signal (see ``_on_signal``):
+    giving the default back would let a second signal kill us mid-teardown with the
+    servers still up.
 
     Leaves a handler someone else installed alone, and does nothing off the main thread.
     """
@@ -58,9 +123,4 @@ def install_sigterm_handler() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) not in (signal.SIG_DFL, None):
             continue
-
-        def handler(signum: int, frame: object) -> None:
-            signal.signal(signum, signal.SIG_DFL)
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        signal.signal(sig, handler)
+        signal.signal(sig, _on_signal)

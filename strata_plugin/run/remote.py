@@ -532,6 +532,14 @@ class RemoteProcess:
 
         return terminate_group(self.proc, 2.0)
 
+    def kill_group(self) -> None:
+        """The reaper's last resort on a second signal: SIGKILL the local ssh helper's group
+        at once; the remote guard sees the session end and stops the remote group."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
 
 def on_agent_exit(out_dir: Path | str) -> Callable[[Any], None]:
     """An ``AgentHandle`` ``on_exit`` callback: note an unexpected end in unavailable.json.

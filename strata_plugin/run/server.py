@@ -200,6 +200,21 @@ class Server:
             self._log_fh = None
         return code
 
+    def kill_group(self) -> None:
+        """The reaper's last resort on a second signal: SIGKILL the group now and wait for
+        nothing (it may have interrupted ``stop()`` itself). A container's removal is
+        started detached, since killing its runtime client would leave it running."""
+        if self.proc is None:
+            return
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        if self.container is not None:
+            try:
+                subprocess.Popen(self.container.rm_argv(), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            except OSError:
+                pass
+
     def _stop_container(self, launch: ContainerLaunch, grace: float) -> int | None:
         """The container first (killing its client would leave it running), then the
         client's group, then ``rm -f`` and a check that it is gone; whatever raises in

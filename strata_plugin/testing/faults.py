@@ -423,11 +423,47 @@ def _ranges(pid: int, path: str) -> list[tuple[int, int]]:
 # --- memory pressure ----------------------------------------------------------------------
 
 
+#: The memory helper maps and touches memory this much at a time, and stops before a chunk
+#: would take MemAvailable under its floor: a hog that did its job ends within one chunk.
+MEM_HOG_CHUNK = 512 * 2**20
+#: How far above its floor MemAvailable may stay while the hog holds its memory, as a share
+#: of MemTotal (and never less than one chunk): past it the pressure was not injected.
+MEM_FLOOR_TOLERANCE_FRAC = 0.05
+
+
+def mem_floor_tolerance(total: int) -> int:
+    """Bytes MemAvailable may stay above the hog's floor: 5% of MemTotal, at least a chunk."""
+    return max(int(total * MEM_FLOOR_TOLERANCE_FRAC), MEM_HOG_CHUNK)
+
+
+def mem_floor_missed(*, before: int, available: int, held: int, floor: int,
+                     total: int) -> str:
+    """Why the memory pressure was not injected, in words; '' when it was.
+
+    ``available`` is MemAvailable while the hog holds ``held`` bytes, ``floor`` the level it
+    aimed for. A hog stopped early (the alloc deadline, a cgroup's memory limit reclaiming
+    or swapping its pages) or a host that freed cache as the hog grew leaves MemAvailable
+    high: the run would then be scored as a classifier miss of a fault that was never there.
+    """
+    tol = mem_floor_tolerance(total)
+    if available <= floor + tol:
+        return ""
+    return (f"MemAvailable stayed at {_gib(available)} while the hog held {_gib(held)} "
+            f"(before the hog: {_gib(before)}; target: {_gib(floor)} + a tolerance of "
+            f"{_gib(tol)}; MemTotal {_gib(total)}): the memory pressure was not injected")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
 class MemoryHog(Injector):
     """Allocate and touch memory until MemAvailable is ``leave_frac`` of MemTotal; hold it.
 
     Bounded: never more than ``max_frac`` of MemTotal, never below ``min_left_bytes``
     available, and the helper asks the OOM killer to pick it first (oom_score_adj 1000).
+    Once the helper is ready, MemAvailable must be near that floor (``mem_floor_missed``),
+    else the fault is unavailable rather than injected.
     """
 
     name = "memory_hog"
@@ -458,6 +494,17 @@ class MemoryHog(Injector):
         self.ready["alloc_s"] = round(time.monotonic() - t0, 2)
         self.ready["mem_available_before"] = avail
         self.ready["mem_total"] = total
+        self.ready["mem_floor"] = floor = avail - want
+        now = meminfo()["MemAvailable"]
+        if self.proc.poll() is not None:  # the OOM killer or a cgroup limit took it
+            raise FaultUnavailable(f"the memory hog exited (code {self.proc.returncode}) "
+                                   f"right after it was ready, holding "
+                                   f"{_gib(self.ready.get('allocated_bytes', 0))}")
+        why = mem_floor_missed(before=avail, available=now,
+                               held=int(self.ready.get("allocated_bytes", 0)), floor=floor,
+                               total=total)
+        if why:
+            raise FaultUnavailable(why)
 
     def _stop(self) -> dict[str, Any]:
         if self.proc is None:
@@ -892,7 +939,7 @@ def _main_mem(a: argparse.Namespace, deadline: float) -> None:
 
     with contextlib.suppress(OSError):
         Path("/proc/self/oom_score_adj").write_text("1000")
-    chunk = 512 * 2**20
+    chunk = MEM_HOG_CHUNK
     maps = []
     total = 0
     alloc_deadline = time.monotonic() + a.alloc_s
