@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from strata_plugin.load import own_quota
 from strata_plugin.testing import faults
 from tests.test_robustness_support import alive, wait_for
 
@@ -205,6 +207,8 @@ def test_pageout_refuses_shared_pages_and_leaves_nothing(model_file):
 
 def test_client_throttle_caps_this_process_and_undoes_itself():
     t = faults.ClientThrottle(quota=0.1)
+    tid = threading.get_native_id()
+    quota0 = own_quota.read(tid)
     try:
         t.start()
     except faults.FaultUnavailable as exc:
@@ -217,10 +221,14 @@ def test_client_throttle_caps_this_process_and_undoes_itself():
             x += 1
         share = (time.process_time() - c0) / (time.monotonic() - w0)
         m0, m1 = int(w0 * 1e9), time.monotonic_ns()
+        # what the load generator's self-check reads for its loop thread
+        seen = own_quota.over(quota0, own_quota.read(tid))
     finally:
         facts = t.stop().as_dict()
         watch.stop()
     assert share < 0.3, share
+    assert seen is not None and quota0 is not None and seen.where != quota0.where
+    assert seen.periods >= 8 and seen.frac > 0.5, seen  # ~10 periods of 100 ms, most throttled
     # the kernel saw the harness wait for a CPU most of the time (the ground truth the
     # fault suite uses for client_bound, apart from the load generator's self-check)
     assert watch.window(m0, m1)["harness_wait_per_s"] > 0.5, watch.window(m0, m1)

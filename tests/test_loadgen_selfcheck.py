@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from strata_plugin.formats.records import RequestRecord, TokenEvent
+from strata_plugin.load import own_quota
 from strata_plugin.load.client.loopstats import LoopProbe, LoopStats
 from strata_plugin.load.generator import (
     CLIENT_DELAY_SHARE,
     CLIENT_LATENESS_P99_MS,
     CLIENT_READ_BACKLOG_BYTES,
+    CLIENT_THROTTLED_FRAC,
     CLIENT_TIMING_ERROR_MS,
+    SelfCheck,
     self_check,
 )
 
@@ -115,15 +118,50 @@ def _loop(lag_ms: list[float], backlog: list[int] = (), wake_ms: float = 0.0) ->
 def test_loop_lag_just_over_the_promise_is_flagged_with_its_figures():
     recs = _records([0.2] * 24)
     under = self_check(recs, client_cpu_cores=0.1,
-                       loop=_loop([0.3] * 980 + [CLIENT_TIMING_ERROR_MS * 0.98] * 20))
+                       loop=_loop([0.3] * 940 + [CLIENT_TIMING_ERROR_MS * 0.98] * 60))
     assert not under.client_bound
     assert under.timing_error_bound_ms is not None and under.timing_error_bound_ms < 5
     over = self_check(recs, client_cpu_cores=0.1,
-                      loop=_loop([0.3] * 980 + [CLIENT_TIMING_ERROR_MS * 1.02] * 20,
+                      loop=_loop([0.3] * 940 + [CLIENT_TIMING_ERROR_MS * 1.02] * 60,
                                  backlog=[200] * 50))
     assert over.client_bound and "loop lag p99 5.10 ms" in over.reasons[0]
     assert "read backlog p99 200 B" in over.reasons[0]  # the figures come with the flag
+    assert "at 6% of the probes" in over.reasons[0]
     assert over.loop_lag_max_ms == 5.1 and over.read_backlog_max_bytes == 200
+
+
+def test_own_lag_past_the_promise_at_a_few_probes_only_is_not_a_client_limit():
+    """The share boundary (CLIENT_DELAY_SHARE of the probes), as for dispatch lateness:
+    p99 over 5 ms in both windows, 4% of the probes over it in one, 6% in the other."""
+    recs = _records([0.2] * 24)
+    few = self_check(recs, client_cpu_cores=0.1, loop=_loop([0.3] * 960 + [6.5] * 40))
+    assert few.loop_own_lag_p99_ms is not None and few.loop_own_lag_p99_ms > 5
+    assert CLIENT_DELAY_SHARE == 0.05 and not few.client_bound
+    many = self_check(recs, client_cpu_cores=0.1, loop=_loop([0.3] * 940 + [6.5] * 60))
+    assert many.client_bound and "at 6% of the probes" in many.reasons[0]
+
+
+def test_a_client_throttled_by_its_own_quota_is_flagged_only_when_it_ran_late():
+    """The client's own cgroup throttled it in 5% of the CFS periods (the row that names a
+    server CPU-limited) and the loop ran late: flagged, with the counts. Just under 5%, or
+    throttled with the loop on time: not."""
+    recs = _records([0.2] * 24)
+    probe = LoopProbe()
+    for lag in [0.3] * 99 + [40.0]:  # held off 40 ms once, its own work 0.1 ms each time
+        probe.sample(int(lag * MS), int(0.1 * MS))
+    late = probe.take()
+    on_time = _loop([0.3] * 100)
+    assert CLIENT_THROTTLED_FRAC == 0.05
+
+    def check(throttled: int, loop: LoopStats) -> SelfCheck:
+        return self_check(recs, client_cpu_cores=0.01, loop=loop,
+                          throttling=own_quota.Throttling("cpu.stat", 1000, throttled))
+
+    assert not check(49, late).client_bound
+    flagged = check(50, late)
+    assert flagged.client_bound and flagged.own_quota_throttled_frac == 0.05
+    assert "throttled it in 50 of 1000 periods" in flagged.reasons[0]
+    assert not check(900, on_time).client_bound
 
 
 def test_a_host_that_wakes_the_loop_late_widens_the_bound_but_is_not_a_client_limit():

@@ -52,6 +52,13 @@ class LoopStats:
     def own_p99_ms(self) -> float:
         return percentile([x / 1e6 for x in self.own_ns], 99) if self.own_ns else 0.0
 
+    def own_over_frac(self, ms: float) -> float:
+        """Share of the probes whose own part was over ``ms``: how often, not how much."""
+        if not self.own_ns:
+            return 0.0
+        cut = ms * 1e6
+        return sum(x > cut for x in self.own_ns) / len(self.own_ns)
+
     def lag_max_ms(self) -> float:
         return max(self.lag_ns, default=0) / 1e6
 

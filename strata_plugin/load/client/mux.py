@@ -227,6 +227,11 @@ class StreamMux:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The loop thread's kernel id (its cgroup may differ from the process's)."""
+        return self._thread.native_id
+
     def take_stats(self) -> LoopStats:
         """The loop's lag and read-backlog samples since the last call (any thread)."""
         return self.probe.take()
