@@ -11,7 +11,8 @@ Protocol: POST an OpenAI chat body. The role chunk is sent at once; then
 ``max_tokens`` content events ``emit_interval_s`` apart (default 0.02 s = 50
 events/s), from ``emit_start_ns`` (a CLOCK_MONOTONIC time, so that many
 streams can be opened first and then all run together; default: now) plus a
-random phase within one interval, each with content ``"<sent_ns>;"``; then a
+random phase within one interval, each with content ``"<sent_ns>;"`` (``emit_burst``
+events per write, default 1); then a
 usage chunk and ``[DONE]``. Use :func:`sent_stamps`
 to read the stamps back out of a record's ``output_text``.
 """
@@ -64,7 +65,8 @@ def sent_stamps(output_text: str) -> list[int]:
 
 
 class _Conn:
-    __slots__ = ("close", "inbuf", "interval", "k", "n", "out", "sock", "start", "writing")
+    __slots__ = ("burst", "close", "inbuf", "interval", "k", "n", "out", "sock", "start",
+                 "writing")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -75,6 +77,7 @@ class _Conn:
         self.start = 0.0
         self.interval = 0.02
         self.close = False  # the request said Connection: close
+        self.burst = 1  # content events per write
 
 
 class Emitter:
@@ -147,6 +150,7 @@ class Emitter:
         c.n = int(body.get("max_tokens", 16))
         c.k = -1  # the role chunk first
         c.interval = float(body.get("emit_interval_s", 0.02))
+        c.burst = max(1, int(body.get("emit_burst", 1)))
         start = max(time.monotonic(), float(body.get("emit_start_ns", 0)) / 1e9)
         c.start = start + self.rng.random() * c.interval
         self._send(c, _HEAD)
@@ -161,13 +165,17 @@ class Emitter:
             return
         if c.k < 0:
             payload = _PRE + b'[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+            self._send(c, _chunk(payload))
+            c.k += 1
         else:
+            # ``emit_burst`` events in one write: a flood a client cannot parse as fast
+            # as this loop makes it (the self-check's client-bound test), at a fraction
+            # of the emitter's cost per event.
+            k = min(c.burst, c.n - c.k)
             sent = time.monotonic_ns()
-            payload = _PRE + (
-                b'[{"index":0,"delta":{"content":"%d;"},"finish_reason":null}]}\n\n' % sent
-            )
-        self._send(c, _chunk(payload))
-        c.k += 1
+            one = b'[{"index":0,"delta":{"content":"%d;"},"finish_reason":null}]}\n\n' % sent
+            self._send(c, b"".join(_chunk(_PRE + one) for _ in range(k)))
+            c.k += k
         if c.k < c.n:
             self._push(c, c.start + c.k * c.interval)
             return
