@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata_plugin.agent import cgroups
+from strata_plugin.agent import cgroups, procfs
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,10 @@ def read(tid: int | None) -> QuotaCounts | None:
     files = cgroups.cpu_stat_files(cgroups.cgroup_dirs(f"self/task/{tid}"))
     if not files:
         return None
-    try:
-        with open(files[0]) as fh:
-            kv = dict(line.split(None, 1) for line in fh if " " in line)
-        return QuotaCounts(files[0], int(kv["nr_periods"]), int(kv["nr_throttled"]))
-    except (OSError, KeyError, ValueError):
+    kv = procfs.parse_kv(procfs.read_bytes(files[0]) or b"")
+    if "nr_periods" not in kv or "nr_throttled" not in kv:
         return None
+    return QuotaCounts(files[0], kv["nr_periods"], kv["nr_throttled"])
 
 
 def over(before: QuotaCounts | None, after: QuotaCounts | None) -> Throttling | None:
