@@ -676,11 +676,11 @@ class ClientThrottle(Injector):
 
 
 def _cpu_stat(d: Path) -> dict[str, Any]:
+    from strata_plugin.agent.procfs import parse_kv
+
     out: dict[str, Any] = {}
     with contextlib.suppress(OSError):
-        for line in (d / "cpu.stat").read_text().splitlines():
-            k, v = line.split()
-            out[k] = int(v)
+        out = dict(parse_kv((d / "cpu.stat").read_bytes()))
     if "throttled_time" in out:  # v1: ns
         out["throttled_s"] = round(out.pop("throttled_time") / 1e9, 3)
     if "throttled_usec" in out:
