@@ -428,3 +428,20 @@ def test_each_class_past_threshold_is_ranked_once() -> None:
                                      concurrency=2))
     assert v.classes[0] == "memory_pressure" and len(v.classes) == 2, v
     assert len(v.past_threshold) == len(set(v.past_threshold)) == 4, v
+
+
+def test_headroom_confidence_is_the_closest_comparisons_distance_from_firing() -> None:
+    """Headroom's confidence is 0.5 + 0.4 x the closest not-met row's margin: a window
+    2% short of any threshold, above or below type, is barely headroom. A count at its
+    zero threshold (no preemptions) has no relative distance and does not pin it to 0.5."""
+    def conf(**kw) -> float:
+        v = classify(dataclasses.replace(CPU_CLEAN, **kw))
+        assert v.classes == ("headroom",), v
+        return v.confidence
+
+    step = STEP / value("full_margin")  # a 2% distance, as a share of the full margin
+    # CPU_CLEAN's closest row: inflight_frac 0.98 against "< 0.8", 22.5% over it
+    assert conf() == pytest.approx(0.5 + 0.4 * (0.98 - 0.8) / 0.8 / value("full_margin"))
+    assert conf(steal_frac=0.049) == pytest.approx(0.5 + 0.4 * step, abs=1e-3)
+    assert conf(mem_available_frac=0.102) == pytest.approx(0.5 + 0.4 * step, abs=1e-3)
+    assert conf(preemptions=0.0) == conf(preemptions=None) > 0.8

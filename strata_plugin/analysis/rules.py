@@ -399,11 +399,16 @@ class _Outcome:
 
 
 def _margin(value: float, thr: float, op: str) -> float:
-    """How far past its threshold a value is: 0 at the threshold, 1 at ``full_margin``."""
+    """How far past its threshold a value is: 0 at the threshold, 1 at ``full_margin``.
+
+    ``op`` is the comparison's (fires at or above, or below); any other is a caller's
+    error, not "below" (a typo would silently reverse a score)."""
     if op in (">=", ">"):
         m = (value - thr) / abs(thr) if thr else value
-    else:
+    elif op in ("<", "<="):
         m = (thr - value) / abs(thr) if thr else -value
+    else:
+        raise ValueError(f"unknown comparison {op!r}")
     return max(0.0, min(1.0, m / _v("full_margin")))
 
 
@@ -1259,12 +1264,18 @@ def _class_confidence(o: _Outcome) -> float:
 
 
 def _headroom_margin(clear: list[_Outcome]) -> float:
-    """How far under their thresholds the assessed signals stayed (0..1, the closest)."""
+    """How far the assessed comparisons stayed from firing (0..1, the closest).
+
+    Each row not met is measured on the other side of its threshold: a ">=" row by how
+    far under, a "<" row by how far over. A zero threshold has no relative distance
+    (``preemptions > 0`` with none is not "at" its threshold), so such rows are left out;
+    so is ``==`` (the client-bound flag)."""
+    other_side = {">=": "<", ">": "<", "<": ">=", "<=": ">="}
     margins = [
-        _margin(e.value, e.threshold_value, "<" if e.op in (">=", ">") else ">=")
+        _margin(e.value, e.threshold_value, other_side[e.op])
         for o in clear
         for e in o.evidence
-        if not e.met and e.op in (">=", ">")
+        if not e.met and e.op in other_side and e.threshold_value
     ]
     return min(margins) if margins else 0.5
 
