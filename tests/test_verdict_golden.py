@@ -8,7 +8,8 @@ the classes, so only a test of the whole output can notice it (mutation testing 
 dozens such changes that every other test let through: docs/validation.md).
 
 The windows: the clean bases of ``test_attribution.py``; each boundary case of
-``test_thresholds.py`` just short of, just past and well past its threshold; and each base with one
+``test_thresholds.py`` just short of, just past and well past its threshold; windows
+where two conditions meet; groups of signals lost together; and each base with one
 measured signal taken away (what the verdict then says is missing and which trace it
 asks for). ``tests/golden/verdicts.txt`` holds the expected text. After a deliberate
 change to the rules, regenerate it with ``STRATA_REGEN_GOLDEN=1 pytest
@@ -70,6 +71,79 @@ def _disagreeing() -> WindowSignals:
                                steal_frac=0.2)
 
 
+GPU_ACTIVITY = ("sm_active", "tensor_active", "dram_active", "sm_occupancy")
+#: signals that go missing together (one collector lost), by the window they leave
+GROUPS = {
+    "every GPU activity signal (no GPM/DCGM)": GPU_ACTIVITY,
+    "GPU activity and utilization (no GPU telemetry)": (*GPU_ACTIVITY, "gpu_util"),
+    "both clock signals": ("throttle_frac", "sm_clock_low_frac"),
+    "the host CPU signals": ("server_max_thread_cores", "runq_delay_per_cpu_s", "psi_cpu_some"),
+    "the server's CPU and thread counts": ("server_cpu_cores", "server_threads"),
+    "tensor and DRAM activity (SM activity measured)": ("tensor_active", "dram_active"),
+    "every peer signal": ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min",
+                          "rdma_rail_cv", "straggler_rel_dev"),
+}
+BUSY = dict(gpu_util=0.99, sm_occupancy=0.3)
+#: windows where two conditions meet, each picked where a rule has a branch the boundary
+#: cases do not reach (mutation testing found these unread)
+SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
+    "DRAM bound while the tensor pipes are busy": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.7, tensor_active=0.7, dram_active=0.7)),
+    "SM activity exactly at sm_active_busy, clocks often low": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.5, dram_active=0.45, tensor_active=0.1,
+                        sm_clock_low_frac=0.5)),
+    "two GPUs, imbalanced": (GPU_CLEAN, dict(n_gpus=2, sm_active_cv=0.3)),
+    "one GPU, imbalanced (nothing to be imbalanced against)": (
+        GPU_CLEAN, dict(n_gpus=1, sm_active_cv=0.3)),
+    "one GPU per node, two nodes, imbalanced": (
+        GPU_2NODE, dict(n_gpus=1, gpu_util_max_min=1.5)),
+    "launch-bound: SMs active, pipes idle, a saturated thread": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.6, dram_active=0.1, tensor_active=0.05,
+                        server_max_thread_cores=0.98)),
+    "launch-bound: DRAM exactly at dram_active_low": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.6, dram_active=0.4, tensor_active=0.05,
+                        server_max_thread_cores=0.98)),
+    "launch-bound: tensor exactly at tensor_active_low": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.6, dram_active=0.1, tensor_active=0.3,
+                        server_max_thread_cores=0.98)),
+    "launch-bound: SMs under-fed, run queue long": (
+        GPU_CLEAN, dict(sm_active=0.2, runq_delay_per_cpu_s=0.5)),
+    "launch-bound by NVML utilization alone, PSI cpu only": (
+        GPU_CLEAN, dict(sm_active=None, tensor_active=None, dram_active=None,
+                        sm_occupancy=None, gpu_util=0.3, server_max_thread_cores=None,
+                        runq_delay_per_cpu_s=None, psi_cpu_some=0.3)),
+    "NVLink busy, SMs idle, no SM activity measured": (
+        GPU_CLEAN, dict(nvlink_bytes_s=2e11, sm_active=None, gpu_util=0.9)),
+    "NVLink busy, SMs idle": (GPU_CLEAN, dict(nvlink_bytes_s=2e11, sm_active=0.2)),
+    "NVLink busy, SMs at 0": (GPU_CLEAN, dict(nvlink_bytes_s=2e11, sm_active=0.0)),
+    "NVLink busy, SMs exactly at sm_active_busy": (
+        GPU_CLEAN, dict(nvlink_bytes_s=2e11, sm_active=0.5, gpu_util=0.6)),
+    "NVLink busy while the SMs compute": (
+        GPU_CLEAN, dict(BUSY, nvlink_bytes_s=2e11, sm_active=0.7, tensor_active=0.6)),
+    "a CPU server using 2 threads' worth of cores on 8": (
+        CPU_CLEAN, dict(server_threads=2, server_cpu_cores=1.9, host_busy_cores=2.0)),
+    "one core, nearly all busy, half of it the server's": (
+        CPU_CLEAN, dict(n_cores=1, server_threads=4, host_busy_cores=0.95,
+                        server_cpu_cores=0.5)),
+    "an ambiguous CPU pair below a clear memory-pressure leader": (
+        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
+                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.105,
+                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=0.5,
+                        mem_available_frac=0.01)),
+    "GPU expected, two collectors unavailable": (
+        CPU_CLEAN, dict(gpu_expected=True, unavailable=(
+            ("node0/nvml", "no driver"), ("node0/dcgm", "exporter unreachable"),
+            ("node0/gpu/0/sm_active", "GPM not supported")))),
+    "a CPU server with no thread count, all cores busy": (
+        CPU_CLEAN, dict(server_threads=None, server_cpu_cores=7.5, host_busy_cores=7.6)),
+    "memory, disk and network all past threshold at once": (
+        CPU_CLEAN, dict(mem_available_frac=0.02, psi_mem_some=0.4, major_faults_per_s=500.0,
+                        net_util=0.95, steal_frac=0.2)),
+    "nothing measured": (
+        WindowSignals(window="w", duration_s=60.0), {}),
+}
+
+
 def render() -> str:
     out: list[str] = []
     for name, base in BASES.items():
@@ -83,6 +157,11 @@ def render() -> str:
             out += [f"== boundary {b.threshold} -> {b.cls}, {side} ({_f(x)});"
                     " evidence rows other than its base's",
                     *_full(classify(w), classify(b.base))]
+    for title, (base, changes) in SCENARIOS.items():
+        out += [f"== {title}", *_full(classify(dataclasses.replace(base, **changes)))]
+    for title, names in GROUPS.items():
+        w = dataclasses.replace(GPU_CLEAN, **dict.fromkeys(names))
+        out += [f"== GPU_CLEAN without {title}", *_head(classify(w))]
     for name in ("CPU_CLEAN", "GPU_CLEAN", "GPU_2NODE_RAILS"):
         base = BASES[name]
         for fld in dataclasses.fields(base):

@@ -20,7 +20,6 @@ Three promises, each tested:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -460,10 +459,11 @@ class _Rule:
         )
         return met
 
-    def fire(self, *margins: float) -> _Outcome:
+    def fire(self, margin: float, *more: float) -> _Outcome:
+        """The class fired; its score is the mean of its margins (each 0..1)."""
         self.o.fired = True
         self.o.assessable = True
-        self.o.score = _round(sum(margins) / len(margins)) if margins else 0.5
+        self.o.score = _round((margin + sum(more)) / (1 + len(more)))
         return self.o
 
     def unassessable(self, trace: str) -> _Outcome:
@@ -477,8 +477,7 @@ def _compare(v: float, op: str, thr: float) -> bool:
 
 
 def _round(x: float) -> float:
-    if x == 0 or not math.isfinite(x):
-        return x
+    """Four significant digits (0, inf and nan pass through the format unchanged)."""
     return float(f"{x:.4g}")
 
 
