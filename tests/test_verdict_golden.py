@@ -82,6 +82,14 @@ GROUPS = {
     "tensor and DRAM activity (SM activity measured)": ("tensor_active", "dram_active"),
     "every peer signal": ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min",
                           "rdma_rail_cv", "straggler_rel_dev"),
+    "the fault and read counters": ("major_faults_per_s", "read_bytes_s"),
+    "every disk signal": ("major_faults_per_s", "read_bytes_s", "disk_busy_frac"),
+}
+#: the same on the two-node base, whose network the rules assess
+GROUPS_2NODE = {
+    "every network signal": ("net_util", "net_wire_busy", "rdma_error_events",
+                             "rdma_congestion_per_s", "socket_fallback_bytes_s"),
+    "the link's utilization, rail counters measured": ("net_util",),
 }
 BUSY = dict(gpu_util=0.99, sm_occupancy=0.3)
 #: windows where two conditions meet, each picked where a rule has a branch the boundary
@@ -139,6 +147,10 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
     "memory, disk and network all past threshold at once": (
         CPU_CLEAN, dict(mem_available_frac=0.02, psi_mem_some=0.4, major_faults_per_s=500.0,
                         net_util=0.95, steal_frac=0.2)),
+    "faults past, PSI io and iowait past too": (
+        CPU_CLEAN, dict(major_faults_per_s=22.0, psi_io_some=0.3, iowait_frac=0.3)),
+    "disk busy, faults quiet, reads unmeasured": (
+        CPU_CLEAN, dict(disk_busy_frac=0.9, read_bytes_s=None)),
     "nothing measured": (
         WindowSignals(window="w", duration_s=60.0), {}),
 }
@@ -162,6 +174,9 @@ def render() -> str:
     for title, names in GROUPS.items():
         w = dataclasses.replace(GPU_CLEAN, **dict.fromkeys(names))
         out += [f"== GPU_CLEAN without {title}", *_head(classify(w))]
+    for title, names in GROUPS_2NODE.items():
+        w = dataclasses.replace(GPU_2NODE_RAILS, **dict.fromkeys(names))
+        out += [f"== GPU_2NODE_RAILS without {title}", *_head(classify(w))]
     for name in ("CPU_CLEAN", "GPU_CLEAN", "GPU_2NODE_RAILS"):
         base = BASES[name]
         for fld in dataclasses.fields(base):
