@@ -83,6 +83,8 @@ GROUPS = {
     "every peer signal": ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min",
                           "rdma_rail_cv", "straggler_rel_dev"),
     "the fault and read counters": ("major_faults_per_s", "read_bytes_s"),
+    "every queue signal": ("waiting_mean", "server_queue_frac", "engine_queue_frac"),
+    "the KV-cache signals": ("kv_usage_max", "preemptions"),
     "every disk signal": ("major_faults_per_s", "read_bytes_s", "disk_busy_frac"),
 }
 #: the same on the two-node base, whose network the rules assess
@@ -151,6 +153,15 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
         CPU_CLEAN, dict(major_faults_per_s=22.0, psi_io_some=0.3, iowait_frac=0.3)),
     "disk busy, faults quiet, reads unmeasured": (
         CPU_CLEAN, dict(disk_busy_frac=0.9, read_bytes_s=None)),
+    "time outside the server, waiting count unmeasured": (
+        CPU_CLEAN, dict(outside_server_frac=0.5, waiting_mean=None)),
+    "the load generator fell behind": (CPU_CLEAN, dict(client_bound=True)),
+    "CPU samples disagree, with throttled GPUs and three classes past": (
+        GPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=5.0, steal_frac=0.2,
+                        throttle_frac=0.5, psi_mem_some=0.5, major_faults_per_s=100.0)),
+    "CPU samples exactly at the disagreement edge": (
+        CPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=value(
+            "cpu_samples_disagree_factor") * 4.0 + value("cpu_samples_disagree_slack_cores"))),
     "nothing measured": (
         WindowSignals(window="w", duration_s=60.0), {}),
 }
