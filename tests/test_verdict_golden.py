@@ -40,7 +40,8 @@ def _f(x: object) -> str:
 
 def _head(v: Verdict) -> list[str]:
     return [
-        f"  verdict: {v.summary()} | confidence {v.confidence:.4f} {v.confidence_label}"
+        f"  verdict: {v.summary()} | inconclusive={v.inconclusive!r}"
+        f" | confidence {v.confidence:.4f} {v.confidence_label}"
         f" | also {','.join(v.also_flagged) or '-'} | modifiers {','.join(v.modifiers) or '-'}",
         f"  missing: {', '.join(v.missing_signals) or '-'}",
         *(f"  trace: {t}" for t in v.finer_trace),
@@ -162,6 +163,17 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
     "CPU samples exactly at the disagreement edge": (
         CPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=value(
             "cpu_samples_disagree_factor") * 4.0 + value("cpu_samples_disagree_slack_cores"))),
+    "an ambiguous CPU pair alone, the memory signals unmeasured": (
+        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
+                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.105,
+                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=None,
+                        mem_available_frac=None, cgroup_mem_events=None)),
+    "a busy GPU with no request in flight, throttled, queue past, PCIe unmeasured": (
+        GPU_CLEAN, dict(BUSY, sm_active=0.9, tensor_active=0.7, dram_active=0.3,
+                        inflight_frac=0.1, throttle_frac=0.5, waiting_mean=3.0,
+                        pcie_bytes_s=None)),
+    "a weak resource beside a strong serving symptom": (
+        CPU_CLEAN, dict(steal_frac=0.051, waiting_mean=5.0, server_queue_frac=0.9)),
     "nothing measured": (
         WindowSignals(window="w", duration_s=60.0), {}),
 }
