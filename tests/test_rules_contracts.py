@@ -16,6 +16,7 @@ from strata_plugin.analysis.rules import (
     SIGNAL_SOURCES,
     WindowSignals,
     _m,
+    _margin,
     _missing_text,
     _Rule,
     classify,
@@ -96,3 +97,13 @@ def test_dram_bound_beside_busy_tensor_pipes_scores_half_its_margin() -> None:
     assert alone.fired and beside.fired
     assert alone.score == pytest.approx(full, rel=1e-3)
     assert beside.score == pytest.approx(full / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("op", ["<=", ">", "XX<XX", None])
+def test_a_margin_for_a_comparison_the_rules_do_not_make_is_an_error(op) -> None:
+    """Only ">=" and "<" get a margin; anything else once read as "below" and reversed
+    the score of a rule that passed it."""
+    with pytest.raises(ValueError, match=f"unknown comparison {op!r}"):
+        _margin(1.0, 2.0, op)
+    assert _margin(2.1, 2.0, ">=") == pytest.approx(_margin(1.9, 2.0, "<"))
+    assert _margin(2.1, 2.0, ">=") == pytest.approx(0.05 / value("full_margin"))

@@ -174,6 +174,21 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
                         pcie_bytes_s=None)),
     "a weak resource beside a strong serving symptom": (
         CPU_CLEAN, dict(steal_frac=0.051, waiting_mean=5.0, server_queue_frac=0.9)),
+    # scores 1.0 and 0.5: apart by exactly dominance_margin, so the leader leads; 0.504
+    # is inside the margin, and the pair is ambiguous
+    "a saturated server beside steal scoring exactly dominance_margin less": (
+        CPU_CLEAN, dict(server_threads=4, server_cpu_cores=4.5, host_busy_cores=4.6,
+                        steal_frac=0.05625)),
+    "a saturated server beside steal scoring just inside dominance_margin": (
+        CPU_CLEAN, dict(server_threads=4, server_cpu_cores=4.5, host_busy_cores=4.6,
+                        steal_frac=0.0563)),
+    "an ambiguous CPU pair below a memory leader, contention second": (
+        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
+                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.13,
+                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=0.5,
+                        mem_available_frac=0.01)),
+    "steal past, the server's CPU unmeasured": (
+        CPU_CLEAN, dict(steal_frac=0.2, server_cpu_cores=None)),
     "nothing measured": (
         WindowSignals(window="w", duration_s=60.0), {}),
 }

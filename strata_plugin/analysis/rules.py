@@ -400,11 +400,12 @@ class _Outcome:
 def _margin(value: float, thr: float, op: str) -> float:
     """How far past its threshold a value is: 0 at the threshold, 1 at ``full_margin``.
 
-    ``op`` is the comparison's (fires at or above, or below); any other is a caller's
-    error, not "below" (a typo would silently reverse a score)."""
-    if op in (">=", ">"):
+    ``op`` is the comparison's: ">=" (fires at or above) or "<" (fires below), the two
+    that a margin is taken for; any other is a caller's error, not "below" (a typo
+    would silently reverse a score)."""
+    if op == ">=":
         m = (value - thr) / abs(thr) if thr else value
-    elif op in ("<", "<="):
+    elif op == "<":
         m = (thr - value) / abs(thr) if thr else -value
     else:
         raise ValueError(f"unknown comparison {op!r}")
@@ -473,7 +474,7 @@ class _Rule:
 
 
 def _compare(v: float, op: str, thr: float) -> bool:
-    return {">=": v >= thr, ">": v > thr, "<": v < thr, "<=": v <= thr, "==": v == thr}[op]
+    return {">=": v >= thr, ">": v > thr, "<": v < thr, "==": v == thr}[op]
 
 
 def _round(x: float) -> float:
@@ -1269,7 +1270,7 @@ def _headroom_margin(clear: list[_Outcome]) -> float:
     far under, a "<" row by how far over. A zero threshold has no relative distance
     (``preemptions > 0`` with none is not "at" its threshold), so such rows are left out;
     so is ``==`` (the client-bound flag)."""
-    other_side = {">=": "<", ">": "<", "<": ">=", "<=": ">="}
+    other_side = {">=": "<", ">": "<", "<": ">="}
     margins = [
         _margin(e.value, e.threshold_value, other_side[e.op])
         for o in clear
