@@ -20,10 +20,9 @@ from strata_plugin.analysis.metrics import (
     headline,
     higher_is_worse,
     metric_label,
-    metric_unit,
     request_metrics,
 )
-from strata_plugin.analysis.request_values import METRICS
+from strata_plugin.analysis.request_values import METRICS, unit
 from strata_plugin.formats.records import RequestError, RequestRecord, Timings, TokenEvent, Usage
 
 MS = 1_000_000  # ns per ms
@@ -448,7 +447,7 @@ def test_output_token_count_and_its_source(usage, timings, want):
         (Usage(), Timings(predicted_n=3), (None, None, None, "none")),
         (Usage(prompt_tokens=10), None, (10, None, None, "usage")),
         (Usage(prompt_tokens=10, source="tokenizer"), None, (10, None, None, "tokenizer")),
-        # llama.cpp timings without a cache report: nothing cached, all computed
+        # llama.cpp timings without a cache report: cache unknown, prompt_n was computed
         (Usage(), Timings(prompt_n=5), (5, None, 5, "timings")),
         (Usage(), Timings(prompt_n=5, cache_n=0), (5, 0, 5, "timings")),
         # usage has the prompt, timings the cache hits: computed from both
@@ -673,15 +672,16 @@ NAMES = {
     "n_errors": ("", True),
     "stall_ms_per_request": ("", True),
     "stall_with_prefill_ms_per_request": ("", True),
-    "proc_cpu_s": ("", True),
-    "proc_major_faults": ("", True),
-    "proc_read_mb": ("", True),
+    "proc_cpu_s": ("s", True),
+    "proc_major_faults": ("faults", True),
+    "proc_read_mb": ("MB", True),
 }
 
 
-@pytest.mark.parametrize(("name", "unit", "worse_up"), [(k, *v) for k, v in NAMES.items()])
-def test_metric_unit_and_direction(name, unit, worse_up):
-    assert metric_unit(name) == unit
+@pytest.mark.parametrize(("name", "want_unit", "worse_up"), [(k, *v) for k, v in NAMES.items()])
+def test_metric_unit_and_direction(name, want_unit, worse_up):
+    """The unit a table prints (request_values.unit: metric_unit, or the process delta's)."""
+    assert unit(name) == want_unit
     assert higher_is_worse(name) is worse_up
 
 
