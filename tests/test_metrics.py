@@ -7,14 +7,22 @@ import math
 import pytest
 
 from strata_plugin.analysis.metrics import (
+    AB_HEADLINE,
+    AB_INTERFERENCE,
+    HEADLINE_DISTRIBUTIONS,
+    HEADLINE_SCALARS,
+    HEADLINE_STATS,
     CaseMetrics,
     Distribution,
     Slo,
     acceptance,
     case_metrics,
     headline,
+    higher_is_worse,
+    metric_label,
     request_metrics,
 )
+from strata_plugin.analysis.request_values import METRICS, unit
 from strata_plugin.formats.records import RequestError, RequestRecord, Timings, TokenEvent, Usage
 
 MS = 1_000_000  # ns per ms
@@ -402,3 +410,310 @@ def test_headline_is_flat_stable_and_scalar():
     assert h["spec_acceptance"] == 0.5
     assert h["slo"] == "ttft_ms<=60"
     assert all(k == k.lower() and " " not in k for k in h)
+
+
+# --- edges of each per-request field ------------------------------------------------
+
+
+def test_identity_fields_are_the_records():
+    r = rec(rid="r7", phase="warmup", events=((10, 1),), finish_reason="length")
+    m = request_metrics(r)
+    assert (m.request_id, m.case_id, m.phase, m.finish_reason) == ("r7", "case", "warmup", "length")
+
+
+@pytest.mark.parametrize(
+    ("usage", "timings", "want"),
+    [
+        # a count with no source named is the server's usage block
+        (Usage(completion_tokens=3), None, (3, "usage")),
+        (Usage(completion_tokens=3, source="tokenizer"), None, (3, "tokenizer")),
+        (Usage(completion_tokens=3, source="timings"), Timings(predicted_n=7), (3, "timings")),
+        (Usage(), Timings(predicted_n=7), (7, "timings")),
+        (Usage(), Timings(prompt_n=4), (2, "events")),  # timings without a count
+        (Usage(), None, (2, "events")),
+    ],
+)
+def test_output_token_count_and_its_source(usage, timings, want):
+    m = request_metrics(rec(events=((10, 1), (20, 1)), usage=usage, timings=timings))
+    assert (m.n_out, m.n_out_source) == want
+    assert m.n_out_events == 2
+
+
+@pytest.mark.parametrize(
+    ("usage", "timings", "want"),
+    [
+        # (prompt, cached, computed, source)
+        (Usage(), None, (None, None, None, "none")),
+        (Usage(), Timings(predicted_n=3), (None, None, None, "none")),
+        (Usage(prompt_tokens=10), None, (10, None, None, "usage")),
+        (Usage(prompt_tokens=10, source="tokenizer"), None, (10, None, None, "tokenizer")),
+        # llama.cpp timings without a cache report: cache unknown, prompt_n was computed
+        (Usage(), Timings(prompt_n=5), (5, None, 5, "timings")),
+        (Usage(), Timings(prompt_n=5, cache_n=0), (5, 0, 5, "timings")),
+        # usage has the prompt, timings the cache hits: computed from both
+        (Usage(prompt_tokens=10), Timings(prompt_n=4, cache_n=6), (10, 6, 4, "usage")),
+        # usage without a cache report: computed is what the server says it computed
+        (Usage(prompt_tokens=10), Timings(prompt_n=4), (10, None, 4, "usage")),
+        (
+            Usage(prompt_tokens=10, cached_tokens=8),
+            Timings(prompt_n=4, cache_n=6),
+            (10, 8, 2, "usage"),
+        ),
+    ],
+)
+def test_prompt_token_counts_and_their_source(usage, timings, want):
+    m = request_metrics(rec(events=((10, 1),), usage=usage, timings=timings))
+    assert (m.prompt_tokens, m.cached_tokens, m.computed_prompt_tokens, m.prompt_source) == want
+
+
+def test_one_token_request_has_e2e_per_token_but_no_tpot():
+    m = request_metrics(rec(events=((100, 1),), done_ms=120))
+    assert m.e2e_per_token_ms == 100.0
+    assert m.tpot_ms is None
+
+
+def test_sub_millisecond_server_prompt_still_has_a_rate():
+    """A prompt served from the cache takes well under 1 ms; its rate is still defined."""
+    m = request_metrics(rec(events=((10, 1),), timings=Timings(prompt_n=5, prompt_ms=0.5)))
+    assert m.server_prefill_tok_s == pytest.approx(10_000.0)
+
+
+@pytest.mark.parametrize(
+    ("predicted_n", "predicted_ms", "want"),
+    [(None, 100.0, None), (0, 100.0, None), (1, 50.0, None), (2, 100.0, 20.0), (3, 100.0, 30.0)],
+)
+def test_server_decode_rate_needs_two_decoded_tokens(predicted_n, predicted_ms, want):
+    t = Timings(predicted_n=predicted_n, predicted_ms=predicted_ms)
+    got = request_metrics(rec(events=((10, 1),), timings=t)).server_decode_tok_s
+    assert got == (None if want is None else pytest.approx(want))
+
+
+@pytest.mark.parametrize(
+    ("timings", "done_ms", "want"),
+    [
+        # e2e 300 (last token), server 50 + 200: 50 ms no server clock accounts for
+        (Timings(prompt_ms=50.0, predicted_ms=200.0), 310, 50.0),
+        (Timings(prompt_ms=50.0, predicted_ms=249.5), 310, 0.5),
+        # the server's clocks cover more than the client saw: clamped at 0, not negative
+        (Timings(prompt_ms=100.0, predicted_ms=250.0), 310, 0.0),
+        (Timings(prompt_ms=50.0), 310, None),
+        (Timings(predicted_ms=200.0), 310, None),
+        (None, 310, None),
+    ],
+)
+def test_outside_server_time(timings, done_ms, want):
+    m = request_metrics(rec(events=((100, 1), (300, 1)), done_ms=done_ms, timings=timings))
+    assert m.e2e_ms == 300.0
+    assert m.outside_server_ms == (None if want is None else pytest.approx(want))
+
+
+def test_outside_server_time_undefined_without_e2e():
+    """Server timings but no stream end (a lost connection): nothing to subtract from."""
+    m = request_metrics(
+        rec(
+            timings=Timings(prompt_ms=5.0, predicted_ms=5.0),
+            error=RequestError(cls="reset", message="peer reset"),
+        )
+    )
+    assert m.e2e_ms is None and m.outside_server_ms is None
+
+
+@pytest.mark.parametrize(
+    ("timings", "want"),
+    [
+        (Timings(draft_n=4, draft_n_accepted=3), (4, 3, 0.75)),
+        (Timings(draft_n=4), (4, 0, 0.0)),  # llama.cpp omits 0 accepted
+        (Timings(draft_n=0), (0, 0, None)),
+        # no speculative decoding: not "0 accepted"
+        (Timings(prompt_n=3, draft_n_accepted=2), (None, None, None)),
+        (None, (None, None, None)),
+    ],
+)
+def test_request_spec_acceptance(timings, want):
+    m = request_metrics(rec(events=((10, 1),), timings=timings))
+    assert (m.draft_n, m.draft_accepted, m.spec_acceptance) == want
+
+
+def test_acceptance_of_a_single_drafted_token():
+    assert acceptance([rec(timings=Timings(draft_n=1, draft_n_accepted=1))]) == 1.0
+
+
+# --- SLOs ---------------------------------------------------------------------------
+
+
+def test_slo_is_set_by_any_limit():
+    assert not Slo().is_set()
+    assert Slo(tpot_ms=5).is_set()
+    assert Slo(ttft_ms=1, tpot_ms=2, e2e_ms=3, ttfo_ms=4).is_set()
+
+
+def test_slo_limits_are_inclusive():
+    m = request_metrics(rec(events=((100, 1), (150, 1), (200, 1)), done_ms=200))
+    assert m.tpot_ms == 50.0
+    assert Slo(tpot_ms=50.0).met_by(m)
+    assert not Slo(tpot_ms=49.9).met_by(m)
+    assert Slo(ttft_ms=100.0).met_by(m) and not Slo(ttft_ms=99.9).met_by(m)
+
+
+# --- per case: each aggregate at its edge ---------------------------------------------
+
+
+def test_case_without_measured_requests_has_no_goodput_fraction():
+    warm = rec(phase="warmup", events=((10, 1),))
+    for recs in ([], [warm]):
+        cm = case_metrics(recs, slo=Slo(ttft_ms=100))
+        assert cm.goodput_fraction is None and cm.goodput_req_s is None
+        assert cm.success_fraction is None
+
+
+def test_case_without_slo_leaves_goodput_undefined():
+    recs = _measured_pair()
+    for slo in (None, Slo()):
+        cm = case_metrics(recs, slo=slo)
+        assert cm.goodput_fraction is None and cm.goodput_req_s is None
+        assert cm.slo == ""
+
+
+def test_case_totals_and_sources():
+    u = Usage(prompt_tokens=100, cached_tokens=40, completion_tokens=10, source="usage")
+    recs = [
+        rec(rid="a", events=((50, 1), (150, 1)), done_ms=150, usage=u),
+        rec(
+            rid="b",
+            events=((50, 1), (250, 1)),
+            done_ms=250,
+            timings=Timings(prompt_n=30, cache_n=70),
+        ),
+    ]
+    cm = case_metrics(recs)
+    assert cm.total_prompt_tokens == 200
+    assert cm.total_cached_tokens == 110
+    assert cm.total_computed_prompt_tokens == 90
+    assert cm.prompt_sources == (("timings", 1), ("usage", 1))
+    assert cm.n_out_sources == (("events", 1), ("usage", 1))
+    # e2e per token: 150 / 10 and 250 / 2
+    assert (cm.e2e_per_token.min, cm.e2e_per_token.max) == (15.0, 125.0)
+
+
+def test_case_server_prefill_rate_pairs_tokens_with_their_time():
+    """A request whose prompt time is missing adds neither tokens nor time; one with 0 prompt
+    tokens (everything cached) adds its time."""
+    recs = [
+        rec(rid="a", events=((10, 1),), timings=Timings(prompt_n=100, prompt_ms=50.0)),
+        rec(rid="b", events=((10, 1),), timings=Timings(prompt_n=100)),
+        rec(rid="c", events=((10, 1),), timings=Timings(prompt_n=100, prompt_ms=0.0)),
+        rec(rid="d", events=((10, 1),), timings=Timings(prompt_n=0, prompt_ms=50.0)),
+    ]
+    assert case_metrics(recs).server_prefill_tok_s == pytest.approx(100 / 100 * 1000)
+
+
+@pytest.mark.parametrize(("n_b", "want"), [(1, 118.0), (2, 60.0), (3, 60.5)])
+def test_case_server_decode_rate_skips_single_token_decodes(n_b, want):
+    """One decoded token shows no decode pace: it stays out of the pooled rate (tokens and
+    time both); two tokens count."""
+    recs = [
+        rec(rid="a", events=((10, 1),), timings=Timings(predicted_n=118, predicted_ms=1000.0)),
+        rec(rid="b", events=((10, 1),), timings=Timings(predicted_n=n_b, predicted_ms=1000.0)),
+    ]
+    assert case_metrics(recs).server_decode_tok_s == pytest.approx(want)
+
+
+def test_headline_joins_error_classes():
+    recs = [
+        rec(rid="a", error=RequestError(cls="reset", message="x")),
+        rec(rid="b", error=RequestError(cls="timeout", message="x")),
+        rec(rid="c", error=RequestError(cls="timeout", message="x")),
+    ]
+    assert headline(case_metrics(recs))["errors_by_class"] == "reset:1,timeout:2"
+
+
+# --- names, units and directions ----------------------------------------------------------
+
+#: Every metric name a table, a gate or an A/B verdict reads, with its unit and the
+#: direction that is worse. A flipped direction turns a regression into an improvement.
+NAMES = {
+    # per-request latencies and their headline stats
+    "ttft_ms": ("ms", True),
+    "ttfo_ms": ("ms", True),
+    "ttfb_ms": ("ms", True),
+    "tpot_ms": ("ms", True),
+    "e2e_ms": ("ms", True),
+    "queue_ms": ("ms", True),
+    "e2e_incl_queue_ms": ("ms", True),
+    "e2e_per_token_ms": ("ms", True),
+    "server_prompt_ms": ("ms", True),
+    "server_decode_ms": ("ms", True),
+    "ttft_minus_server_prompt_ms": ("ms", True),
+    "outside_server_ms": ("ms", True),
+    "tpot_p50_ms": ("ms", True),
+    "tpot_p95_ms": ("ms", True),
+    "tpot_p99_ms": ("ms", True),
+    "chunk_gap_p99_ms": ("ms", True),
+    "chunk_gap_max_ms": ("ms", True),
+    "ttft_p50_ms": ("ms", True),
+    "ttft_p95_ms": ("ms", True),
+    "e2e_p95_ms": ("ms", True),
+    # rates
+    "output_tok_s": ("tok/s", False),
+    "input_tok_s": ("tok/s", False),
+    "input_computed_tok_s": ("tok/s", False),
+    "input_cached_tok_s": ("tok/s", False),
+    "server_prefill_tok_s": ("tok/s", False),
+    "server_decode_tok_s": ("tok/s", False),
+    "request_s": ("req/s", False),
+    "goodput_req_s": ("req/s", False),
+    "generation_tokens_per_s": ("", False),  # a Prometheus-style rate
+    # dimensionless, better upwards
+    "n_out": ("", False),
+    "spec_acceptance": ("", False),
+    "goodput_fraction": ("", False),
+    "success_fraction": ("", False),
+    # worse upwards, no unit of their own
+    "n_errors": ("", True),
+    "stall_ms_per_request": ("", True),
+    "stall_with_prefill_ms_per_request": ("", True),
+    "proc_cpu_s": ("s", True),
+    "proc_major_faults": ("faults", True),
+    "proc_read_mb": ("MB", True),
+}
+
+
+@pytest.mark.parametrize(("name", "want_unit", "worse_up"), [(k, *v) for k, v in NAMES.items()])
+def test_metric_unit_and_direction(name, want_unit, worse_up):
+    """The unit a table prints (request_values.unit: metric_unit, or the process delta's)."""
+    assert unit(name) == want_unit
+    assert higher_is_worse(name) is worse_up
+
+
+def test_every_compared_metric_has_a_pinned_direction():
+    """A new request metric or A/B row must be added to NAMES, direction decided."""
+    compared = set(METRICS) | set(AB_HEADLINE) | set(AB_INTERFERENCE)
+    compared |= {n for n in HEADLINE_SCALARS if n.endswith("_s") or n.endswith("fraction")}
+    # window_s is the measured span, not compared; chunk_gaps_ms is a tuple per request
+    compared -= {"window_s", "chunk_gaps_ms"}
+    assert compared - set(NAMES) == set()
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("chunk_gap", "ITL (chunk gap)"),
+        ("output_tok_s", "output tok/s"),
+        ("chunk_gap_p99_ms", "ITL (chunk gap) p99 (ms)"),
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+        ("tpot_max_ms", "TPOT max (ms)"),
+        ("e2e_p95_ms", "e2e p95 (ms)"),  # no label of its own: the key's stem
+        ("queue_mean_ms", "queue mean (ms)"),
+        ("e2e_p97_ms", "e2e_p97_ms"),  # not a headline stat: the name as is
+        ("server_decode_tok_s", "server_decode_tok_s"),
+    ],
+)
+def test_metric_label(name, label):
+    assert metric_label(name) == label
+
+
+def test_every_headline_key_has_a_label_naming_its_stat():
+    for dist in HEADLINE_DISTRIBUTIONS:
+        for stat in HEADLINE_STATS:
+            label = metric_label(f"{dist}_{stat}_ms")
+            assert label.endswith(f" {stat} (ms)"), label
