@@ -22,7 +22,7 @@ from strata_plugin.analysis.metrics import (
     metric_label,
     request_metrics,
 )
-from strata_plugin.analysis.request_values import METRICS, unit
+from strata_plugin.analysis.request_values import METRICS, check_metric, unit
 from strata_plugin.formats.records import RequestError, RequestRecord, Timings, TokenEvent, Usage
 
 MS = 1_000_000  # ns per ms
@@ -689,9 +689,17 @@ def test_every_compared_metric_has_a_pinned_direction():
     """A new request metric or A/B row must be added to NAMES, direction decided."""
     compared = set(METRICS) | set(AB_HEADLINE) | set(AB_INTERFERENCE)
     compared |= {n for n in HEADLINE_SCALARS if n.endswith("_s") or n.endswith("fraction")}
-    # window_s is the measured span, not compared; chunk_gaps_ms is a tuple per request
-    compared -= {"window_s", "chunk_gaps_ms"}
+    # window_s is the measured span, not compared
+    compared -= {"window_s"}
     assert compared - set(NAMES) == set()
+
+
+def test_the_per_request_gap_tuple_is_not_a_comparable_metric():
+    """``chunk_gaps_ms`` holds every gap of a request: a gate or comparison asked for it
+    gets the list of metrics, not a TypeError from float() on a tuple."""
+    assert "chunk_gaps_ms" not in METRICS and "tpot_ms" in METRICS
+    with pytest.raises(ValueError, match="unknown request metric 'chunk_gaps_ms'"):
+        check_metric("chunk_gaps_ms")
 
 
 @pytest.mark.parametrize(

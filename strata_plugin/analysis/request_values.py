@@ -20,10 +20,12 @@ from strata_plugin.analysis.metrics import (
 from strata_plugin.formats.records import RequestRecord
 
 PROC_METRICS = {"proc_cpu_s": "s", "proc_major_faults": "faults", "proc_read_mb": "MB"}
+#: one number per request: ``chunk_gaps_ms`` (a tuple of gaps) is not a per-request value
 _REQUEST_FLOATS = tuple(
     f.name
     for f in fields(RequestMetrics)
-    if f.name.endswith(("_ms", "_tok_s")) or f.name in ("n_out", "spec_acceptance")
+    if (f.name.endswith(("_ms", "_tok_s")) or f.name in ("n_out", "spec_acceptance"))
+    and "tuple" not in str(f.type)
 )
 METRICS = _REQUEST_FLOATS + tuple(PROC_METRICS)
 
