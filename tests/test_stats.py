@@ -384,3 +384,24 @@ def test_mann_whitney_single_value_samples_hand_computed():
     # greater: sf((0 - 1 - 0.5) / sqrt(2/3)); less: sf((2 - 1 - 0.5) / sqrt(2/3))
     assert mann_whitney_u([1.0], [2.0, 3.0], "greater") == pytest.approx(0.9669037101389033)
     assert mann_whitney_u([1.0], [2.0, 3.0], "less") == pytest.approx(0.27014568730370997)
+
+
+@pytest.mark.parametrize(
+    ("n", "n_boot", "order"),
+    [
+        # 666,667 values: 2 rows (1,333,334 values) fit in 2,000,000, 3 rows would not.
+        (666_667, 4, "aabbaabb"),
+        # 1,000,001 values: not even 2 rows fit; one row per block (never zero).
+        (1_000_001, 2, "abab"),
+    ],
+)
+def test_bootstrap_blocks_hold_at_most_two_million_resampled_values(n, n_boot, order):
+    """Long samples are resampled a block of rows at a time: a's rows, then b's."""
+    calls: list[str] = []
+
+    def stat(xs):
+        calls.append("a" if len(xs) == n else "b")
+        return float(xs[0])
+
+    bootstrap_ci(np.zeros(n).tolist(), [1.0, 2.0], stat=stat, n_boot=n_boot)
+    assert "".join(calls[2:]) == order
