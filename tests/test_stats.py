@@ -405,3 +405,15 @@ def test_bootstrap_blocks_hold_at_most_two_million_resampled_values(n, n_boot, o
 
     bootstrap_ci(np.zeros(n).tolist(), [1.0, 2.0], stat=stat, n_boot=n_boot)
     assert "".join(calls[2:]) == order
+
+
+def test_t_ppf_stops_once_the_bracket_is_within_1e13(monkeypatch):
+    # Bracketing 2.228 takes 3 CDF calls ([2, 4]); halving 2 to 1e-13 * 2.2 takes 43 more.
+    # The 200-step cap is only a backstop: a mean_ci must not cost 200 CDF evaluations.
+    import strata_plugin.analysis.stats as stats
+
+    calls = []
+    cdf = stats.t_cdf
+    monkeypatch.setattr(stats, "t_cdf", lambda t, df: calls.append(t) or cdf(t, df))
+    assert stats.t_ppf(0.975, 10) == pytest.approx(2.2281388519862744, rel=1e-12)
+    assert 40 <= len(calls) <= 50
