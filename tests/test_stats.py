@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -196,3 +197,223 @@ def test_compare_flags_a_real_regression_only():
     # throughput: lower is worse
     tput = compare(base, [x * 0.8 for x in _normal(6, 200)], higher_is_worse=False)
     assert tput.worse and tput.delta_rel < 0
+
+
+# --- boundaries found by mutation testing (docs/validation.md, "Mutation testing") ----------
+
+
+def test_percentile_interpolates_from_the_nearer_end_exactly_as_numpy():
+    # a + (b - a) t and b - (b - a)(1 - t) differ in the last bit for these pairs; numpy
+    # takes the upper form from t = 0.5 on, so a Strata percentile equals numpy's exactly.
+    for xs, q, want in (
+        ([0.1, 0.5], 50, 0.3),  # t == 0.5: the upper form (the lower gives 0.30000000000000004)
+        ([0.1, 0.3], 90, 0.27999999999999997),  # t > 0.5: upper form (lower gives 0.28)
+        ([0.1, 0.2], 10, 0.11000000000000001),  # t < 0.5: lower form (upper gives 0.11)
+    ):
+        assert percentile(xs, q) == want == float(np.percentile(xs, q))
+
+
+def test_errors_name_the_bad_input():
+    with pytest.raises(ValueError, match=r"^NaN in sample; drop undefined values as None instead$"):
+        percentile([1.0, float("nan")], 50)
+    with pytest.raises(ValueError, match=r"^percentile q must be in \[0, 100\], got 101$"):
+        percentile([1.0], 101)
+    with pytest.raises(ValueError, match=r"^percentile of an empty sample$"):
+        percentile([None], 50)
+    with pytest.raises(ValueError, match=r"^mean of an empty sample$"):
+        mean([])
+    with pytest.raises(ValueError, match=r"^df must be positive$"):
+        t_cdf(1.0, 0)
+    for p in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"^p must be in \(0, 1\)$"):
+            t_ppf(p, 5)
+    for conf in (0.0, 1.0):  # conf, not the p it becomes inside
+        with pytest.raises(ValueError, match=r"^conf must be in \(0, 1\)$"):
+            mean_ci([1.0, 2.0], conf=conf)
+        with pytest.raises(ValueError, match=r"^conf must be in \(0, 1\)$"):
+            bootstrap_ci([1.0, 2.0], [3.0], conf=conf)
+    with pytest.raises(ValueError, match=r"^mean_ci of an empty sample$"):
+        mean_ci([None])
+    with pytest.raises(ValueError, match=r"^n_boot must be >= 1$"):
+        bootstrap_ci([1.0], [2.0], n_boot=0)
+    for a, b in (([], [1.0]), ([1.0], [])):
+        with pytest.raises(ValueError, match=r"^bootstrap_ci needs two non-empty samples$"):
+            bootstrap_ci(a, b)
+        with pytest.raises(ValueError, match=r"^mann_whitney_u needs two non-empty samples$"):
+            mann_whitney_u(a, b)
+    with pytest.raises(ValueError, match=r"^relative difference is undefined when stat\(a\) == 0$"):
+        bootstrap_ci([0.0, 0.0], [1.0], relative=True)
+    with pytest.raises(ValueError, match=r"^unknown alternative 'both'$"):
+        mann_whitney_u([1.0], [2.0], alternative="both")
+
+
+# Closed forms of Student's t for 1 and 2 degrees of freedom (Wikipedia, "Student's
+# t-distribution", section "Special cases"): nu = 1 is the Cauchy distribution.
+def _cdf1(t: float) -> float:
+    return 0.5 + math.atan(t) / math.pi
+
+
+def _cdf2(t: float) -> float:
+    return 0.5 + t / (2.0 * math.sqrt(2.0 + t * t))
+
+
+def _ppf1(p: float) -> float:
+    return math.tan(math.pi * (p - 0.5))
+
+
+def _ppf2(p: float) -> float:
+    return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
+
+
+@pytest.mark.parametrize("t", [1e-4, 1e-3, 0.05, 0.5, 1.0, 1.5, 3.0, 30.0, 1e4])
+def test_t_cdf_matches_the_closed_forms_from_tiny_to_huge_t(t):
+    # Small t takes the continued fraction's symmetric branch (x near 1), large t the direct
+    # one. (Below t ~ 1e-8 * sqrt(df), df / (df + t * t) rounds to 1 and the CDF to 0.5.)
+    assert t_cdf(t, 1) == pytest.approx(_cdf1(t), rel=1e-12)
+    assert t_cdf(t, 2) == pytest.approx(_cdf2(t), rel=1e-12)
+    assert t_cdf(-t, 1) == pytest.approx(1.0 - _cdf1(t), rel=1e-10)
+
+
+def test_t_cdf_at_zero_and_beyond_overflow():
+    for df in (1, 2.5, 10, 1e6):
+        assert t_cdf(0.0, df) == 0.5  # x = df / df = 1: I_1 = 1 exactly
+        assert t_cdf(1e200, df) == 1.0  # t * t overflows to inf: x = 0, I_0 = 0
+        assert t_cdf(-1e200, df) == 0.0
+        assert t_cdf(math.inf, df) == 1.0
+
+
+@pytest.mark.parametrize("p", [0.501, 0.55, 0.9, 0.975, 0.9999])
+def test_t_ppf_matches_the_closed_forms(p):
+    # 0.501 has a quantile near 0.003: the bisection's stop is relative to it, not absolute.
+    assert t_ppf(p, 1) == pytest.approx(_ppf1(p), rel=1e-10)
+    assert t_ppf(p, 2) == pytest.approx(_ppf2(p), rel=1e-10)
+    assert t_ppf(1.0 - p, 2) == pytest.approx(-_ppf2(p), rel=1e-10)
+
+
+def test_t_ppf_median_is_exactly_zero():
+    for df in (1, 3, 29.5):
+        assert t_ppf(0.5, df) == 0.0
+
+
+def test_mean_ci_of_two_runs_is_the_df1_interval():
+    # n = 2 is the smallest sample with an interval: mean 2, sd sqrt(2), se 1, t_{0.975,1}.
+    m, lo, hi = mean_ci([1.0, 3.0])
+    assert m == 2.0
+    assert lo == pytest.approx(2.0 - 12.706204736174698, rel=1e-12)
+    assert hi == pytest.approx(2.0 + 12.706204736174698, rel=1e-12)
+
+
+def test_bootstrap_interval_is_the_stated_percentiles_of_the_resampled_differences():
+    """The interval is the (1-conf)/2 and (1+conf)/2 percentiles of stat(b*) - stat(a*)."""
+    a = [x / 1000.0 for x in _normal(4, 60)]  # ~0.1: tells a's resamples from b's below
+    b = _normal(5, 60, mu=1000.0)
+    for conf in (0.95, 0.90):
+        seen: list[float] = []
+
+        def stat(xs, seen=seen):
+            seen.append(float(np.mean(xs)))
+            return seen[-1]
+
+        delta, lo, hi = bootstrap_ci(a, b, stat=stat, n_boot=400, seed=2, conf=conf)
+        assert len(seen) == 2 + 2 * 400  # the two originals, then n_boot of each
+        sa = [v for v in seen[2:] if v < 500.0]
+        sb = [v for v in seen[2:] if v >= 500.0]
+        diffs = np.subtract(sb, sa)
+        alpha = 100.0 * (1.0 - conf) / 2.0
+        assert delta == pytest.approx(np.mean(b) - np.mean(a))
+        assert lo == pytest.approx(float(np.percentile(diffs, alpha)), rel=1e-9)
+        assert hi == pytest.approx(float(np.percentile(diffs, 100.0 - alpha)), rel=1e-9)
+
+
+def test_bootstrap_draws_n_boot_resamples_across_blocks():
+    # 100001 values: resampled 19 rows at a time, so 20 resamples take two blocks (19 + 1).
+    a, calls = [float(i % 7) for i in range(100_001)], []
+
+    def stat(xs):
+        calls.append(len(xs))
+        return float(xs[0])
+
+    bootstrap_ci(a, [1.0, 2.0], stat=stat, n_boot=20)
+    assert calls.count(100_001) == 1 + 20 and calls.count(2) == 1 + 20
+
+
+def test_bootstrap_with_a_single_resample():
+    delta, lo, hi = bootstrap_ci([1.0, 2.0], [3.0, 5.0], n_boot=1)
+    assert delta == 2.5 and lo == hi
+
+
+def test_bootstrap_defaults_are_2000_resamples_seed_0():
+    a, b = _normal(1, 40), _normal(2, 40, mu=103)
+    assert bootstrap_ci(a, b) == bootstrap_ci(a, b, n_boot=2000, seed=0, conf=0.95)
+
+
+def test_bootstrap_can_draw_every_value():
+    # Two 2-value samples: resample medians are 0, 5 or 10 each, so the differences run
+    # from -10 to 10, each end with probability 1/16 > 2.5%.
+    assert bootstrap_ci([0.0, 10.0], [0.0, 10.0]) == (0.0, -10.0, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("b", "want"),
+    [
+        # a's resample median is 0 in ~32% of resamples (3+ zeros of 5); there the relative
+        # change is undefined and left out, unless b's is 0 too: 0 -> 0 is no change (0.0).
+        (0.0, (-1.0, -1.0, 0.0)),
+        (0.5, (-0.5, -0.5, -0.5)),
+        (-0.5, (-1.5, -1.5, -1.5)),
+    ],
+)
+def test_bootstrap_relative_leaves_out_resamples_with_a_zero_baseline(b, want):
+    assert bootstrap_ci([0.0, 0.0, 1.0, 1.0, 1.0], [b] * 5, relative=True) == want
+
+
+def test_bootstrap_resamples_the_stat_it_is_given():
+    # b = four zeros and a 10: 67% of resamples hold a 10, so max and mean move; median rarely.
+    a, b = [0.0] * 5, [0.0, 0.0, 0.0, 0.0, 10.0]
+    assert bootstrap_ci(a, b, stat=max, conf=0.5) == (10.0, 0.0, 10.0)
+    d, lo, hi = bootstrap_ci(a, b, stat=mean, conf=0.5)
+    assert (d, lo) == (2.0, 0.0) and hi >= 2.0
+    assert bootstrap_ci(a, b, stat=median, conf=0.5) == (0.0, 0.0, 0.0)
+
+
+def test_mann_whitney_single_value_samples_hand_computed():
+    # a = [1], b = [2, 3]: U1 = 0, U2 = 2, mu = 1, var = 1*2/12 * (3 + 1) = 2/3.
+    # two-sided: 2 * sf((2 - 1 - 0.5) / sqrt(2/3)) = 0.5402913746074199 (scipy asymptotic agrees)
+    assert mann_whitney_u([1.0], [2.0, 3.0]) == pytest.approx(0.5402913746074199, rel=1e-12)
+    assert mann_whitney_u([2.0, 3.0], [1.0]) == pytest.approx(0.5402913746074199, rel=1e-12)
+    # greater: sf((0 - 1 - 0.5) / sqrt(2/3)); less: sf((2 - 1 - 0.5) / sqrt(2/3))
+    assert mann_whitney_u([1.0], [2.0, 3.0], "greater") == pytest.approx(0.9669037101389033)
+    assert mann_whitney_u([1.0], [2.0, 3.0], "less") == pytest.approx(0.27014568730370997)
+
+
+@pytest.mark.parametrize(
+    ("n", "n_boot", "order"),
+    [
+        # 666,667 values: 2 rows (1,333,334 values) fit in 2,000,000, 3 rows would not.
+        (666_667, 4, "aabbaabb"),
+        # 1,000,001 values: not even 2 rows fit; one row per block (never zero).
+        (1_000_001, 2, "abab"),
+    ],
+)
+def test_bootstrap_blocks_hold_at_most_two_million_resampled_values(n, n_boot, order):
+    """Long samples are resampled a block of rows at a time: a's rows, then b's."""
+    calls: list[str] = []
+
+    def stat(xs):
+        calls.append("a" if len(xs) == n else "b")
+        return float(xs[0])
+
+    bootstrap_ci(np.zeros(n).tolist(), [1.0, 2.0], stat=stat, n_boot=n_boot)
+    assert "".join(calls[2:]) == order
+
+
+def test_t_ppf_stops_once_the_bracket_is_within_1e13(monkeypatch):
+    # Bracketing 2.228 takes 3 CDF calls ([2, 4]); halving 2 to 1e-13 * 2.2 takes 43 more.
+    # The 200-step cap is only a backstop: a mean_ci must not cost 200 CDF evaluations.
+    import strata_plugin.analysis.stats as stats
+
+    calls = []
+    cdf = stats.t_cdf
+    monkeypatch.setattr(stats, "t_cdf", lambda t, df: calls.append(t) or cdf(t, df))
+    assert stats.t_ppf(0.975, 10) == pytest.approx(2.2281388519862744, rel=1e-12)
+    assert 40 <= len(calls) <= 50
