@@ -356,20 +356,23 @@ def test_a_serving_symptom_takes_the_second_slot_over_a_second_resource():
                                                                     "memory_pressure"}
 
 
+#: cpu_compute and cpu_contention both barely past threshold on a shared 2-core host
+WEAK_CPU_PAIR = dict(
+    n_cores=2,
+    server_threads=2,
+    server_cpu_cores=1.45,
+    host_busy_cores=2.0,
+    runq_delay_per_cpu_s=0.105,
+    ctx_involuntary_per_cpu_s=52.0,
+)
+
+
 def test_an_ambiguous_pair_below_a_clear_leader_is_a_note_not_inconclusive():
     """cpu_compute and cpu_contention both barely past threshold (a shared host) beside a
     memory-pressure window that is far past its own."""
-    weak_cpu = dict(
-        n_cores=2,
-        server_threads=2,
-        server_cpu_cores=1.45,
-        host_busy_cores=2.0,
-        runq_delay_per_cpu_s=0.105,
-        ctx_involuntary_per_cpu_s=52.0,
-    )
-    both = v(CPU_CLEAN, **weak_cpu)
+    both = v(CPU_CLEAN, **WEAK_CPU_PAIR)
     assert both.inconclusive and set(both.classes) == {"cpu_compute", "cpu_contention"}
-    verdict = v(CPU_CLEAN, **weak_cpu, psi_mem_some=0.5, mem_available_frac=0.01)
+    verdict = v(CPU_CLEAN, **WEAK_CPU_PAIR, psi_mem_some=0.5, mem_available_frac=0.01)
     assert not verdict.inconclusive, verdict
     assert verdict.classes[0] == "memory_pressure"
     assert any("could equally be" in n and TRACE_SCHED in n for n in verdict.notes), verdict

@@ -251,9 +251,15 @@ def test_the_table_holds_the_documented_values() -> None:
     assert {t.name: t.value for t in THRESHOLDS} == PINNED
 
 
+def disagreement_edge(host_busy_cores: float) -> float:
+    """The most server CPU that the host's busy cores can explain (more: samples disagree)."""
+    return (value("cpu_samples_disagree_factor") * host_busy_cores
+            + value("cpu_samples_disagree_slack_cores"))
+
+
 def test_proc_and_cpu_samples_that_disagree_make_the_verdict_inconclusive() -> None:
     host = 4.0
-    edge = value("cpu_samples_disagree_factor") * host + value("cpu_samples_disagree_slack_cores")
+    edge = disagreement_edge(host)
     ok = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=host,
                                       server_cpu_cores=edge - 0.05))
     bad = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=host,

@@ -25,9 +25,14 @@ import os
 from pathlib import Path
 
 from strata_plugin.analysis.rules import Verdict, WindowSignals, classify
-from strata_plugin.analysis.thresholds import value
-from tests.test_attribution import CPU_CLEAN, GPU_2NODE, GPU_2NODE_RAILS, GPU_CLEAN
-from tests.test_thresholds import CASES, _values
+from tests.test_attribution import (
+    CPU_CLEAN,
+    GPU_2NODE,
+    GPU_2NODE_RAILS,
+    GPU_CLEAN,
+    WEAK_CPU_PAIR,
+)
+from tests.test_thresholds import CASES, _values, disagreement_edge
 
 GOLDEN = Path(__file__).parent / "golden" / "verdicts.txt"
 BASES = {"CPU_CLEAN": CPU_CLEAN, "GPU_CLEAN": GPU_CLEAN, "GPU_2NODE": GPU_2NODE,
@@ -66,10 +71,8 @@ def _full(v: Verdict, base: Verdict | None = None) -> list[str]:
 
 def _disagreeing() -> WindowSignals:
     """CPU samples that contradict each other: an inconclusive verdict that names classes."""
-    host = 4.0
-    edge = value("cpu_samples_disagree_factor") * host + value("cpu_samples_disagree_slack_cores")
-    return dataclasses.replace(CPU_CLEAN, host_busy_cores=host, server_cpu_cores=edge + 0.05,
-                               steal_frac=0.2)
+    return dataclasses.replace(CPU_CLEAN, host_busy_cores=4.0,
+                               server_cpu_cores=disagreement_edge(4.0) + 0.05, steal_frac=0.2)
 
 
 GPU_ACTIVITY = ("sm_active", "tensor_active", "dram_active", "sm_occupancy")
@@ -137,9 +140,7 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
         CPU_CLEAN, dict(n_cores=1, server_threads=4, host_busy_cores=0.95,
                         server_cpu_cores=0.5)),
     "an ambiguous CPU pair below a clear memory-pressure leader": (
-        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
-                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.105,
-                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=0.5,
+        CPU_CLEAN, dict(WEAK_CPU_PAIR, psi_mem_some=0.5,
                         mem_available_frac=0.01)),
     "GPU expected, two collectors unavailable": (
         CPU_CLEAN, dict(gpu_expected=True, unavailable=(
@@ -161,12 +162,9 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
         GPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=5.0, steal_frac=0.2,
                         throttle_frac=0.5, psi_mem_some=0.5, major_faults_per_s=100.0)),
     "CPU samples exactly at the disagreement edge": (
-        CPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=value(
-            "cpu_samples_disagree_factor") * 4.0 + value("cpu_samples_disagree_slack_cores"))),
+        CPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=disagreement_edge(4.0))),
     "an ambiguous CPU pair alone, the memory signals unmeasured": (
-        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
-                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.105,
-                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=None,
+        CPU_CLEAN, dict(WEAK_CPU_PAIR, psi_mem_some=None,
                         mem_available_frac=None, cgroup_mem_events=None)),
     "a busy GPU with no request in flight, throttled, queue past, PCIe unmeasured": (
         GPU_CLEAN, dict(BUSY, sm_active=0.9, tensor_active=0.7, dram_active=0.3,
@@ -183,9 +181,7 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
         CPU_CLEAN, dict(server_threads=4, server_cpu_cores=4.5, host_busy_cores=4.6,
                         steal_frac=0.0563)),
     "an ambiguous CPU pair below a memory leader, contention second": (
-        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.45,
-                        host_busy_cores=2.0, runq_delay_per_cpu_s=0.13,
-                        ctx_involuntary_per_cpu_s=52.0, psi_mem_some=0.5,
+        CPU_CLEAN, dict(WEAK_CPU_PAIR, runq_delay_per_cpu_s=0.13, psi_mem_some=0.5,
                         mem_available_frac=0.01)),
     "steal past, the server's CPU unmeasured": (
         CPU_CLEAN, dict(steal_frac=0.2, server_cpu_cores=None)),
