@@ -85,8 +85,9 @@ KNOWN = [("name",), ("description",), ("setup_argv",), ("vars",), ("vars", "mode
 
 #: Text with the characters that matter to the loader: braces and format syntax, path
 #: separators, whitespace, option dashes, @, brackets, non-ASCII.
-TRICKY = st.text(alphabet=st.sampled_from(list("{}[]!:.>0129ab_-@/ \t\n%é")) | st.sampled_from(
-    ["{port}", "{model}", "{host", "port}", "{{", "}}", ".."]), max_size=12)
+TRICKY = st.lists(st.sampled_from([*"{}[]!:.>0129ab_-@/ \t\n%é", "{port}", "{model}",
+                                    "{host", "port}", "{{", "}}", "..", "{strata_cache}"]),
+                  max_size=8).map("".join)
 SCALARS = (st.booleans() | st.integers(-2**70, 2**70) | st.floats() | TRICKY
            | st.text(max_size=8))
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)

@@ -48,7 +48,7 @@ context = 0.5
 CASES = [
     # (replace, with, key, expected words)
     ("port = 0", "port = 70000", "server.port", "[0, 65535]"),
-    ("port = 0", 'port = "8080"', "server.port", "a number"),
+    ("port = 0", 'port = "8080"', "server.port", "an integer in [0, 65535]"),
     ("health_timeout_s = 30", "health_timeout_s = -1", "server.health_timeout_s", "[1, 7200]"),
     ("health_timeout_s = 30", "health_timeout_s = true", "server.health_timeout_s", "a number"),
     ("stop_timeout_s = 5", "stop_timeout_s = 0", "server.stop_timeout_s", "[0.1, 600]"),
@@ -78,7 +78,8 @@ CASES = [
     ("cooldown_s = 1", 'cooldown_s = 1\nlink_caps = { "eth0" = 8e6 }',
      "telemetry.link_caps.eth0", '"<node>/<interface>"'),
     ('"{port}"]', '"{port}", "-m", "{modle}"]', "server.argv[4]",
-     "placeholders from ['host', 'model', 'port', 'python', 'root', 'run_dir']"),
+     "placeholders from ['host', 'model', 'port', 'python', 'root', 'run_dir', "
+     "'strata_cache']"),
     ('"{port}"]', '"{port}", "-m", "{model"]', "server.argv[4]", "placeholders from"),
     ('env = { OMP_NUM_THREADS = "2" }', 'env = { HF_HOME = "{run_dri}/hf" }',
      "server.configs.a.env.HF_HOME", "placeholders from"),
@@ -203,7 +204,7 @@ def test_accepted_names_and_hosts_load(tmp_path):
     """Just inside the rules: the characters the rules allow, user@host, IPv4 and IPv6."""
     p = tmp_path / "ok.toml"
     hosts = ["gpu-b", "gpu_b.example.org", "ops@gpu-b", "10.0.0.2", "::1", "fe80::1%eth0",
-             "ops.x-y@10.0.0.2", "root@[fd00::2]"]
+             "ops.x-y@10.0.0.2", "root@fd00::2"]
     nodes = "".join(f'[[nodes]]\nname = "w{i}.x-y_Z"\nrole = "worker"\nssh_host = "{h}"\n'
                     for i, h in enumerate(hosts))
     p.write_text(GOOD.replace("[server.configs.a]", '[server.configs."A-1.b_c"]') + nodes)
@@ -214,7 +215,7 @@ def test_accepted_names_and_hosts_load(tmp_path):
 
 def _project(tmp_path):
     (tmp_path / "proj").mkdir()
-    proj = make_project(tmp_path / "proj", "def test_x(strata_session):\n    pass\n")
+    proj = make_project(tmp_path / "proj", "def test_x(strata):\n    pass\n")
     (proj / "profile.toml").write_text(GOOD)
     return proj
 

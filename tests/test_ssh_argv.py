@@ -67,7 +67,7 @@ def test_every_builder_refuses_a_host_that_is_not_one(host):
 
 def test_no_other_module_builds_an_ssh_argv():
     """The builders above are all there are: an ssh argv elsewhere would skip the checks."""
-    rx = re.compile(r"""\[\s*["']ssh["']\s*,|\bssh\s*=\s*["']ssh["']""")
+    rx = re.compile(r"""\[\s*["']ssh["']\s*,|\bssh(\s*:\s*str)?\s*=\s*["']ssh["']""")
     found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "strata_plugin").rglob("*.py")
                    if rx.search(p.read_text()))
     assert found == ["strata_plugin/run/remote.py"], found
