@@ -137,6 +137,11 @@ CASES = [
     ('model = "/m"', 'model = "{run_dir.x}/m"', "vars.model", "plain {name} placeholders"),
     ('model = "/m"', 'model = "{port:>9}/m"', "vars.model", "plain {name} placeholders"),
     ('model = "/m"', 'model = "{model}/m"', "vars.model", "placeholders from"),
+    ("port = 0", 'port = 0\nhost = "{port}"', "server.host", "placeholders from ['model']"),
+    ("port = 0", 'port = 0\nhost = "{addr}"', "server.host", "placeholders from ['model']"),
+    ("port = 0", 'port = 0\nhost = "evil.example/x?"', "server.host", "a host name"),
+    ("port = 0", 'port = 0\nhost = "-x"', "server.host", "a host name"),
+    ("port = 0", 'port = 0\nhost = "u@h"', "server.host", "a host name"),
 ]
 
 
@@ -198,6 +203,14 @@ def test_a_profile_that_is_not_utf8_names_the_file_and_the_byte(tmp_path):
 def test_a_folder_given_as_the_profile_is_a_profile_error(tmp_path):
     with pytest.raises(ProfileError, match="'<file>'"):
         load_profile(tmp_path)
+
+
+def test_the_server_host_may_be_a_var(tmp_path):
+    """The two-node profile binds its private address, the one in ``[vars]``."""
+    p = tmp_path / "p.toml"
+    p.write_text(GOOD.replace('model = "/m"', 'model = "/m"\naddr = "10.10.0.1"')
+                 .replace("port = 0", 'port = 0\nhost = "{addr}"'))
+    assert load_profile(p).server.host == "10.10.0.1"
 
 
 def test_accepted_names_and_hosts_load(tmp_path):

@@ -377,7 +377,7 @@ def load_profile(path: Path | str) -> Profile:
     server = ServerSpec(
         engine=engine,
         api=api,
-        host=s.get("host", str, "127.0.0.1"),
+        host=_server_host(s, vars_),
         port=s.integer("port", 0, lo=0, hi=65535),
         health_path=s.get("health_path", str, "/health"),
         health_timeout_s=s.number("health_timeout_s", 300.0, lo=1, hi=7200),
@@ -469,6 +469,20 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits, deep nesting
         raise ProfileError(path, "<syntax>", f"valid TOML ({type(exc).__name__}: "
                            f"{_short(str(exc))})") from None
+
+
+def _server_host(s: _Reader, vars_: tuple[tuple[str, str], ...]) -> str:
+    """``server.host``: the address the server binds and the client connects to. It may
+    be a ``[vars]`` placeholder (``"{head_addr}"``, the address the workers also use),
+    resolved here, once, so every use (URL, bind check, ``{host}``) sees one address."""
+    text = s.get("host", str, "127.0.0.1")
+    plain = {k: v for k, v in vars_ if "{" not in v and "}" not in v}
+    _check_text(s.path, s._key("host"), text, set(plain))
+    host = expand_value(text, plain)
+    if "@" in host or not valid_ssh_host(host):
+        raise ProfileError(s.path, s._key("host"), "a host name or an IPv4 or IPv6 address "
+                           "(or a [vars] placeholder holding one)", host)
+    return host
 
 
 def _regex(r: _Reader, name: str) -> str:
