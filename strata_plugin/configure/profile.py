@@ -501,17 +501,17 @@ def _log_patterns(r: _Reader) -> tuple[tuple[str, str], ...]:
     out = _str_table(r, "log_patterns")
     for name, rx in out:
         key = f"{r._key('log_patterns')}.{name}"
-        if "=" in name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+        try:  # the agent's own rule for a name (an empty regex always compiles)
+            parse_pattern(f"{name}=")
+            ok = "=" not in name
+        except ValueError:
+            ok = False
+        if not ok:
             raise ProfileError(r.path, key, "a probe name like [A-Za-z_][A-Za-z0-9_.]*", name)
         try:
-            parse_pattern(f"{name}={rx}")
-        except ValueError:
-            err = ""
-            try:
-                re.compile(rx)
-            except re.error as exc:
-                err = f" ({exc})"
-            raise ProfileError(r.path, key, f"a regular expression{err}", rx) from None
+            re.compile(rx)
+        except re.error as exc:
+            raise ProfileError(r.path, key, f"a regular expression ({exc})", rx) from None
     return out
 
 
