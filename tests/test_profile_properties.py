@@ -26,7 +26,7 @@ from strata_plugin.configure.profile import (
     load_profile,
 )
 
-SETTINGS = settings(derandomize=True, max_examples=200, deadline=None, database=None,
+SETTINGS = settings(derandomize=True, max_examples=120, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 GOOD = """
