@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
@@ -114,6 +114,9 @@ def run_frozen_tests(code: str, tests: str, *, tests_name: str = "frozen_tests.p
     """
     limits = limits or Limits(cpu_s=max(1, math.ceil(timeout_s)))
     how = mode() if confine else "none"
+    if how == "none" and os.geteuid() != 0:
+        # Outside a user namespace RLIMIT_NPROC counts every process of this user.
+        limits = replace(limits, processes=limits.processes + _processes_of(os.getuid()))
     nonce = secrets.token_hex(16)
     host_scratch = None if confine else tempfile.mkdtemp(prefix="strata-code-")
     uid, gid = (SANDBOX_UID, SANDBOX_GID) if how == "root" else (os.getuid(), os.getgid())
@@ -123,7 +126,7 @@ def run_frozen_tests(code: str, tests: str, *, tests_name: str = "frozen_tests.p
            "source": CHILD.read_text(encoding="utf-8"), "expose": _python_dirs()}
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", cfg["source"], "boot"],
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", cfg["source"], "boot"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd="/",
                                 start_new_session=True, close_fds=True)
@@ -131,6 +134,16 @@ def run_frozen_tests(code: str, tests: str, *, tests_name: str = "frozen_tests.p
     finally:
         if host_scratch:
             _remove(host_scratch)
+
+
+def _processes_of(uid: int) -> int:
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            n += os.stat(f"/proc/{pid}").st_uid == uid
+        except OSError:
+            pass
+    return n
 
 
 def _python_dirs() -> list[str]:

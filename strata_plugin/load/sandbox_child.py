@@ -1,9 +1,11 @@
 """Inside the sandbox: confine the process tree, then judge frozen tests over untrusted code.
 
 Never imported by the harness: ``load/sandbox.py`` runs this file's source with
-``python -I -B -c SOURCE ROLE`` in three roles, one process each (standard library only,
-because ``-I`` puts no package on the path and the sandbox user may not be able to read
-the repository):
+``python -I -B -c SOURCE ROLE`` in three roles, one process each. It is standard library
+only and passed as ``-c`` text because the sandbox user may not be able to read the
+repository; ``boot`` and ``judge`` also take ``-S`` (no site-packages: faster, and nothing
+but the standard library in the trusted processes), the candidate does not, so the program
+can import what this Python has installed, as before:
 
 ``boot`` (started by the harness, as root or as the invoking user)
     Reads its configuration (JSON) from stdin, enters new mount, network, PID and IPC
@@ -258,7 +260,7 @@ def _first(cfg: dict) -> int:
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": cfg["scratch"],
            "TMPDIR": cfg["scratch"]}
     try:
-        os.execve(cfg["python"], [cfg["python"], "-I", "-B", "-c", cfg["source"], "judge",
+        os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", cfg["source"], "judge",
                                   str(fd)], env)
     except OSError as exc:
         _report(nonce, setup_error=f"the sandbox user cannot run {cfg['python']}: {exc}")
