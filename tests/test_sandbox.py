@@ -279,6 +279,33 @@ def test_code_passes_kills_the_escaped_daemon(confinable):
             os.kill(pid, 9)
 
 
+def test_the_sandbox_dies_with_the_harness(confinable, tmp_path):
+    marker = f"strata-orphan-{uuid.uuid4().hex}"
+    program = (f"import subprocess, sys, time\n"
+               f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
+               f"{marker!r}], start_new_session=True)\n"
+               "def add(a, b):\n    time.sleep(600)\n")
+    harness = tmp_path / "harness.py"
+    harness.write_text("import sys\nfrom strata_plugin.load.validators import code_passes\n"
+                       f"code_passes({str(FROZEN)!r}, timeout_s=600)({program!r})\n")
+    proc = subprocess.Popen([sys.executable, str(harness)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not _marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked(marker), "the program never started"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5  # the kernel's death signals, then the namespace
+        while _marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _marked(marker) == []
+    finally:
+        proc.kill()
+        for pid in _marked(marker):
+            os.kill(pid, 9)
+
+
 def test_an_endless_loop_is_stopped_by_the_cpu_limit_before_the_timeout(confinable):
     t0 = time.monotonic()
     out = sandbox.run_frozen_tests("def add(a, b):\n    while True:\n        pass\n",

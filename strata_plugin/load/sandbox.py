@@ -23,7 +23,8 @@ its timeout, or decide its own score. ``run_frozen_tests`` gives it none of thos
 * **Lifetime:** its own session and process group, and its own PID namespace: at the
   timeout the namespace's first process is killed, which makes the kernel kill every
   process in it (even one that left the group with ``setsid``), then the whole group is
-  killed. When ``run_frozen_tests`` returns, nothing of the run is left.
+  killed. When ``run_frozen_tests`` returns, nothing of the run is left; if the harness
+  dies first, a parent-death signal ends the sandbox with it.
 
 **Why a forged result gains nothing.** The frozen tests and the program never share a
 process. The *judge* (``sandbox_child.py``, trusted, unprivileged, non-dumpable so the
@@ -120,9 +121,9 @@ def run_frozen_tests(code: str, tests: str, *, tests_name: str = "frozen_tests.p
     nonce = secrets.token_hex(16)
     host_scratch = None if confine else tempfile.mkdtemp(prefix="strata-code-")
     uid, gid = (SANDBOX_UID, SANDBOX_GID) if how == "root" else (os.getuid(), os.getgid())
-    cfg = {"nonce": nonce, "mode": how, "uid": uid, "gid": gid, "python": sys.executable,
-           "scratch": host_scratch or SCRATCH, "module": module, "code": code,
-           "tests": tests, "tests_name": tests_name, "limits": asdict(limits),
+    cfg = {"nonce": nonce, "mode": how, "parent": os.getpid(), "uid": uid, "gid": gid,
+           "python": sys.executable, "scratch": host_scratch or SCRATCH, "module": module,
+           "code": code, "tests": tests, "tests_name": tests_name, "limits": asdict(limits),
            "source": CHILD.read_text(encoding="utf-8"), "expose": _python_dirs()}
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
     try:

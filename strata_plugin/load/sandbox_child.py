@@ -8,7 +8,8 @@ but the standard library in the trusted processes), the candidate does not, so t
 can import what this Python has installed, as before:
 
 ``boot`` (started by the harness, as root or as the invoking user)
-    Reads its configuration (JSON) from stdin, enters new mount, network, PID and IPC
+    Reads its configuration (JSON) from stdin, dies with the harness (a parent-death
+    signal), enters new mount, network, PID and IPC
     namespaces (plus a user namespace when not root), forks the namespace's first process
     and waits for it. On SIGTERM it kills that process, which makes the kernel kill every
     process of the namespace, and exits once the namespace is empty.
@@ -205,6 +206,11 @@ def boot() -> int:
     cfg = json.loads(sys.stdin.buffer.read())
     nonce = cfg["nonce"]
     confine = cfg["mode"] != "none"
+    # The harness thread that started boot waits for it; if the harness dies, so does the
+    # sandbox (boot's death kills PID 1 by its own death signal, and PID 1 the rest).
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != cfg["parent"]:
+        return SETUP_EXIT
     try:
         if confine:
             flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC
