@@ -67,6 +67,22 @@ def add(a, b):
     assert "malformed answer from the program" in v.detail
 
 
+def test_only_a_message_with_this_runs_nonce_is_a_result():
+    nonce = "ab" * 16
+    right = json.dumps({"nonce": nonce, "passed": 1, "total": 1}).encode()
+    assert sandbox._message(right, nonce) == {"nonce": nonce, "passed": 1, "total": 1}
+    for forged in (b"RESULT 10 10\n", json.dumps({"nonce": "ab" * 15 + "ac", "passed": 10,
+                                                 "total": 10}).encode(),
+                   json.dumps({"passed": 10, "total": 10}).encode(), b"", b"[1]"):
+        assert sandbox._message(forged, nonce) is None
+
+
+def test_a_program_that_does_not_import_is_a_clear_failure(confinable):
+    v = code_passes(FROZEN)("```python\ndef add(a, b)\n    return a + b\n```")
+    assert (v.passed, v.total) == (0, 1)
+    assert "solution failed to import: SyntaxError" in v.detail
+
+
 def test_a_value_that_equals_everything_cannot_cross(confinable):
     code = ("class Anything:\n    def __eq__(self, other):\n        return True\n"
             "    __sub__ = __rsub__ = lambda self, other: 0\n"

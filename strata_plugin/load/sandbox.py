@@ -13,11 +13,12 @@ its timeout, or decide its own score. ``run_frozen_tests`` gives it none of thos
   unix sockets are per namespace too, and ``/run``, ``/tmp``... are hidden (below), so
   no socket file of the host's daemons is reachable through them.
 * **Filesystem:** a private mount namespace where every mount is read-only, ``/tmp``,
-  ``/var/tmp``, ``/dev/shm`` and ``/run`` are empty read-only tmpfs, ``/proc`` shows only
-  the sandbox's processes (a new PID namespace), and the one writable path is the scratch
-  folder, a tmpfs of ``Limits.scratch_bytes`` owned by the sandbox user, its working
-  directory, gone when the sandbox ends. The rest of the filesystem stays readable where
-  its permissions let the sandbox user read (``/root`` is closed to ``nobody``).
+  ``/var/tmp``, ``/dev/shm``, ``/run``, ``/root`` and ``/home`` are empty read-only tmpfs
+  (but for the Python installation, bound back read-only at its path when it lives
+  there), ``/proc`` shows only the sandbox's processes (a new PID namespace), and the one
+  writable path is the scratch folder, a tmpfs of ``Limits.scratch_bytes`` owned by the
+  sandbox user, its working directory, gone when the sandbox ends. The rest of the
+  filesystem stays readable where its permissions let the sandbox user read.
 * **Limits:** CPU seconds, address space, file size, processes (RLIMIT_NPROC counts the
   sandbox user's processes system-wide), open files, no core files.
 * **Lifetime:** its own session and process group, and its own PID namespace: at the
