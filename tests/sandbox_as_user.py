@@ -6,9 +6,9 @@ maps: only root outside may map a range), hides ``/root`` behind a tmpfs that sh
 the Python installation (``nobody`` cannot traverse the real ``/root`` where this Python
 may live), optionally caps that namespace's ``user.max_user_namespaces`` at 0 (so no
 further user namespace can be made below it: a machine without user namespaces, as its
-kernel sees it), drops to uid/gid 65534 and runs JOB (JSON on stdin: code, tests,
-allow_unsandboxed), printing one JSON line: the probe's answer, and either the verdict
-or the refusal.
+kernel sees it), drops to uid/gid 65534 and runs JOB (JSON on stdin: the answer's text,
+the frozen test file, allow_unsandboxed, profile_opt_in), printing one JSON line: the
+probe's answer, and either the verdict or the refusal.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def child(job: dict, go: int) -> None:
     sys.path.insert(0, str(REPO))
     from strata_plugin.load import sandbox, validators
 
+    if job.get("profile_opt_in"):
+        sandbox.allow_unconfined(job["profile_opt_in"])  # what plugin/options.py does
     out: dict = {"uid": os.getuid(), "mode": sandbox.mode(), "probe": sandbox.probe()}
     test_file = Path(job["test_file"])
     try:

@@ -364,9 +364,10 @@ def test_the_probe_runs_a_real_confined_program_here():
     assert sandbox.probe() is None
 
 
-def _as_user(no_userns: bool, allow_unsandboxed: bool, text: str) -> dict:
+def _as_user(no_userns: bool, allow_unsandboxed: bool, text: str, profile_opt_in: str = ""
+             ) -> dict:
     job = {"no_userns": no_userns, "allow_unsandboxed": allow_unsandboxed,
-           "test_file": str(FROZEN), "text": text}
+           "test_file": str(FROZEN), "text": text, "profile_opt_in": profile_opt_in}
     p = subprocess.run([sys.executable, str(REPO / "tests" / "sandbox_as_user.py")],
                        input=json.dumps(job), capture_output=True, text=True, timeout=120,
                        check=False)
@@ -400,3 +401,35 @@ def test_opting_in_runs_it_unconfined_and_still_scores_it_honestly():
     passed, total, detail = out["verdict"]
     assert (passed, total) == (2, 10)
     assert detail.startswith("UNSANDBOXED (allow_unsandboxed=True): ")
+
+
+@needs_root
+def test_a_profile_can_opt_in_by_name():
+    out = _as_user(True, False, WRONG_ADD_FORGING, "profile lab: allow_unsandboxed_code = true")
+    passed, total, detail = out["verdict"]
+    assert (passed, total) == (2, 10)
+    assert detail.startswith("UNSANDBOXED (profile lab: allow_unsandboxed_code = true): ")
+
+
+def _profile_run(tmp_path: Path, value: str) -> subprocess.CompletedProcess:
+    local = (REPO / "strata_plugin" / "profiles" / "local.toml").read_text()
+    profile = tmp_path / "optin.toml"
+    profile.write_text(local.replace('name = "local"\n',
+                                     f'name = "optin"\nallow_unsandboxed_code = {value}\n', 1))
+    case = tmp_path / "test_optin.py"
+    case.write_text("from strata_plugin.load import sandbox\n\ndef test_optin(strata_config):\n"
+                    "    print('BY=' + sandbox.unconfined_allowed_by())\n")
+    return subprocess.run([sys.executable, "-m", "pytest", str(case), "-q", "-s",
+                           "-p", "no:cacheprovider", f"--strata-profile={profile}",
+                           f"--rootdir={tmp_path}", f"--strata-reports-dir={tmp_path}/r"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          check=False)
+
+
+def test_the_profile_key_reaches_the_sandbox(tmp_path):
+    run = _profile_run(tmp_path, "true")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "BY=profile optin: allow_unsandboxed_code = true" in run.stdout
+    bad = _profile_run(tmp_path, '"yes"')
+    assert bad.returncode != 0
+    assert "allow_unsandboxed_code" in bad.stdout + bad.stderr

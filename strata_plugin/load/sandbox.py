@@ -46,7 +46,8 @@ non-builtin exception from it arrives as ``RemoteError``.
 **Where a step is unavailable** (not root and no user namespaces, no mount or network
 namespace, the sandbox user cannot run this Python), ``probe`` says which step and why,
 and ``code_passes`` refuses (``SandboxUnavailable``) unless the case opts in by name with
-``allow_unsandboxed=True``; then the judge still scores through its own channel and the
+``allow_unsandboxed=True`` or the profile with ``allow_unsandboxed_code = true``
+(``allow_unconfined``); then the judge still scores through its own channel and the
 environment is still empty, but nothing else above holds.
 """
 
@@ -233,6 +234,21 @@ def _kill_group(pgid: int) -> None:
 
 def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+_unconfined_by = ""
+
+
+def allow_unconfined(by: str) -> None:
+    """Opt this process in to running model-written code unconfined where confinement is
+    unavailable; ``by`` names who opted in (a profile), and every such verdict says it."""
+    global _unconfined_by
+    _unconfined_by = by
+
+
+def unconfined_allowed_by() -> str:
+    """Who opted in to unconfined runs (``allow_unconfined``), or ``""``."""
+    return _unconfined_by
 
 
 PROBE_CODE = "def one():\n    return 1\n"

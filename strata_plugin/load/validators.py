@@ -67,24 +67,27 @@ def code_passes(test_file: Path, module: str = "solution", timeout_s: float = 30
     with everything it started at the timeout), and the count comes from a trusted judge
     over its own channel, so nothing the code prints or returns can score it. Where this
     machine cannot confine it, building the validator raises ``SandboxUnavailable`` naming
-    the failing step, unless the case opts in with ``allow_unsandboxed=True``.
+    the failing step, unless the case opts in with ``allow_unsandboxed=True`` or the profile
+    with ``allow_unsandboxed_code = true``.
     """
     test_file = Path(test_file).resolve()
     tests = test_file.read_text(encoding="utf-8")
     name = f"code_passes({test_file.name})"
     reason = sandbox.probe()
-    if reason and not allow_unsandboxed:
+    by = ("allow_unsandboxed=True" if allow_unsandboxed else sandbox.unconfined_allowed_by())
+    if reason and not by:
         raise sandbox.SandboxUnavailable(
             f"{name}: model-written code is not run unconfined, and this machine cannot "
-            f"confine it: {reason}. Pass allow_unsandboxed=True to code_passes to accept "
-            f"running it with only an empty environment and resource limits.")
+            f"confine it: {reason}. To accept running it with only an empty environment, "
+            f"resource limits and the judge's channel, pass allow_unsandboxed=True to "
+            f"code_passes or set allow_unsandboxed_code = true in the profile.")
     confine = reason is None
 
     def check(text: str) -> Verdict:
         out = sandbox.run_frozen_tests(extract_code(text), tests, tests_name=test_file.name,
                                        module=module, timeout_s=timeout_s, limits=limits,
                                        confine=confine)
-        note = "" if confine else "UNSANDBOXED (allow_unsandboxed=True): "
+        note = "" if confine else f"UNSANDBOXED ({by}): "
         if out.error:
             return Verdict(0, 1, note + (out.error if not out.log.strip() else
                                          f"{out.error}; log: {out.log.strip()[-300:]}"))
