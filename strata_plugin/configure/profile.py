@@ -368,6 +368,7 @@ def load_profile(path: Path | str) -> Profile:
     description = top.get("description", str, "")
     vars_ = _str_table(top, "vars")
     setup_argv = top.str_list("setup_argv")
+    top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
 
     s = top.sub("server")
     engine = s.choice("engine", ENGINES)

@@ -105,6 +105,10 @@ def build_config(config: pytest.Config) -> StrataConfig:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
+    if profile.raw.get("allow_unsandboxed_code") is True:
+        from strata_plugin.load import sandbox
+
+        sandbox.allow_unconfined(f"profile {profile.name}: allow_unsandboxed_code = true")
     api = _value(config, "strata_api").strip()
     if api:
         profile = _with_api(profile, api)
