@@ -10,6 +10,8 @@ server once per block and runs the blocks in this order.
 
 from __future__ import annotations
 
+from strata_plugin.errors import StrataError
+
 BLOCK_SEP = "@"
 
 
@@ -30,7 +32,7 @@ def split_param(param: str) -> tuple[str, str]:
     return config_id, param
 
 
-class MissingConfigs(ValueError):
+class MissingConfigs(StrataError, ValueError):
     """A test names server configurations its profile does not have (it is skipped, not failed:
     a sweep written for one engine's flags cannot run on another engine's profile)."""
 

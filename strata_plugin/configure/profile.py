@@ -19,6 +19,7 @@ from typing import Any
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
 API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
@@ -37,7 +38,7 @@ BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root", "strata_cac
 _PLACEHOLDER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ProfileError(ValueError):
+class ProfileError(StrataError, ValueError):
     """A profile that cannot be used, with the file and key at fault."""
 
     def __init__(self, path: Path | str, key: str, expected: str, got: object = None) -> None:

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+from strata_plugin.errors import StrataError
 from strata_plugin.load.workload import TokenSpace
 
 FORMATS = ("mooncake", "burstgpt", "azure", "strata")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-class TraceError(ValueError):
+class TraceError(StrataError, ValueError):
     """A trace file that cannot be read: the message names the file, line and field."""
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.errors import StrataError
+
 #: A clean arm expects nothing.
 NONE = "none"
 
@@ -79,7 +81,7 @@ class Arm:
         return self.arm == "fault" and self.fault in self.past_threshold[:3]
 
 
-class ScorecardError(ValueError):
+class ScorecardError(StrataError, ValueError):
     """A folder that is not a fault-suite run; the message says which and why."""
 
 
