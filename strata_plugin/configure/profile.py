@@ -18,12 +18,11 @@ from typing import Any
 
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
+from strata_plugin.configure.engines import API_FLAVOURS, ENGINES, engine
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
-API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
-ENGINES = ("llamacpp", "vllm", "sglang", "other")
 #: Telemetry collectors a profile may ask for: the agent's own list (it owns the names).
 COLLECTORS = ALL_COLLECTORS
 
@@ -190,7 +189,7 @@ class Profile:
         return TelemetryFacts(
             interval_s=t.interval_s, collectors=t.collectors,
             link_caps_bits_s=dict(t.link_caps),
-            gpu_expected=(self.server.engine in ("vllm", "sglang")
+            gpu_expected=(engine(self.server.engine).runs_on_gpus
                           if t.gpu_expected is None else t.gpu_expected),
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
@@ -393,12 +392,12 @@ def load_profile(path: Path | str) -> Profile:
     top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
 
     s = top.sub("server", ServerSpec)
-    engine = s.choice("engine", ENGINES)
-    api = s.choice("api", API_FLAVOURS)
+    engine_name = s.choice("engine", ENGINES)
+    api = s.choice("api", API_FLAVOURS, engine(engine_name).default_api or ...)
     base_argv = s.str_list("argv")
     base_env = _str_table(s, "env")
     server = ServerSpec(
-        engine=engine,
+        engine=engine_name,
         api=api,
         host=_server_host(s, vars_),
         port=s.integer("port", lo=0, hi=65535),
