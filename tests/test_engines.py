@@ -22,7 +22,7 @@ from strata_plugin.load.client import flavours, spec
 
 
 def test_one_list_of_engines_and_of_api_flavours():
-    assert profile.ENGINES is ENGINES and profile.API_FLAVOURS is API_FLAVOURS
+    assert engines.engine_names() == ENGINES and profile.API_FLAVOURS is API_FLAVOURS
     assert spec.API_FLAVOURS is API_FLAVOURS and tuple(flavours.FLAVOURS) == API_FLAVOURS
     assert ENGINES == ("llamacpp", "vllm", "sglang", "other")
     assert len(set(ENGINES)) == len(ENGINES)
@@ -66,7 +66,7 @@ def test_gpu_expected_in_the_manifest_comes_from_the_table(tmp_path, e):
 
 def test_constraints_read_the_table(monkeypatch):
     new = EngineSpec("llamacpp", constrain=lambda js, g: {"mine": js or g})
-    monkeypatch.setattr(engines, "_BY_NAME", {**engines._BY_NAME, "llamacpp": new})
+    monkeypatch.setattr(engines, "ENGINE_TABLE", (new, *ENGINE_TABLE[1:]))
     assert constraints.constraint_body("llamacpp", grammar="g") == {"mine": "g"}
     with pytest.raises(ValueError, match="exactly one"):
         constraints.constraint_body("llamacpp")
@@ -93,7 +93,7 @@ def test_the_flush_is_the_table_s_call_on_a_real_http_server(monkeypatch):
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
         new = EngineSpec("myengine", flush=("POST", "/flush_me"))
-        monkeypatch.setattr(engines, "_BY_NAME", {**engines._BY_NAME, "myengine": new})
+        monkeypatch.setattr(engines, "ENGINE_TABLE", (*ENGINE_TABLE, new))
         got = cache_flush.flush_prefix_cache("myengine", url)
         assert got.ok and got.how == "POST /flush_me" and _Flushable.seen[-1] == "/flush_me"
         # vLLM's 404 names the option it needs, from its entry

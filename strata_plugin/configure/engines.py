@@ -108,11 +108,16 @@ ENGINE_TABLE: tuple[EngineSpec, ...] = (
     EngineSpec("other"),
 )
 
+#: The names a profile's ``server.engine`` may take, as the table stood at import.
 ENGINES: tuple[str, ...] = tuple(e.name for e in ENGINE_TABLE)
-_BY_NAME = {e.name: e for e in ENGINE_TABLE}
+
+
+def engine_names() -> tuple[str, ...]:
+    """The names a profile's ``server.engine`` may take (read from the table each call)."""
+    return tuple(e.name for e in ENGINE_TABLE)
 
 
 def engine(name: str) -> EngineSpec:
     """The table's entry for ``name``; an unknown name gets an entry that knows nothing
     (as ``other``), so a caller handed a free-form name degrades instead of failing."""
-    return _BY_NAME.get(name) or EngineSpec(name)
+    return next((e for e in ENGINE_TABLE if e.name == name), None) or EngineSpec(name)

@@ -18,7 +18,7 @@ from typing import Any
 
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
-from strata_plugin.configure.engines import API_FLAVOURS, ENGINES, engine
+from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
@@ -392,7 +392,7 @@ def load_profile(path: Path | str) -> Profile:
     top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
 
     s = top.sub("server", ServerSpec)
-    engine_name = s.choice("engine", ENGINES)
+    engine_name = s.choice("engine", engine_names())
     api = s.choice("api", API_FLAVOURS, engine(engine_name).default_api or ...)
     base_argv = s.str_list("argv")
     base_env = _str_table(s, "env")
