@@ -39,6 +39,7 @@ def test_server_params_from_markers():
         server_params(ids, _Marker("zzz"), None, attached=False)
 
 
+@pytest.mark.integration
 def test_blocks_run_in_order_and_boot_once_each(pytester, monkeypatch):
     """Through pytest: the blocks' order, and one server fixture setup per block."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
