@@ -51,9 +51,16 @@ from strata_plugin.load.client import gcpause
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.http1 import HeadError, Target, parse_head, request_bytes, target_of
+from strata_plugin.load.client.http1 import (
+    HeadError,
+    Target,
+    head_problem,
+    parse_head,
+    request_bytes,
+    target_of,
+)
 from strata_plugin.load.client.loopstats import PROBE_S, LoopProbe, LoopStats
-from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, READ_SIZE
+from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, NO_BODY, READ_SIZE
 from strata_plugin.load.client.send import send_streaming as send_in_thread
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
@@ -166,10 +173,11 @@ class _Req:
         if ph == _ERRBODY:
             return self.err_until
         if ph in (_SEND, _HEAD):
-            return self.last_ns + self.head_ns
-        due = self.last_ns + self.read_ns
-        if self.drain_until is not None:
-            return min(due, self.drain_until)
+            due = self.last_ns + self.head_ns
+        else:
+            due = self.last_ns + self.read_ns
+            if self.drain_until is not None:
+                return min(due, self.drain_until)
         dl = self.a.deadline_ns
         return due if dl is None else min(due, dl)
 
@@ -577,7 +585,7 @@ class StreamMux:
         try:
             head, used = parse_head(r.inbuf)
         except HeadError as e:
-            raise StreamError("reset", f"malformed response: {e}") from None
+            raise StreamError("malformed_response", f"malformed response: {e}") from None
         if head is None:
             return
         a = r.a
@@ -597,9 +605,9 @@ class StreamMux:
             if rest or r.left == 0:  # b"" here is "nothing yet", not EOF
                 self._take_error_body(r, rest, eof=False)
             return
-        enc = head.headers.get("content-encoding", "identity").lower()
-        if enc != "identity":
-            raise StreamError("client", f"a compressed stream (Content-Encoding: {enc})")
+        problem = head_problem(head.headers)
+        if problem is not None:
+            raise StreamError("malformed_response", problem)
         r.phase = _BODY
         self._arm(r)
         if rest or r.left == 0:
@@ -612,6 +620,8 @@ class StreamMux:
                 raise StreamError("reset", "connection closed before the body's last chunk")
             if r.left is not None and r.left > 0 and not core.done:
                 raise StreamError("reset", "connection closed before the end of the body")
+            if dec is None and r.left is None and not core.n_bytes:
+                raise StreamError("reset", NO_BODY)
             core.end_of_body(now)
             self._finish(r, None)
             return
@@ -707,7 +717,11 @@ class StreamMux:
         elif ph == _CONNECT:
             self._finish(r, StreamError("timeout", f"connect timed out after {a.t.connect_s:g} s"))
         elif ph in (_SEND, _HEAD):
-            self._finish(r, StreamError("timeout", "no response headers within the read timeout"))
+            if a.deadline_ns is not None and now >= a.deadline_ns:
+                self._finish(r, StreamError("timeout", "the request ran past total_s"))
+            else:
+                self._finish(r, StreamError("timeout",
+                                            "no response headers within the read timeout"))
         elif ph == _ERRBODY:
             self._finish(r, self._status_error(r))
         elif a.core.done:
@@ -725,13 +739,18 @@ class StreamMux:
             sock.close()
 
     def _finish(self, r: _Req, error: StreamError | None) -> None:
+        """End ``r``: its record first (``Attempt.record`` never raises), then it counts
+        as over, so that nothing raised on the way can end a request without a record."""
         if r.over:
             return
-        r.over = True
-        self._live -= 1
         a = r.a
         if error is not None:
             a.error = error
+        # The record is made here, in the loop: when hundreds of streams end
+        # together, their callers then only pick it up.
+        self._ended.append((r, a.record()))
+        r.over = True
+        self._live -= 1
         sock = r.sock
         if sock is not None and error is None and r.reusable and r.keep_alive:
             with contextlib.suppress(KeyError, ValueError, OSError):
@@ -740,9 +759,6 @@ class StreamMux:
             r.sock = None
         else:
             self._drop_sock(r)
-        # The record is made here, in the loop: when hundreds of streams end
-        # together, their callers then only pick it up.
-        self._ended.append((r, a.record()))
         # Finished requests leave the heap lazily (when their time comes up);
         # compact it so thousands of short requests cannot pile up in it.
         heap = self._heap
