@@ -10,7 +10,9 @@ database, so a CI run is the same every time; ``max_examples`` keeps the whole f
 
 from __future__ import annotations
 
+import itertools
 import json
+
 import pytest
 import requests
 from hypothesis import HealthCheck, example, given, settings
@@ -34,7 +36,7 @@ def _splits(data: bytes, cuts: list[int]) -> list[bytes]:
     """``data`` cut at the given offsets (taken modulo its length, sorted)."""
     at = sorted({c % (len(data) + 1) for c in cuts})
     edges = [0, *at, len(data)]
-    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
 # --- the chunked decoder -------------------------------------------------------------

@@ -67,7 +67,8 @@ from strata_plugin.load.client.spec import RequestSpec, Timeouts
 _NS = 1_000_000_000
 _PROBE_NS = int(PROBE_S * _NS)
 _ERROR_BODY_BYTES = 64 * 1024
-_ERROR_BODY_NS = 5 * _NS
+ERROR_BODY_S = 5.0  # how long the start of a non-2xx body is read, at most
+_ERROR_BODY_NS = int(ERROR_BODY_S * _NS)
 _FIONREAD = termios.FIONREAD  # == SIOCINQ on a TCP socket
 _ZERO4 = bytes(4)
 _BACKLOG_EVERY = 7  # bytes waiting are asked for at one read in 8

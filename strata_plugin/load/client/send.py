@@ -43,7 +43,8 @@ def read_here(a: Attempt, resp: requests.Response) -> None:
     """Read the body in this thread; errors land in ``a.error``; the response is closed."""
     try:
         raw = resp.raw
-        unframed = not getattr(raw, "chunked", False) and getattr(raw, "length_remaining", 0) is None
+        unframed = (not getattr(raw, "chunked", False)
+                    and getattr(raw, "length_remaining", 0) is None)
         read_blocking(raw, a.core, a.t.read_s, a.deadline_ns, unframed)
     except StreamError as e:
         a.error = e
