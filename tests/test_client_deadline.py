@@ -15,6 +15,7 @@ import time
 import requests
 
 from strata_plugin.load.client import RequestSpec, Timeouts
+from strata_plugin.load.client import mux as mux_module
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.mux import StreamMux
 from strata_plugin.load.client.slots import EXTRA_EVENTS, request_bound_s, run_slots
@@ -73,3 +74,17 @@ def test_a_lost_request_is_recorded_at_its_deadline_and_frees_its_slot() -> None
         assert by_id[ok].ok, by_id[ok].error
         assert seen[ok] >= deadline_s
     assert took <= deadline_s + 2.0
+
+
+def test_mux_send_streaming_gives_up_on_a_lost_request_at_its_deadline(monkeypatch) -> None:
+    monkeypatch.setattr(mux_module, "DEADLINE_SLACK_S", SLACK_S)
+    deadline_s = request_bound_s(TIMEOUTS, 1) + SLACK_S
+    spec = RequestSpec("r0", "c", "measured", max_tokens=1, prompt="p")
+    with ScriptServer(Reply([(0.001, TOKEN), (0.001, END)])) as srv, \
+            requests.Session() as s, LosingMux({"r0"}) as mux:
+        t0 = time.monotonic()
+        rec = within(deadline_s + 10, lambda: mux.send_streaming(
+            s, srv.url, "llamacpp", spec, scheduled_ns=time.monotonic_ns(), timeouts=TIMEOUTS))
+        took = time.monotonic() - t0
+    assert rec.error is not None and rec.error.cls == "client" and "deadline" in rec.error.message
+    assert deadline_s <= took <= deadline_s + 1.5  # it looks once a second

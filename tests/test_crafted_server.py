@@ -9,6 +9,9 @@ reading ``requests``' response, and the selector loop) must give the same class,
 ``run_load`` (the loop's closed loop, ``run_slots``) must return too: on main at d626c9b a
 malformed event left it waiting forever.
 
+One difference is kept and shown: the thread driver's chunked decoding is http.client's,
+which takes a ``0x``-prefixed chunk size (``int(x, 16)``); the loop's refuses it.
+
 The bound asserted is ``total_s + 1 s`` per request (``total_s`` = 3 s, ``read_s`` = 1 s).
 ``python -m tests.test_crafted_server`` prints the table (case, driver, class, seconds)
 kept in docs/client.md.
@@ -67,6 +70,10 @@ class Case:
     reply: Crafted
     cls: str | None  # the error class both drivers must record (None: a good stream)
     api: str = "llamacpp"
+    thread_cls: str | None = "same"  # where the thread driver differs, and why (docstring)
+
+    def expected(self, driver: str) -> str | None:
+        return self.cls if driver == "mux" or self.thread_cls == "same" else self.thread_cls
 
 
 _GZ = gzip.compress(TOKEN + END)
@@ -113,6 +120,7 @@ CASES = (
     Case("reset mid-stream", stream(TOKEN, end="reset"), "reset"),
     Case("accepts, never answers", Crafted(answer=False), "timeout"),
     Case("stalls mid-stream", stream(TOKEN, end="hang"), "timeout"),
+    Case("trickles past total_s", Crafted([(0, SSE_CLOSE), *[(0.5, TOKEN)] * 12]), "timeout"),
     Case("non-streaming JSON reply",
          Crafted([(0, head("200 OK", "Content-Type: application/json",
                            f"Content-Length: {len(_JSON_REPLY)}")), (0, _JSON_REPLY)]),
@@ -133,6 +141,12 @@ CASES = (
          "malformed_response"),
     Case("chunk size not hex", Crafted([(0, SSE_CHUNKED), (0, b"xyz\r\n" + TOKEN + b"\r\n")]),
          "reset"),
+    # The thread driver's chunked decoding is http.client's, whose int(size, 16) takes a
+    # "0x" prefix: it reads this stream; the loop's decoder (chunked.py) refuses it.
+    Case("chunk size 0x-prefixed",
+         Crafted([(0, SSE_CHUNKED), *((0, b"0x%x\r\n%s\r\n" % (len(e), e)) for e in (TOKEN, END)),
+                  (0, b"0\r\n\r\n")]),
+         "reset", thread_cls=None),
 )
 
 Driver = Callable[..., RequestRecord]
@@ -160,8 +174,8 @@ def test_hostile_server_ends_in_time_with_its_class(case: Case, driver: str) -> 
     cls = rec.error.cls if rec.error is not None else None
     print(f"| {case.name} | {driver} | {cls or 'ok'} | {took:.2f} |")
     assert took <= BOUND_S, f"{case.name}: {took:.2f} s > {BOUND_S} s"
-    assert cls == case.cls, f"{case.name} ({driver}): {rec.error}"
-    if case.cls in ("malformed_event", "malformed_response"):
+    assert cls == case.expected(driver), f"{case.name} ({driver}): {rec.error}"
+    if cls in ("malformed_event", "malformed_response"):
         assert rec.error is not None and "Error:" not in rec.error.message  # no exception text
 
 

@@ -69,6 +69,28 @@ _PROBE_NS = int(PROBE_S * _NS)
 _ERROR_BODY_BYTES = 64 * 1024
 ERROR_BODY_S = 5.0  # how long the start of a non-2xx body is read, at most
 _ERROR_BODY_NS = int(ERROR_BODY_S * _NS)
+#: Added to a request's bound before the caller gives up on the loop's record: the
+#: loop's own rounds (it admits 16 requests a round), a slow ``on_record`` in the
+#: caller, a host that preempts the client for a while. A backstop, far from any
+#: timeout a working request meets first.
+DEADLINE_SLACK_S = 5.0
+#: Without ``total_s`` only ``read_s`` bounds a stream, between any two reads; a working
+#: server's stream is then taken to need at most ``read_s`` per requested token plus
+#: this many more (the role chunk, usage, the terminal event, pings).
+EXTRA_EVENTS = 16
+
+def request_bound_s(t: Timeouts, max_tokens: int) -> float:
+    """The longest one request can take in the loop while the client works.
+
+    Two connects (a reused connection that closed is retried once on a fresh one), the
+    wait for the head, then ``total_s`` (or, without it, ``read_s`` per token and
+    :data:`EXTRA_EVENTS` more), then the longer of the drain after the terminal event
+    and the read of a non-2xx body.
+    """
+    body = t.total_s if t.total_s is not None else t.read_s * (max_tokens + EXTRA_EVENTS)
+    return 2 * t.connect_s + t.read_s + body + max(DRAIN_S, ERROR_BODY_S)
+
+
 _FIONREAD = termios.FIONREAD  # == SIOCINQ on a TCP socket
 _ZERO4 = bytes(4)
 _BACKLOG_EVERY = 7  # bytes waiting are asked for at one read in 8
@@ -311,13 +333,18 @@ class StreamMux:
             box.append(rec)
             done.set()
 
+        bound_s = request_bound_s(timeouts, spec.max_tokens)
+        deadline = time.monotonic() + bound_s + DEADLINE_SLACK_S
         if not self.submit(a, on_done):
             return a.record()
         # The loop always finishes a request, even when it dies of a bug (_loop);
-        # the liveness check is a second guard against a hang.
+        # the liveness check and the deadline are guards against a hang.
         while not done.wait(1.0):
             if not self._thread.is_alive():
                 a.error = StreamError("client", "the stream multiplexer stopped")
+                return a.record()
+            if time.monotonic() > deadline:
+                a.error = StreamError("client", deadline_message(bound_s, DEADLINE_SLACK_S))
                 return a.record()
         return box[0]
 
@@ -795,6 +822,11 @@ class StreamMux:
                 self._finish(r, StreamError("client", why))
         self._heap.clear()
         self._wake_callers()
+
+
+def deadline_message(bound_s: float, slack_s: float) -> str:
+    return (f"no record from the stream loop by the request's deadline: {bound_s:g} s "
+            f"(from connect_s, read_s, total_s, max_tokens) + {slack_s:g} s slack after its start")
 
 
 def _alive(sock: socket.socket) -> bool:

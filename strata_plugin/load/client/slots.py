@@ -26,36 +26,18 @@ from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import fdtable
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.mux import ERROR_BODY_S, StreamMux
-from strata_plugin.load.client.reader import DRAIN_S
-from strata_plugin.load.client.spec import Timeouts
-
-#: Added to a request's bound before the caller gives up on the loop's record: the
-#: loop's own rounds (it admits 16 requests a round), a slow ``on_record`` in the
-#: caller, a host that preempts the client for a while. A backstop, far from any
-#: timeout a working request meets first.
-DEADLINE_SLACK_S = 5.0
-#: Without ``total_s`` only ``read_s`` bounds a stream, between any two reads; a working
-#: server's stream is then taken to need at most ``read_s`` per requested token plus
-#: this many more (the role chunk, usage, the terminal event, pings).
-EXTRA_EVENTS = 16
+from strata_plugin.load.client.mux import (  # noqa: F401 (EXTRA_EVENTS: part of this API)
+    DEADLINE_SLACK_S,
+    EXTRA_EVENTS,
+    StreamMux,
+    deadline_message,
+    request_bound_s,
+)
 
 #: Hooks run in the loop thread around each request (per-request counters):
 #: ``before()`` just before it is sent, ``after(record, before_value)`` as it ends.
 Before = Callable[[], Any]
 After = Callable[[RequestRecord, Any], RequestRecord]
-
-
-def request_bound_s(t: Timeouts, max_tokens: int) -> float:
-    """The longest one request can take in the loop while the client works.
-
-    Two connects (a reused connection that closed is retried once on a fresh one), the
-    wait for the head, then ``total_s`` (or, without it, ``read_s`` per token and
-    :data:`EXTRA_EVENTS` more), then the longer of the drain after the terminal event
-    and the read of a non-2xx body.
-    """
-    body = t.total_s if t.total_s is not None else t.read_s * (max_tokens + EXTRA_EVENTS)
-    return 2 * t.connect_s + t.read_s + body + max(DRAIN_S, ERROR_BODY_S)
 
 
 def run_slots(
@@ -189,12 +171,7 @@ class _SlotRun:
         for i in late:
             a = self.attempts[i][0]
             bound_s = request_bound_s(a.t, a.spec.max_tokens)
-            a.error = StreamError(
-                "client",
-                f"no record from the stream loop by the request's deadline: "
-                f"{bound_s:g} s (from connect_s, read_s, total_s, max_tokens) + "
-                f"{self.slack_s:g} s slack after its start",
-            )
+            a.error = StreamError("client", deadline_message(bound_s, self.slack_s))
             rec = a.record()  # never raises; the loop may still hold the attempt
             self.counted.pop(id(a), None)
             with self.lock:
