@@ -8,6 +8,7 @@ as urllib3 would and reads back the status line and headers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import requests
@@ -75,7 +76,9 @@ def parse_head(buf: bytes) -> tuple[Head | None, int]:
             return None, 0
         lines = buf[pos:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        # RFC 9112 section 4: status-code = 3DIGIT, ASCII digits only ("2\u00b20".isdigit()
+        # is True, int() of it a ValueError).
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _is_digits(parts[1], 3):
             raise HeadError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         status = int(parts[1])
         pos = end + 4
@@ -93,13 +96,40 @@ def parse_head(buf: bytes) -> tuple[Head | None, int]:
         if "chunked" in te:
             return Head(status, headers, "chunked", None, keep), pos
         if "content-length" in headers and status not in (204, 304):
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise HeadError("bad Content-Length") from None
-            if length < 0:
-                raise HeadError("negative Content-Length")
-            return Head(status, headers, "length", length, keep), pos
+            cl = headers["content-length"]
+            if not _is_digits(cl):  # RFC 9110 section 8.6: 1*DIGIT (int() takes "+5", "5_0")
+                raise HeadError(f"bad Content-Length {cl[:40]!r}")
+            return Head(status, headers, "length", int(cl), keep), pos
         if status in (204, 304):
             return Head(status, headers, "length", 0, keep), pos
         return Head(status, headers, "close", None, False), pos
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def _is_digits(s: str, n: int | None = None) -> bool:
+    """``s`` is ASCII digits only (``n`` of them, when given)."""
+    return bool(s) and (n is None or len(s) == n) and _DIGITS.issuperset(s)
+
+
+def head_problem(headers: Mapping[str, str], defects: Sequence[str] = ()) -> str | None:
+    """Why a 2xx head cannot carry the stream we asked for, or None; both drivers ask.
+
+    A ``Content-Encoding`` other than identity was not asked for (every request sends
+    ``Accept-Encoding: identity``: a compressed stream is decoded in blocks, which would
+    delay events); it is refused, not decoded. A header line http.client could not read
+    (``defects``; the loop's :func:`parse_head` raises instead) and a Content-Length that
+    is not digits (http.client would read such a body to EOF) are malformed too.
+    """
+    if defects:
+        return f"a response header line is not a header ({', '.join(defects)})"
+    enc = (headers.get("content-encoding") or "identity").strip().lower()
+    if enc != "identity":
+        return (f"Content-Encoding {enc[:40]} not requested (the request sent "
+                "Accept-Encoding: identity)")
+    cl = headers.get("content-length")
+    te = (headers.get("transfer-encoding") or "").lower()
+    if cl is not None and "chunked" not in te and not _is_digits(cl.strip()):
+        return f"bad Content-Length {cl[:40]!r}"
+    return None
