@@ -26,6 +26,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.report import load_spread
 from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import (
@@ -461,6 +462,7 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
                 + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )
+        facts.extend(load_spread.rows(sc))  # processes, hosts, each one's self-check
     for p in info.get("problems") or []:
         facts.append(("problem", p))
     out.append("#### Workload as run\n\n" + md_table(("", ""), facts))
