@@ -100,6 +100,10 @@ class SelfCheck:
     client_cpu_total_cores: float | None = None
     clock_alignment_error_ms: float | None = None  # Ray: the worst actor's offset error
     incomplete: str | None = None  # a worker, actor or node was lost mid-load: why
+    # An open loop over workers: the rate its arrivals asked (requests over their span)
+    # and the rate they were sent at (dispatches over theirs).
+    rate_asked: float | None = None
+    rate_achieved: float | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,8 @@ def _run_in_pool(
             on_record=record, on_token_mark=on_token_mark, token_mark=token_mark,
             counters=counters, shared=concurrency > 1)
     check = sharded_check(run.records, [_ShardView.of(s, run.records) for s in run.shards],
-                          engine="pool", placement=placed.why)
+                          engine="pool", placement=placed.why,
+                          open_loop=any(j.offset_s is not None for j in jobs))
     pool.CAPACITY.observe([(v["streams"], v.get("stamps_late_ms"))
                            for v in check.per_process])
     return LoadResult(tuple(run.records), run.start_ns, run.end_ns, check)
@@ -279,9 +284,21 @@ class _ShardView:
                    s.report, s.lost)
 
 
+def open_rate(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
+    """(asked, achieved) requests/s of an open loop: n-1 over the span of the scheduled
+    times, and over the span of the dispatches (requests sent at all)."""
+    sched = sorted(r.scheduled_ns for r in records)
+    sent = sorted(r.dispatched_ns for r in records if r.dispatched_ns)
+    asked = (len(sched) - 1) / ((sched[-1] - sched[0]) / 1e9) if len(sched) > 1 and \
+        sched[-1] > sched[0] else None
+    got = (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9) if len(sent) > 1 and \
+        sent[-1] > sent[0] else None
+    return asked, got
+
+
 def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView], *,
                   engine: str, placement: str, hosts: int | None = None,
-                  clock_error_ms: float | None = None) -> SelfCheck:
+                  clock_error_ms: float | None = None, open_loop: bool = False) -> SelfCheck:
     """The self-check of a load spread over workers: each worker's own (its records, its
     CPU over its wall time, its loop's samples, its cgroup), and one over all of them
     whose loop figures are the merged samples. Client-bound when any worker is: its
@@ -321,7 +338,9 @@ def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView]
     whole = self_check(records, busiest, loops if (loops.lag_ns or loops.reads) else None)
     all_reasons = tuple(dict.fromkeys((*whole.reasons, *reasons)))
     n_hosts = hosts if hosts is not None else len({v.host for v in shards if v.host}) or 1
-    return replace(whole, client_bound=bool(all_reasons), reasons=all_reasons,
+    asked, got = open_rate(records) if open_loop else (None, None)
+    return replace(whole, rate_asked=asked, rate_achieved=got,
+                   client_bound=bool(all_reasons), reasons=all_reasons,
                    processes=len(shards), hosts=n_hosts, engine=engine, placement=placement,
                    per_process=tuple(per), client_cpu_total_cores=round(cpu_total, 4),
                    clock_alignment_error_ms=clock_error_ms,
