@@ -214,10 +214,13 @@ def test_a_worker_node_lost_mid_case_gives_an_incomplete_case(lab, emitter) -> N
     time.sleep(1.0)
     killed = lab.kill_node(2)
     assert killed
+    t_kill = time.monotonic()
     th.join(120)
     assert not th.is_alive(), "the load hung after a node was lost"
     res = out[0]
     sc = res.self_check
+    print(f"node lost: the load returned {time.monotonic() - t_kill:.1f} s after the kill; "
+          f"incomplete: {sc.incomplete}")
     assert sc.incomplete and f"on {victim.addr}" in sc.incomplete, sc.incomplete
     lost = [p for p in sc.per_process if p["host"] == victim.addr]
     assert len(lost) == 1 and lost[0]["lost"]

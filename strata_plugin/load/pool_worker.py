@@ -134,7 +134,7 @@ def run_batch(emit: Emit, mux: StreamMux, b: Batch, wait_go: WaitGo) -> None:
     with requests.Session() as session:
         if not mux.handles(b.base_url, session):
             emit(("prepared",))
-            base = wait_go()
+            base = _until(wait_go())
             cpu0, quota0, start_ns = _cpu_s(), own_quota.read(mux.thread_id), time.monotonic_ns()
             for i, (spec, off) in enumerate(b.jobs):  # HTTPS: one by one, in this thread
                 at = time.monotonic_ns() if off is None else base + off
@@ -151,7 +151,7 @@ def run_batch(emit: Emit, mux: StreamMux, b: Batch, wait_go: WaitGo) -> None:
                     a.core.on_token_mark = partial(_mark, emit, a.spec.request_id)
                     a.core.token_mark = b.token_mark
             emit(("prepared",))
-            base = wait_go()
+            base = _until(wait_go())
             cpu0, quota0, start_ns = _cpu_s(), own_quota.read(mux.thread_id), time.monotonic_ns()
             work = [(a, None if off is None else base + off)
                     for a, (_, off) in zip(attempts, b.jobs, strict=True)]
@@ -164,6 +164,14 @@ def run_batch(emit: Emit, mux: StreamMux, b: Batch, wait_go: WaitGo) -> None:
                                own_quota.over(quota0, own_quota.read(mux.thread_id)),
                                os.getpid(), socket.gethostname())))
     emit("done")
+
+
+def _until(start_ns: int) -> int:
+    """Wait for the start the parent named (a Ray driver names one a little ahead, so
+    that every actor has its go before it); a closed loop starts there too."""
+    while (left := (start_ns - time.monotonic_ns()) / 1e9) > 0:
+        time.sleep(left)
+    return start_ns
 
 
 def _mark(emit: Emit, request_id: str, t_ns: int) -> None:
