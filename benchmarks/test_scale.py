@@ -15,6 +15,10 @@ streams are open at once once it has ramped, connections opening all the time. F
   the Ray actors) over the wall time, per stream, in millicores;
 * the achieved open-loop rate against the asked one (dispatches over their span).
 
+Each figure is the median of ROUNDS rounds (``STRATA_BENCH_SCALE_ROUNDS``, 3); each
+round runs every mode back to back, the order rotating, so they share the host's
+background load.
+
 Ray modes need root, Ray (``bash scripts/setup.sh --ray``) and about a minute to start
 a 3-node cluster of network namespaces (tests/raylab.py); without them they are left
 out and say why. Run::
@@ -50,6 +54,7 @@ STREAMS = tuple(int(x) for x in os.environ.get("STRATA_BENCH_SCALE_STREAMS",
                                                "256,1024,2048").split(",") if x)
 MODES = tuple(os.environ.get("STRATA_BENCH_SCALE_MODES",
                              "loop,pool,ray1,ray2,ray3").split(","))
+ROUNDS = int(os.environ.get("STRATA_BENCH_SCALE_ROUNDS", "3"))  # modes rotate each round
 EVENTS = 20
 INTERVAL_S = 0.1
 TIMEOUTS = Timeouts(connect_s=30, read_s=60)
@@ -91,15 +96,43 @@ def _row(mode: str, n: int, res: LoadResult, cpu_here: float, wall: float) -> Ro
         delays.extend((e.handled_ns - s) / 1e6 for s, e in zip(sent, r.events, strict=False)
                       if e.handled_ns)
     sc = res.self_check
-    workers = sc.client_cpu_total_cores if sc.processes > 1 and sc.client_cpu_total_cores \
-        else 0.0
+    # The pool's and the actors' CPU (their own rusage over their own wall time), with
+    # this process's (one loop; the pool's and Ray's driver).
+    workers = sc.client_cpu_total_cores if sc.engine in ("pool", "ray") else 0.0
     cores = cpu_here / wall + (workers or 0.0)
     asked, achieved = open_rate(res.records)
-    per = "; ".join(f"{p.get('host') or p.get('process')}: {p.get('client_cpu_cores')} cores, "
-                    f"own lag p99 {p.get('loop_own_lag_p99_ms')}" for p in sc.per_process)
+    per = "; ".join(
+        f"{p.get('host') or p.get('process')}: {p.get('client_cpu_cores')} cores, own lag p99 "
+        f"{_f(p.get('loop_own_lag_p99_ms'))} ms"
+        + (f", clock offset {_f(p['clock_offset_ms'])} ± {_f(p['clock_error_ms'])} ms"
+           if p.get("clock_offset_ms") is not None else "")
+        + (", client-bound" if p.get("client_bound") else "") for p in sc.per_process)
     return Row(mode, n, percentile(delays, 50), percentile(delays, 99),
                len(res.records) * EVENTS - got, 1000 * cores / n, cores, asked or 0.0,
                achieved or 0.0, per, wall)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _median(rows: list[Row]) -> list[Row]:
+    """Per (mode, N): the median of each figure over the rounds (per-actor text: the
+    median round's by p99)."""
+    out = []
+    keys = list(dict.fromkeys((r.mode, r.n) for r in rows))
+    for mode, n in keys:
+        rs = sorted((r for r in rows if (r.mode, r.n) == (mode, n)), key=lambda r: r.p99_ms)
+        med = rs[len(rs) // 2]
+
+        def m(attr: str, rs: list[Row] = rs) -> float:
+            return statistics.median(getattr(r, attr) for r in rs)
+
+        out.append(Row(mode, n, m("p50_ms"), m("p99_ms"), max(r.lost for r in rs),
+                       m("mcores_per_stream"), m("cores"), m("rate_asked"),
+                       m("rate_achieved"), f"[{len(rs)} rounds] {med.per_actor}",
+                       m("wall_s")))
+    return out
 
 
 def _print(rows: list[Row]) -> None:
@@ -143,8 +176,8 @@ def test_scale_side_by_side(tmp_path_factory) -> None:
     host = lab.head_addr if lab is not None else "127.0.0.1"
     try:
         with emitter_process(host) as em:
-            for n in STREAMS:
-                for mode in MODES:
+            for rnd, n in [(k, n) for n in STREAMS for k in range(ROUNDS)]:
+                for mode in MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]:
                     if mode.startswith("ray") and lab is None:
                         continue
                     jobs = _jobs(n)
@@ -167,9 +200,9 @@ def test_scale_side_by_side(tmp_path_factory) -> None:
     finally:
         if lab is not None:
             lab.close()
-    _print(rows)
+    order = {m: i for i, m in enumerate(MODES)}
+    _print(sorted(_median(rows), key=lambda r: (r.n, order[r.mode])))
     assert all(r.lost == 0 for r in rows), [(r.mode, r.n, r.lost) for r in rows if r.lost]
-    _ = statistics  # medians: rounds are run by repeating the command (see docs/validation.md)
 
 
 if __name__ == "__main__":
