@@ -301,3 +301,23 @@ def test_a_stream_split_anywhere_gives_the_same_text(api: str, texts: list[str],
     assert core.done
     assert core.parser.output_text == "".join(texts)
     assert sum(e.n_tokens for e in core.events) == len(texts)
+
+
+@pytest.mark.parametrize(("lines", "length"), [
+    (["Content-Length: 5"], 5),
+    (["Content-Length: 5, 5"], 5),  # RFC 9110 section 8.6: a list of one value repeated
+    (["Content-Length: 5", "Content-Length: 5"], 5),
+    (["Content-Length: 5", "Content-Length: 6"], None),
+    (["Content-Length: +5"], None),
+    (["Content-Length: 5_0"], None),
+    (["Content-Length: -1"], None),
+    (["Content-Length: "], None),
+])
+def test_content_length_is_digits(lines: list[str], length: int | None) -> None:
+    raw = ("HTTP/1.1 200 OK\r\n" + "".join(f"{x}\r\n" for x in lines) + "\r\n").encode()
+    if length is None:
+        with pytest.raises(HeadError, match="Content-Length"):
+            parse_head(raw)
+    else:
+        head, _ = parse_head(raw)
+        assert head is not None and head.length == length

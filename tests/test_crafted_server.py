@@ -139,6 +139,10 @@ CASES = (
          Crafted([(0, b"HTTP/1.1 200 OK\r\nnot a header\r\nConnection: close\r\n\r\n"),
                   (0, TOKEN + END)]),
          "malformed_response"),
+    Case("Content-Length +5",
+         Crafted([(0, head("200 OK", "Content-Type: text/event-stream", "Content-Length: +5")),
+                  (0, b"data:")]),
+         "malformed_response"),
     Case("chunk size not hex", Crafted([(0, SSE_CHUNKED), (0, b"xyz\r\n" + TOKEN + b"\r\n")]),
          "reset"),
     # The thread driver's chunked decoding is http.client's, whose int(size, 16) takes a

@@ -89,17 +89,20 @@ def parse_head(buf: bytes) -> tuple[Head | None, int]:
             k, sep, v = line.partition(":")
             if not sep:
                 raise HeadError(f"bad header line {line[:80]!r}")
-            headers[k.strip().lower()] = v.strip()
+            name, v = k.strip().lower(), v.strip()
+            if name == "content-length" and name in headers:  # as http.client joins them
+                v = f"{headers[name]}, {v}"
+            headers[name] = v
         conn = headers.get("connection", "").lower()
         keep = parts[0] == "HTTP/1.1" and "close" not in conn
         te = headers.get("transfer-encoding", "").lower()
         if "chunked" in te:
             return Head(status, headers, "chunked", None, keep), pos
         if "content-length" in headers and status not in (204, 304):
-            cl = headers["content-length"]
-            if not _is_digits(cl):  # RFC 9110 section 8.6: 1*DIGIT (int() takes "+5", "5_0")
-                raise HeadError(f"bad Content-Length {cl[:40]!r}")
-            return Head(status, headers, "length", int(cl), keep), pos
+            length = content_length(headers["content-length"])
+            if length is None:
+                raise HeadError(f"bad Content-Length {headers['content-length'][:40]!r}")
+            return Head(status, headers, "length", length, keep), pos
         if status in (204, 304):
             return Head(status, headers, "length", 0, keep), pos
         return Head(status, headers, "close", None, False), pos
@@ -111,6 +114,16 @@ _DIGITS = frozenset("0123456789")
 def _is_digits(s: str, n: int | None = None) -> bool:
     """``s`` is ASCII digits only (``n`` of them, when given)."""
     return bool(s) and (n is None or len(s) == n) and _DIGITS.issuperset(s)
+
+
+def content_length(value: str) -> int | None:
+    """A Content-Length value, or None if it is not one: RFC 9110 section 8.6, ``1*DIGIT``
+    (``int()`` also takes ``+5``, `` 5``, ``5_0``), or a list of one number repeated."""
+    values = {v.strip() for v in value.split(",")}
+    if len(values) != 1:
+        return None
+    v = values.pop()
+    return int(v) if _is_digits(v) else None
 
 
 def head_problem(headers: Mapping[str, str], defects: Sequence[str] = ()) -> str | None:
@@ -130,6 +143,6 @@ def head_problem(headers: Mapping[str, str], defects: Sequence[str] = ()) -> str
                 "Accept-Encoding: identity)")
     cl = headers.get("content-length")
     te = (headers.get("transfer-encoding") or "").lower()
-    if cl is not None and "chunked" not in te and not _is_digits(cl.strip()):
+    if cl is not None and "chunked" not in te and content_length(cl) is None:
         return f"bad Content-Length {cl[:40]!r}"
     return None

@@ -79,6 +79,7 @@ DEADLINE_SLACK_S = 5.0
 #: this many more (the role chunk, usage, the terminal event, pings).
 EXTRA_EVENTS = 16
 
+
 def request_bound_s(t: Timeouts, max_tokens: int) -> float:
     """The longest one request can take in the loop while the client works.
 
@@ -825,6 +826,7 @@ class StreamMux:
 
 
 def deadline_message(bound_s: float, slack_s: float) -> str:
+    """The ``client`` error of a request whose record never came (run_slots, send_streaming)."""
     return (f"no record from the stream loop by the request's deadline: {bound_s:g} s "
             f"(from connect_s, read_s, total_s, max_tokens) + {slack_s:g} s slack after its start")
 
