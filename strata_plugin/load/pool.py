@@ -198,9 +198,12 @@ class ShardedStreamRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for _, conn in self._workers:
+        failed = bool(exc and exc[0] is not None)  # Ctrl-C, an error: mid-batch workers
+        for proc, conn in self._workers:          # would not read the stop: end them now
             with contextlib.suppress(OSError):
                 conn.send(None)
+            if failed:
+                proc.kill()
         for proc, conn in self._workers:
             try:
                 proc.wait(timeout=5)
