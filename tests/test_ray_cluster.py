@@ -166,7 +166,10 @@ def test_an_open_loop_rate_is_the_sum_across_actors(lab, emitter) -> None:
     assert late[0] >= -int(sc.clock_alignment_error_ms * 1e6) and late[-1] < 50_000_000
 
 
-def test_the_load_on_ray_against_the_embedded_llama_server(lab) -> None:
+@pytest.fixture(scope="module")
+def llama(lab) -> Iterator[str]:
+    """The embedded llama-server, listening on the lab's address (the nodes reach it)."""
+    import requests
     from test_robustness_support import llama_paths
 
     from strata_plugin.run.server import free_port
@@ -177,10 +180,8 @@ def test_the_load_on_ray_against_the_embedded_llama_server(lab) -> None:
                              "--port", str(port), "-t", "1", "-c", "2048", "-np", "4",
                              "--no-webui"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://{lab.head_addr}:{port}"
     try:
-        import requests
-
-        url = f"http://{lab.head_addr}:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -189,15 +190,41 @@ def test_the_load_on_ray_against_the_embedded_llama_server(lab) -> None:
             except requests.RequestException:
                 pass
             time.sleep(0.3)
-        jobs = [Job(RequestSpec(f"l{i}", "ray", "measured", 8, prompt_token_ids=tuple(
-            range(300 + i, 316 + i)), ignore_eos=True, isl=16)) for i in range(8)]
-        res = _run(lab, jobs, url, "llamacpp", 8)
+        yield url
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_load_on_ray_against_the_embedded_llama_server(lab, llama) -> None:
+    jobs = [Job(RequestSpec(f"l{i}", "ray", "measured", 8, prompt_token_ids=tuple(
+        range(300 + i, 316 + i)), ignore_eos=True, isl=16)) for i in range(8)]
+    res = _run(lab, jobs, llama, "llamacpp", 8)
     assert all(r.ok for r in res.records), [r.error for r in res.records if not r.ok]
     assert all(r.usage.completion_tokens == 8 and len(r.events) >= 1 for r in res.records)
     assert res.self_check.hosts == 3
+
+
+def test_a_case_runs_on_ray_from_the_profile(lab, llama) -> None:
+    """The case runner (what the ``strata`` fixture hands a test) with ``[load] engine =
+    "ray"``: warm-ups and measured requests on the actors, records written as they come,
+    the case line's self-check saying where it ran."""
+    from strata_plugin.load.case_runner import CaseRunner, CaseSetup
+    from strata_plugin.load.workload import TokenSpace, Workload
+
+    records, cases = [], []
+    setup = CaseSetup(base_url=llama, api="llamacpp", config_id="default",
+                      token_space=TokenSpace(300, 1000), timeouts=T, salt="ray-case",
+                      load=_spec(lab))
+    runner = CaseRunner(setup, record=records.append, mark=lambda *a: None,
+                        add_case=cases.append)
+    res = runner.run(Workload("ray_case", isl=16, osl=4, concurrency=6, requests=12,
+                              warmups=1), scale=False)
+    assert not res.problems, res.problems
+    assert len(records) == 13 and all(r.ok for r in records)
+    sc = cases[0]["self_check"]
+    assert sc["engine"] == "ray" and sc["processes"] == 3 and sc["hosts"] == 3
+    assert sc["clock_alignment_error_ms"] is not None and len(sc["per_process"]) == 3
 
 
 def test_a_worker_node_lost_mid_case_gives_an_incomplete_case(lab, emitter) -> None:

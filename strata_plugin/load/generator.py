@@ -173,7 +173,9 @@ def run_load(
     token marks and progress come through the same callbacks (then from this thread).
     """
     shared = concurrency > 1
-    placed = pool.plan(processes, streams if streams is not None else concurrency)
+    # No more streams than jobs (a case's few warm-ups stay on one loop).
+    placed = pool.plan(processes, min(streams if streams is not None else concurrency,
+                                      max(1, len(jobs))))
 
     hdrs = dict(headers or {})
     if not keep_alive:

@@ -207,7 +207,7 @@ def run_load_on_ray(
         if progress:
             progress.add(rec)
 
-    with RayActors(spec, max(1, concurrency)) as ra:
+    with RayActors(spec, max(1, min(concurrency, len(jobs)))) as ra:
         return _run(ra, jobs, base_url, api, concurrency, timeouts, hdrs, record,
                     on_token_mark, token_mark)
 
