@@ -317,7 +317,8 @@ def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView]
             per.append({"process": v.label, "host": v.host, "streams": v.streams,
                         "requests": len(v.records), "lost": v.lost, "client_bound": None,
                         "reasons": []})
-            lost.append(f"{v.label}{f' ({v.host})' if v.host else ''}: {v.lost}")
+            lost.append(v.lost if v.lost and v.lost.startswith(v.label) else
+                        f"{v.label}{f' ({v.host})' if v.host else ''}: {v.lost}")
             continue
         own = self_check(v.records, rep.cpu_cores, rep.loop, rep.throttling)
         loops = loops.merged(rep.loop)
