@@ -176,8 +176,7 @@ def test_input_and_output_lengths_at_their_limits(tmp_path):
 
 
 def test_a_prompt_at_the_limit_builds_in_the_stated_time():
-    """MAX_ISL's docstring: about 1 s per million tokens; the bound here is 5 s (a shared
-    2-core machine)."""
+    """MAX_ISL's comment: 1.8 s measured on the shared 2-core VM; the bound is 5 s."""
     q = tr.TraceRequest(0.0, tr.MAX_ISL, 1)
     t0 = time.monotonic()
     assert len(trace_prompt(q, 0, SPACE)) == tr.MAX_ISL
