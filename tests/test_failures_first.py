@@ -77,6 +77,12 @@ def test_the_verdict_names_classes_counts_and_the_first_message():
         "failed_share", 0.75, ">=", "requests_failed_share", True)
 
 
+def test_requests_cut_short_by_an_interrupt_are_not_failures():
+    cut = RequestError("interrupted", "interrupted (Ctrl-C or SIGTERM) while in flight")
+    f = failures_of([_rec(0, cut), _rec(1, cut), _rec(2, None)])
+    assert f is not None and (f.n_failed, f.n_total) == (0, 1) and not f.mostly_failed
+
+
 def test_a_case_stopped_by_its_warmups_is_judged_by_them():
     f = failures_of([_rec(0, E500, "warmup"), _rec(1, E500, "warmup")])
     assert f is not None and f.mostly_failed and f.phase == "warmup"

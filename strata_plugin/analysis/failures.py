@@ -10,7 +10,8 @@ message the server sent, so the reader sees the cause without opening requests.j
 The share that makes a case "mostly failed" is ``requests_failed_share`` in the one
 threshold table (``analysis/thresholds.py``). The requests counted are the measured
 ones (and the injected one); a case with no measured request (its warm-ups already
-failed and stopped it) is judged by its warm-ups.
+failed and stopped it) is judged by its warm-ups. Requests cut short by an interrupt
+(``interrupted``) are the user's doing, not the server's, and are not counted.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class FailureTally:
     warm_first: tuple[int, str] | None = None
 
     def add(self, rec: RequestRecord) -> None:
+        if rec.error is not None and rec.error.cls == "interrupted":
+            return  # cut short by the user (Ctrl-C), not failed by the server
         warm = rec.phase == "warmup"
         if warm:
             self.warm_total += 1

@@ -476,6 +476,8 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
                 + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )
+    if info.get("isl_note"):  # chat prompts or the user's texts (load/chat_prompts.py)
+        facts.append(("input lengths", info["isl_note"]))
     for p in info.get("problems") or []:
         facts.append(("problem", p))
     out.append("#### Workload as run\n\n" + md_table(("", ""), facts))
