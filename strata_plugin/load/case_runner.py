@@ -579,6 +579,8 @@ class CaseRunner:
             "cache_flush": flush.as_dict() if flush else None,
             "cold_prefix": cold_prefix_status(w, res.records),
             **isl_fields(self.isl_note(w), res.records),
+            **({"allow_errors": allow_errors if isinstance(allow_errors, bool)
+                else list(allow_errors)} if allow_errors else {}),
             **extra, **(ab.fields() if ab else {}),
         }
         if target_line is not None:

@@ -126,6 +126,7 @@ class StrataSession:
         #: each case's requests counted as they are recorded (analysis/failures.py): a case
         #: whose requests mostly failed makes the run incomplete, with its counts
         self.failures: dict[str, object] = {}
+        self.allowed_errors: dict[str, object] = {}  # case id -> its allow_errors, if any
         self.failed_to_start: list[str] = []  # servers that could not be started or reached
 
     # --- servers -------------------------------------------------------------------------
@@ -484,7 +485,7 @@ class StrataSession:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
         kw = dict(record=self.record, mark=self.recorder.mark,
-                  add_case=self.recorder.add_case, counters=process_counters(server),
+                  add_case=self.add_case, counters=process_counters(server),
                   progress_line=progress, default_case_id=case_id_from(nodeid),
                   history=self.history, repetitions=self.repetitions)
         if self.cfg.escalate:
@@ -505,6 +506,12 @@ class StrataSession:
             tally = self.failures[rec.case_id] = FailureTally()
         tally.add(rec)  # type: ignore[attr-defined]
 
+    def add_case(self, line: dict) -> None:
+        """A case line to cases.jsonl; the failures it allows are kept for the end."""
+        self.recorder.add_case(line)
+        if line.get("allow_errors") and line.get("case_id"):
+            self.allowed_errors[str(line["case_id"])] = line["allow_errors"]
+
     def server_failed(self, why: str) -> None:
         """A server that could not be started or reached: the run is incomplete, and the
         manifest says why at once (the report repeats it in its first lines)."""
@@ -519,12 +526,16 @@ class StrataSession:
 
     def failed_cases(self) -> list[str]:
         """``case X: requests_failed: 4 of 4 requests failed (...)`` per case whose
-        requests mostly failed."""
+        requests mostly failed in ways it did not allow (``allow_errors``)."""
         out = []
         for case_id, tally in self.failures.items():
             f = tally.summary()  # type: ignore[attr-defined]
-            if f is not None and f.mostly_failed:
-                out.append(f"case {case_id}: requests_failed: {f.line()}")
+            if f is None or not f.mostly_failed:
+                continue
+            allowed = self.allowed_errors.get(case_id)
+            if allowed is True or (allowed and {c for c, _ in f.by_class} <= set(allowed)):
+                continue  # a case that expects these failures (a fault case) measured them
+            out.append(f"case {case_id}: requests_failed: {f.line()}")
         return out
 
     # --- end -----------------------------------------------------------------------------
