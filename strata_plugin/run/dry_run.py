@@ -196,7 +196,7 @@ def checklist_markdown(d: dict) -> str:
     for tool in pf.get("tools", []):
         lines.append(f"- [ ] `{tool}` found (on PATH, or the file exists and is executable)")
     for name, host in pf.get("nodes", {}).items():
-        lines.append(f"- [ ] node {name}: `ssh -o BatchMode=yes {host} true` succeeds")
+        lines.append(f"- [ ] node {name}: `ssh -o BatchMode=yes -- {host} true` succeeds")
     if pf.get("gpus"):
         lines.append("- [ ] every GPU idle (no compute process, memory near zero) via NVML")
     lines += ["", "## Commands per node", ""]
