@@ -4,9 +4,10 @@ The chat API takes text, and the server wraps it in its chat template (role mark
 a BOS, the assistant's opening), so the input length is not the text's length. Where the
 server can count a conversation as it will run it, the prompt is built to that count:
 
-* vLLM (and servers that copy its API, SGLang among them): ``POST /tokenize`` with
-  ``messages`` and ``add_generation_prompt`` returns ``count``, the templated length
-  (vLLM's OpenAI-compatible server, "Tokenizer API");
+* vLLM (and servers that copy its API; tried for SGLang too, whose ``/tokenize`` counts a
+  conversation only where it takes ``messages``): ``POST /tokenize`` with ``messages``
+  and ``add_generation_prompt`` returns ``count``, the templated length (vLLM's
+  OpenAI-compatible server, "Tokenizer API");
 * llama.cpp: ``POST /apply-template`` gives the templated text and ``POST /tokenize``
   with ``add_special`` counts it as a chat completion does (llama.cpp
   tools/server/README.md, "POST /apply-template", "POST /tokenize").
