@@ -68,6 +68,8 @@ def run_limits(
         cold = str(info.raw.get("cold_prefix") or "")
         if cold.startswith(("cold prefix not verifi", "NOT cold")):
             out.append(f"case {cid}: {cold}")
+        if info.raw.get("isl_exact") is False:  # chat without a tokenizer endpoint, or texts
+            out.append(f"case {cid}: {info.raw.get('isl_note') or 'ISL not exact'}")
     if not ctx.gpu_present:
         why = "; ".join(
             f"{n}: {r}"
