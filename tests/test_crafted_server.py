@@ -124,7 +124,7 @@ CASES = (
     Case("non-streaming JSON reply",
          Crafted([(0, head("200 OK", "Content-Type: application/json",
                            f"Content-Length: {len(_JSON_REPLY)}")), (0, _JSON_REPLY)]),
-         "truncated_stream"),
+         "not_streaming"),
     Case("gzip body", Crafted([(0, head("200 OK", "Content-Type: text/event-stream",
                                         "Content-Encoding: gzip", "Connection: close")),
                                 (0, _GZ)]),

@@ -18,6 +18,7 @@ from typing import Any
 
 from strata_plugin.analysis import interference, rails
 from strata_plugin.analysis.clocks import node_clocks
+from strata_plugin.analysis.failures import failed_verdict, mostly_failed
 from strata_plugin.analysis.metrics import (
     HEADLINE_STATS,
     CaseMetrics,
@@ -430,7 +431,10 @@ def analyze_case(
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
-    verdict = the_verdict(info.raw, sig, inter, idle)
+    # Failures first: a case whose requests mostly failed is named for that, never for a
+    # resource (analysis/failures.py); the rules are not consulted.
+    failed = mostly_failed(records)
+    verdict = failed_verdict(failed) if failed else the_verdict(info.raw, sig, inter, idle)
     if idle:  # a recorded verdict: mark its background classes all the same
         verdict = replace(
             verdict, background=tuple(c for c in verdict.past_threshold if c in idle)

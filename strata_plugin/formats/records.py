@@ -26,6 +26,8 @@ ERROR_CLASSES = (
     "truncated_stream",  # the stream ended without its terminal event
     "event_too_large",  # one event exceeded the size bound
     "no_tokens",  # events arrived but none parsed as a token: the server speaks another API
+    "not_streaming",  # a complete reply that is not an event stream (HTTP 200, JSON, 0 events)
+    "interrupted",  # Ctrl-C / SIGTERM while it was in flight: the events received so far
     "client",  # a bug or unexpected exception in the client itself
 )
 

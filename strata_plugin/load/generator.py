@@ -189,7 +189,10 @@ def run_load(
                                            major_faults=now[1] - before[1],
                                            read_bytes=now[2] - before[2], shared=shared))
 
+    written: set[str] = set()  # request ids handed to on_record (kept on an interrupt)
+
     def record(rec: RequestRecord) -> None:
+        written.add(rec.request_id)
         if on_record:
             on_record(rec)
         if progress:
@@ -215,8 +218,13 @@ def run_load(
             mux.take_stats()  # samples from before the run are not the run's
             work = [(a, None if j.offset_s is None else start_ns + int(j.offset_s * 1e9))
                     for a, j in zip(attempts, jobs, strict=True)]
-            records = tuple(run_slots(mux, work, concurrency, on_record=lambda _, r: record(r),
-                                      before=counters, after=after))
+            try:
+                records = tuple(run_slots(mux, work, concurrency,
+                                          on_record=lambda _, r: record(r),
+                                          before=counters, after=after))
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what was seen, then stop
+                keep_interrupted(mux, attempts, written, record)
+                raise
             loop = mux.take_stats()
             throttling = own_quota.over(quota0, own_quota.read(mux.thread_id))
     end_ns = time.monotonic_ns()
@@ -348,6 +356,18 @@ def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView]
                    per_process=tuple(per), client_cpu_total_cores=round(cpu_total, 4),
                    clock_alignment_error_ms=clock_error_ms,
                    incomplete="; ".join(lost) or None)
+
+
+def keep_interrupted(mux: StreamMux, attempts: Sequence[Attempt], written: set[str],
+                     record: Callable[[RequestRecord], None]) -> None:
+    """The loop stopped at once; every request that was sent and not yet recorded is
+    recorded: the ones in flight with the error class ``interrupted`` and the events they
+    had received, the ones that had just ended as they ended. Requests never sent are
+    not requests the server saw, and are left out."""
+    mux.interrupt()  # joins the loop: nothing touches the attempts after this
+    for a in attempts:
+        if a.dispatched_ns and a.spec.request_id not in written:
+            record(a.record())
 
 
 def _run_in_threads(

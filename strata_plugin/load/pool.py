@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,8 @@ CLIENT_TIMING_ERROR_MS = threshold_value("client_timing_error_ms")
 #: How long a worker process may take to import and report ready (a cold start on a
 #: busy 2-core host: ~1 s here).
 READY_TIMEOUT_S = 60.0
+#: How long a Ctrl-C waits for the workers' records of their requests in flight.
+INTERRUPT_GRACE_S = 3.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where strata_plugin is importable
 _MODULE = "strata_plugin.load.pool_worker"
 
@@ -299,7 +302,48 @@ class ShardedStreamRunner:
             except OSError as e:
                 w = live.pop(conn)
                 lost[w] = f"load worker process {self._workers[w][0].pid} went away: {e}"
-        while live:
+        try:
+            self._collect(live, parts, out, reports, lost, on_record, on_token_mark)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the workers keep what they saw
+            self._interrupt(live, parts, out, reports, lost, on_record)
+            raise
+        records = []
+        for i, rec in enumerate(out):
+            if rec is None:
+                w = i % len(parts)
+                rec = lost_record(jobs[i], api, lost.get(w, "the worker running this request "
+                                                          "sent no record"),
+                                  0 if absolute else start_ns)
+                if on_record is not None:
+                    on_record(rec)
+            records.append(rec)
+        shards = tuple(Shard(w, tuple(idx), shares[w], reports.get(w), lost.get(w),
+                             self.hosts[w] if w < len(self.hosts) else "")
+                       for w, idx in enumerate(parts))
+        return PoolRun(records, shards, start_ns, time.monotonic_ns())
+
+    def _interrupt(self, live: dict[Connection, int], parts: list[list[int]],
+                   out: list[RequestRecord | None], reports: dict[int, ShardReport],
+                   lost: dict[int, str], on_record: Callable[[RequestRecord], None] | None
+                   ) -> None:
+        """Stop every live worker (SIGINT: each records its requests in flight as
+        ``interrupted``) and take their last records, for at most INTERRUPT_GRACE_S."""
+        for w in live.values():
+            with contextlib.suppress(OSError):
+                os.kill(self._workers[w][0].pid, signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while live and time.monotonic() < deadline:
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: still bounded
+                self._collect(live, parts, out, reports, lost, on_record, None,
+                              until=deadline)
+
+    def _collect(self, live: dict[Connection, int], parts: list[list[int]],
+                 out: list[RequestRecord | None], reports: dict[int, ShardReport],
+                 lost: dict[int, str], on_record: Callable[[RequestRecord], None] | None,
+                 on_token_mark: Callable[[str, int], None] | None,
+                 until: float | None = None) -> None:
+        """Take the workers' messages until every one is done or lost (or ``until``)."""
+        while live and (until is None or time.monotonic() < until):
             ready = wait(list(live), timeout=1.0)
             if not ready:
                 for conn, w in list(live.items()):
@@ -335,20 +379,6 @@ class ShardedStreamRunner:
                 elif msg[0] == "stats":
                     reports[w] = msg[1]
                     self.loop_stats = self.loop_stats.merged(msg[1].loop)
-        records = []
-        for i, rec in enumerate(out):
-            if rec is None:
-                w = i % len(parts)
-                rec = lost_record(jobs[i], api, lost.get(w, "the worker running this request "
-                                                          "sent no record"),
-                                  0 if absolute else start_ns)
-                if on_record is not None:
-                    on_record(rec)
-            records.append(rec)
-        shards = tuple(Shard(w, tuple(idx), shares[w], reports.get(w), lost.get(w),
-                             self.hosts[w] if w < len(self.hosts) else "")
-                       for w, idx in enumerate(parts))
-        return PoolRun(records, shards, start_ns, time.monotonic_ns())
 
     def _await_prepared(self, live: dict[Connection, int], lost: dict[int, str]) -> None:
         """Wait until every live worker has prepared its requests (or died)."""

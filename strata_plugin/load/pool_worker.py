@@ -17,6 +17,10 @@ the worker runs :func:`run_batch` and hands messages to an ``emit`` callable:
   throttling, over the batch;
 * ``"done"``.
 
+On SIGINT (Ctrl-C at the terminal, or the parent stopping the run) a worker keeps what
+was seen, as one loop does: its requests in flight are recorded with the error class
+``interrupted`` and the events they received, sent, then ``"done"``, and it exits.
+
 The process worker's FD is its end of a socketpair carrying pickled messages: it sends
 ``("ready", pid, host)`` once imported, then takes batches until it reads ``None``.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -110,10 +115,12 @@ def run_batch(emit: Emit, mux: StreamMux, b: Batch, wait_go: WaitGo) -> None:
     """
     lock = threading.Lock()
     finished: list[tuple[int, RequestRecord]] = []
+    written: set[int] = set()  # indices recorded (kept on an interrupt)
 
     def on_record(i: int, rec: RequestRecord) -> None:
         with lock:
             finished.append((i, rec))
+            written.add(i)
 
     def flush() -> None:
         with lock:
@@ -156,8 +163,19 @@ def run_batch(emit: Emit, mux: StreamMux, b: Batch, wait_go: WaitGo) -> None:
             work = [(a, None if off is None else base + off)
                     for a, (_, off) in zip(attempts, b.jobs, strict=True)]
             mux.take_stats()  # samples from before the batch are not the batch's
-            run_slots(mux, work, b.slots, on_record=on_record, tick_s=FLUSH_S, on_tick=flush,
-                      before=counters, after=after if counters is not None else None)
+            try:
+                run_slots(mux, work, b.slots, on_record=on_record, tick_s=FLUSH_S,
+                          on_tick=flush, before=counters,
+                          after=after if counters is not None else None)
+            except KeyboardInterrupt:  # Ctrl-C, or the parent's SIGINT: keep what was seen
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                mux.interrupt()  # in-flight requests: class "interrupted", their events kept
+                for i, a in enumerate(attempts):
+                    if a.dispatched_ns and i not in written:
+                        on_record(i, a.record())
+                flush()
+                emit("done")
+                raise
     flush()
     end_ns = time.monotonic_ns()
     emit(("stats", ShardReport(mux.take_stats(), _cpu_s() - cpu0, start_ns, end_ns,
@@ -202,8 +220,8 @@ def serve(conn: Connection) -> None:
                 return
             try:
                 run_batch(emit, mux, msg, lambda: int(conn.recv()[1]))
-            except (OSError, EOFError):
-                return  # the parent went away
+            except (OSError, EOFError, KeyboardInterrupt):
+                return  # the parent went away, or stopped the run
 
 
 if __name__ == "__main__":

@@ -70,7 +70,17 @@ def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Ite
 
         yield planned_server(sess, config_id, block_id)
         return
-    server = sess.start_server(config_id, block_id)
+    from strata_plugin.run.server import ServerStartError
+
+    try:
+        server = sess.start_server(config_id, block_id)
+    except ServerStartError as exc:  # the user's problem in their words, not our traceback
+        why = f"server {block_id or config_id}: {exc}"
+    else:
+        why = ""
+    if why:
+        sess.server_failed(why.splitlines()[0])
+        pytest.fail(why, pytrace=False)
     block = sess.begin_block(server)
     try:
         yield server

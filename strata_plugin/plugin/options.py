@@ -71,6 +71,18 @@ def _with_api(profile, api: str):
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, api=api))
 
 
+def _server_url(url: str) -> str:
+    """``--strata-server-url`` checked now: a malformed URL is a usage error, not a wait."""
+    if not url.strip():
+        return ""
+    from strata_plugin.run.server import check_server_url
+
+    try:
+        return check_server_url(url)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--strata-server-url (ini: strata_server_url): {exc}") from None
+
+
 def _value(config: pytest.Config, ini: str) -> str:
     """Command-line option wins over pytest.ini."""
     opt = config.getoption(ini)
@@ -116,7 +128,7 @@ def build_config(config: pytest.Config) -> StrataConfig:
         profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
         run_id=_run_id(config) or new_run_id(),
-        server_url=_value(config, "strata_server_url"),
+        server_url=_server_url(_value(config, "strata_server_url")),
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,
         max_regression_pct=max_reg,

@@ -110,7 +110,20 @@ def header(d: ReportData) -> str:
     ]
     if m.get("incomplete_reason"):
         rows.append(("incomplete", m["incomplete_reason"]))
-    return f"# Strata report: {d.bundle.run_id}\n" + md_table(("", ""), rows)
+    return f"# Strata report: {d.bundle.run_id}\n" + first_lines(d) + md_table(("", ""), rows)
+
+
+def first_lines(d: ReportData) -> str:
+    """What went wrong, before anything else: the run's incomplete reason (a server that
+    could not be reached, an interrupt) and each case whose requests mostly failed."""
+    from strata_plugin.analysis.failures import VERDICT_CLASS
+
+    reason = str(d.bundle.manifest.get("incomplete_reason") or "")
+    lines = [f"**Run incomplete:** {reason}"] if reason else []
+    lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {a.verdict.notes[0]}"
+              for a in d.analyses if a.verdict.classes == (VERDICT_CLASS,) and a.verdict.notes
+              and a.case_id not in reason]
+    return "".join(f"\n{line}\n" for line in lines) + ("\n" if lines else "")
 
 
 def run_details(d: ReportData) -> str:
@@ -191,6 +204,8 @@ def _deciding(v: Verdict) -> str:
     """The one piece of evidence that decided the verdict, in a few words."""
     if v.inconclusive:
         return (v.notes[-1] if v.notes else "inconclusive")[:160]
+    if v.classes == ("requests_failed",) and v.notes:  # analysis/failures.py: its counts
+        return v.notes[0][:300]
     parts = []
     for cls in v.classes:
         e = next((e for e in v.evidence if e.cls == cls and e.met), None)
@@ -463,6 +478,8 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
             )
         )
         facts.extend(load_spread.rows(sc))  # processes, hosts, each one's self-check
+    if info.get("isl_note"):  # chat prompts or the user's texts (load/chat_prompts.py)
+        facts.append(("input lengths", info["isl_note"]))
     for p in info.get("problems") or []:
         facts.append(("problem", p))
     out.append("#### Workload as run\n\n" + md_table(("", ""), facts))

@@ -75,6 +75,7 @@ class Attempt:
         self.deadline_ns: int | None = None
         self.first_byte_ns: int | None = None
         self.http_status: int | None = None
+        self.content_type: str | None = None  # the response's, to name a non-stream reply
         self.error: StreamError | None = None
 
     def open(self) -> requests.Response | None:
@@ -96,6 +97,7 @@ class Attempt:
             return None
         self.first_byte_ns = time.monotonic_ns()
         self.http_status = resp.status_code
+        self.content_type = resp.headers.get("Content-Type")
         if not 200 <= resp.status_code < 300:
             self.error = StreamError(
                 "http_status",
@@ -155,6 +157,10 @@ class Attempt:
             and (self.error is None or self.error.cls == "truncated_stream")
         ):
             self.error = no_tokens_error(p.n_events, self.api, core.first_event)
+        if (self.error is not None and self.error.cls == "truncated_stream"
+                and not p.n_events and self.content_type is not None
+                and "event-stream" not in self.content_type.lower()):
+            self.error = not_streaming_error(self.http_status, self.content_type, core)
         err = None
         if self.error is not None:
             self.error.message = scrub(self.error.message, self.secrets)
@@ -188,6 +194,18 @@ def no_tokens_error(n_events: int, api: str, first_event: str | None) -> StreamE
         "no_tokens",
         f"{n_events} SSE events, 0 tokens parsed as {api}; does the server speak {api}? "
         f"first event: {first}",
+    )
+
+
+def not_streaming_error(status: int | None, content_type: str, core: StreamCore) -> StreamError:
+    """A whole reply that is not an event stream: the server ignored ``"stream": true``
+    (or a proxy buffered it into one body), so there are no token times to measure."""
+    start = " ".join(core.held.decode("utf-8", "replace").split())[:300]
+    return StreamError(
+        "not_streaming",
+        f"HTTP {status} with Content-Type {content_type}: a complete reply of {core.n_bytes} "
+        f"bytes and 0 SSE events, not a stream (does the server or a proxy ignore "
+        f"\"stream\": true?); it starts: {start}",
     )
 
 

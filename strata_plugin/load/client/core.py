@@ -88,6 +88,11 @@ class StreamCore:
     def done(self) -> bool:
         return self.done_ns is not None
 
+    @property
+    def held(self) -> bytes:
+        """The body bytes not yet parsed as events (a reply that is not a stream)."""
+        return b"".join(self._parts)
+
     def feed(self, chunk: bytes, t_ns: int) -> None:
         """One read of body bytes that arrived at ``t_ns``."""
         if self.first_ns is None:

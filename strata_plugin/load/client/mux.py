@@ -234,6 +234,7 @@ class StreamMux:
         self._nread = 0
         self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
         self._gc_held = False  # this loop holds the collector's full passes off (gcpause)
+        self._shut_cls = "client"  # the error class of requests open when it stops
         self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
@@ -242,6 +243,13 @@ class StreamMux:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def interrupt(self) -> None:
+        """Stop now (Ctrl-C, SIGTERM): the requests still open end with the error class
+        ``interrupted`` and the events they received so far (their records are made
+        before this returns)."""
+        self._shut_cls = "interrupted"
         self.close()
 
     def close(self) -> None:
@@ -420,7 +428,9 @@ class StreamMux:
             if admit or self._incoming:
                 self._admit(admit)
             if self._closing:
-                self._shut("the stream multiplexer was closed")
+                self._shut("interrupted (Ctrl-C or SIGTERM) while in flight"
+                           if self._shut_cls == "interrupted"
+                           else "the stream multiplexer was closed", self._shut_cls)
                 return
 
     def _admit(self, drain_wake: bool) -> None:
@@ -622,6 +632,7 @@ class StreamMux:
         r.head = head
         a.first_byte_ns = now
         a.http_status = head.status
+        a.content_type = head.headers.get("content-type")
         r.keep_alive = r.keep_alive and head.keep_alive
         if head.framing == "chunked":
             r.decoder = ChunkedDecoder()
@@ -807,20 +818,20 @@ class StreamMux:
                 except Exception:
                     continue
 
-    def _shut(self, why: str) -> None:
+    def _shut(self, why: str, cls: str = "client") -> None:
         with self._lock:
             pending = list(self._incoming)
             self._incoming.clear()
         for r in pending:
             self._live += 1
-            self._finish(r, StreamError("client", why))
+            self._finish(r, StreamError(cls, why))
         for _, _, r in self._heap:
             if isinstance(r, _Req):
-                self._finish(r, StreamError("client", why))
+                self._finish(r, StreamError(cls, why))
         for key in list(self._sel.get_map().values()):
             r = key.data
             if isinstance(r, _Req):
-                self._finish(r, StreamError("client", why))
+                self._finish(r, StreamError(cls, why))
         self._heap.clear()
         self._wake_callers()
 

@@ -39,14 +39,19 @@ def _common(spec: RequestSpec) -> dict[str, Any]:
 
 
 def chat_body(spec: RequestSpec) -> dict[str, Any]:
-    if spec.prompt is None:
-        raise ValueError("the chat API takes a text prompt, not prompt_token_ids")
     body = _common(spec)
-    body["messages"] = [{"role": "user", "content": spec.prompt}]
+    if spec.messages is not None:
+        body["messages"] = [{"role": r, "content": c} for r, c in spec.messages]
+    elif spec.prompt is not None:
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        raise ValueError("the chat API takes a text prompt or messages, not prompt_token_ids")
     return body
 
 
 def completions_body(spec: RequestSpec) -> dict[str, Any]:
+    if spec.messages is not None:
+        raise ValueError("the completions API takes a prompt, not chat messages")
     body = _common(spec)
     body["prompt"] = spec.prompt if spec.prompt is not None else list(spec.prompt_token_ids or ())
     return body
