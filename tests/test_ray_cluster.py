@@ -227,6 +227,33 @@ def test_a_case_runs_on_ray_from_the_profile(lab, llama) -> None:
     assert sc["clock_alignment_error_ms"] is not None and len(sc["per_process"]) == 3
 
 
+def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
+    """Ctrl-C in the driver: every request in flight on the actors is recorded with the
+    error class ``interrupted`` and the events it had; the cluster is left as found."""
+    import _thread
+
+    from strata_plugin.load.ray_engine import run_load_on_ray
+
+    got: list = []
+
+    def press() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not all(
+                _streaming(lab, k, emitter.url) for k in range(3)):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_load_on_ray(_jobs(6, 400), spec=_spec(lab), base_url=emitter.url, api="chat",
+                        concurrency=6, timeouts=T, on_record=got.append)
+    assert len(got) == 6, [r.error for r in got]  # all six were in flight
+    assert {r.error.cls for r in got if r.error} == {"interrupted"}
+    assert all(r.dispatched_ns and 1 <= len(r.events) < 400 for r in got)
+    assert _cluster_free(lab)["free"] == 3.0
+
+
 def test_a_worker_node_lost_mid_case_gives_an_incomplete_case(lab, emitter) -> None:
     """Last in the module: it takes node 2 away."""
     out: list[LoadResult] = []

@@ -87,5 +87,12 @@ class LoadActor:
             except queue.Empty:
                 return msgs
 
+    def interrupt(self) -> None:
+        """Stop the batch now (the driver's Ctrl-C): its requests in flight end with the
+        error class ``interrupted`` and the events they had; the batch thread then sends
+        what it has and "done" (requests never sent come as ``client`` errors with
+        ``dispatched_ns`` 0, which the driver leaves out)."""
+        self.mux.interrupt()
+
     def close(self) -> None:
         self.mux.close()

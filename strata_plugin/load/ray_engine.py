@@ -18,6 +18,10 @@ process's times; records, token marks and windows are moved onto this host's tim
 before anything reads them, and the self-check states the alignment error (the worst
 actor's uncertainty plus how far its offset moved during the load).
 
+Ctrl-C. The actors stop at once and their requests in flight are recorded with the
+error class ``interrupted`` and the events they had (for up to INTERRUPT_GRACE_S), as
+one loop's are; then the actors and the placement group are removed as on every path.
+
 Loss. An actor that dies, or whose node is lost, or that does not answer a poll for
 LOST_AFTER_S: its unfinished requests become ``client`` errors naming it and the reason,
 the self-check says the load was incomplete, and the run goes on.
@@ -56,6 +60,8 @@ PLACE_TIMEOUT_S = 120.0
 #: message (one RPC) reaches every one before the first arrival is due.
 LEAD_S = 0.2
 CLOCK_ROUNDS = 8
+#: How long a Ctrl-C waits for the actors' records of their requests in flight.
+INTERRUPT_GRACE_S = 5.0
 
 
 class RayUnavailable(RuntimeError):
@@ -233,6 +239,7 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
     out: list[RequestRecord | None] = [None] * len(jobs)
     prepared: set[int] = set()
     start_ns = 0
+    interrupted = [False]
 
     def handle(k: int, msg: Any) -> None:
         off = clocks[k].offset_ns
@@ -242,6 +249,8 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
             prepared.add(k)
         elif msg[0] == "recs":
             for local_i, rec in msg[1]:
+                if interrupted[0] and not rec.dispatched_ns:
+                    continue  # never sent: not a request the server saw
                 rec = shift_record(rec, -off)
                 out[parts[k][local_i]] = rec
                 record(rec)
@@ -284,7 +293,18 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
     for k in range(len(parts)):
         if k not in lost:
             ra.actors[k].go.remote(start_ns + clocks[k].offset_ns)
-    pump(lambda: all(k in done or k in lost for k in range(len(parts))))
+    try:
+        pump(lambda: all(k in done or k in lost for k in range(len(parts))))
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what the actors saw, as one loop does
+        interrupted[0] = True
+        for k in range(len(parts)):
+            if k not in done and k not in lost:
+                ra.actors[k].interrupt.remote()
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        with contextlib.suppress(KeyboardInterrupt):
+            pump(lambda: time.monotonic() > deadline
+                 or all(k in done or k in lost for k in range(len(parts))))
+        raise
     end_ns = time.monotonic_ns()
     after = {}
     for k in range(len(parts)):
