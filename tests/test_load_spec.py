@@ -65,3 +65,21 @@ def test_the_report_says_where_the_load_ran():
     one = dict(rows({"processes": 1, "hosts": 1, "engine": "loop", "per_process": []}))
     assert one == {"load carried by": "1 process on 1 host (one loop)"}
     assert rows({"client_bound": False}) == []  # a self-check from before the pool
+
+
+def test_ray_missing_says_how_to_install(monkeypatch):
+    import sys
+
+    from strata_plugin.load.ray_engine import RayUnavailable, import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what a missing package imports as
+    with pytest.raises(RayUnavailable, match=r'engine = "ray" needs Ray installed: pip install '
+                                             r'"strata\[ray\]"'):
+        import_ray()
+
+
+def test_a_ray_bundle_is_never_empty(tmp_path):
+    with pytest.raises(ProfileError, match=r"load\.num_cpus"):
+        _load(tmp_path, 'engine = "ray"\naddress = "auto"\nnum_cpus = 0\n')
+    _, prof = _load(tmp_path, 'engine = "ray"\naddress = "auto"\nnum_cpus = 0.01\n')
+    assert prof.load.num_cpus == 0.01

@@ -58,7 +58,7 @@ def read_load(r: Any, error: Callable[..., Exception]) -> LoadSpec:
         engine=engine, processes=processes, address=address,
         workers_per_node=r.integer("workers_per_node", 1, lo=1, hi=256),
         nodes=r.integer("nodes", 0, lo=0, hi=10_000),
-        num_cpus=r.number("num_cpus", 1.0, lo=0.0, hi=1024),
+        num_cpus=r.number("num_cpus", 1.0, lo=0.01, hi=1024),  # a Ray bundle is never empty
         resources=resources,
         ship_package=r.get("ship_package", bool, False),
         namespace=r.get("namespace", str, "strata"),

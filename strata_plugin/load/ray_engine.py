@@ -132,9 +132,14 @@ class RayActors:
                     import strata_plugin
 
                     env["py_modules"] = [str(Path(strata_plugin.__file__).parent)]
-                ray.init(address=spec.address, namespace=spec.namespace,
-                         runtime_env=env or None, log_to_driver=False,
-                         logging_level="WARNING")
+                try:
+                    ray.init(address=spec.address, namespace=spec.namespace,
+                             runtime_env=env or None, log_to_driver=False,
+                             logging_level="WARNING")
+                except Exception as e:
+                    raise RayUnavailable(
+                        f"[load] address = {spec.address!r}: could not connect to the Ray "
+                        f"cluster ({type(e).__name__}: {e})") from e
                 self.connected_here = True
             alive = [n for n in ray.nodes() if n.get("Alive")]
             self.nodes = min(spec.nodes or len(alive), len(alive))
