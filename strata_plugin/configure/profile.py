@@ -18,6 +18,7 @@ from typing import Any
 
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
+from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.formats.telemetry import TelemetryFacts
 
@@ -153,6 +154,7 @@ class Profile:
     setup_argv: tuple[str, ...] = ()  # the command that builds what vars point at
     prometheus: PrometheusSpec = PrometheusSpec()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    load: LoadSpec = field(default_factory=LoadSpec)  # [load]: where the load runs
 
     @property
     def has_env_values(self) -> bool:
@@ -438,13 +440,14 @@ def load_profile(path: Path | str) -> Profile:
         if k not in SCALE_KEYS:
             raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
     scale = tuple((k, sc.number(k, 1.0, lo=1e-6, hi=1e6)) for k in list(sc.table))
+    load = read_load(top.sub("load"), ProfileError)
     top.reject_unknown()
     _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
     _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
     for k, v in vars_:  # a var may use the built-ins, not another var (session.py)
         _check_text(path, f"vars.{k}", v, set(BUILTIN_PLACEHOLDERS))
     return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
-                   setup_argv, prometheus, raw=data)
+                   setup_argv, prometheus, raw=data, load=load)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
+from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
@@ -59,6 +60,7 @@ class CaseSetup:
     block_id: str = ""  # the server process this case ran in (A/B blocks)
     engine: str = ""  # the profile's server.engine: how its prefix cache is flushed
     startup_s: float | None = None  # that server's start-up time, apart from measurements
+    load: LoadSpec = field(default_factory=LoadSpec)  # [load]: one loop, the pool or Ray
 
 
 INJECT_AFTER = ("first_tokens", "start")
@@ -292,6 +294,11 @@ def merge_loads(results: list[LoadResult]) -> LoadResult:
         late_events=sum(c.late_events for c in checks),
         dispatch_delay_share=max(c.dispatch_delay_share for c in checks),
         handling_lag_share=max(c.handling_lag_share for c in checks),
+        # where the batches ran (load/pool.py, load/ray_engine.py): the widest spread
+        processes=max(c.processes for c in checks), hosts=max(c.hosts for c in checks),
+        engine=checks[-1].engine, placement=checks[-1].placement,
+        per_process=max((c.per_process for c in checks), key=len),
+        incomplete="; ".join(c.incomplete for c in checks if c.incomplete) or None,
     )
     return LoadResult(tuple(r for res in results for r in res.records),
                       min(r.start_ns for r in results), max(r.end_ns for r in results), merged)
@@ -445,12 +452,18 @@ class CaseRunner:
             def on_record(rec: RequestRecord) -> None:
                 self._record(rec)
                 clock.record(rec)
-        return run_load(jobs, base_url=self.setup.base_url, api=self.setup.api,
-                        concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
-                        headers=self.setup.headers, counters=self._counters,
-                        on_record=on_record, progress=phase_progress,
-                        on_token_mark=clock.mark if clock else None,
-                        token_mark=clock.token_mark if clock else 1)
+        kw = dict(base_url=self.setup.base_url, api=self.setup.api,
+                  concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
+                  headers=self.setup.headers, counters=self._counters,
+                  on_record=on_record, progress=phase_progress,
+                  on_token_mark=clock.mark if clock else None,
+                  token_mark=clock.token_mark if clock else 1)
+        if self.setup.load.engine == "ray":  # the same loop as Ray actors (load/ray_engine.py)
+            from strata_plugin.load.ray_engine import run_load_on_ray
+
+            return run_load_on_ray(jobs, spec=self.setup.load, **kw)  # type: ignore[arg-type]
+        return run_load(jobs, processes=self.setup.load.processes, streams=w.concurrency,
+                        **kw)  # type: ignore[arg-type]
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""

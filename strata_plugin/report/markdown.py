@@ -26,6 +26,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.report import load_spread
 from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import (
@@ -476,6 +477,7 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
                 + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )
+        facts.extend(load_spread.rows(sc))  # processes, hosts, each one's self-check
     if info.get("isl_note"):  # chat prompts or the user's texts (load/chat_prompts.py)
         facts.append(("input lengths", info["isl_note"]))
     for p in info.get("problems") or []:

@@ -372,17 +372,6 @@ def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | N
     """Per-request counters of the server's process tree (launched servers only)."""
     if server.pid is None:
         return None
-    from strata_plugin.agent.procfs import process_tree, read_process_counters
+    from strata_plugin.agent.procfs import TreeCounters
 
-    root = server.pid
-    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
-    tree = [process_tree(root)]
-
-    def read() -> tuple[float, int, int]:
-        c = read_process_counters(tree[0])
-        if c.n_missing:
-            tree[0] = process_tree(root)
-            c = read_process_counters(tree[0])
-        return (c.cpu_s, c.major_faults, c.read_bytes)
-
-    return read
+    return TreeCounters(server.pid)  # pickles: the pool's workers read it per request

@@ -493,7 +493,7 @@ class StrataSession:
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale,
-            engine=p.server.engine)
+            engine=p.server.engine, load=p.load)
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
