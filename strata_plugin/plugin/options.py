@@ -29,6 +29,8 @@ OPTIONS = (
      "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
      "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
      ""),
+    ("--strata-progress", "strata_progress",
+     "live progress line per case: auto (on a terminal, not in CI), on, off", "auto"),
 )
 
 
@@ -57,6 +59,17 @@ def adhoc_workload(config: pytest.Config):
         return parse_workload(text)
     except WorkloadSpecError as exc:
         raise pytest.UsageError(f"--strata-workload: {exc}") from None
+
+
+def progress_setting(config: pytest.Config) -> str:
+    """``--strata-progress`` (auto, on, off); anything else is a usage error."""
+    from strata_plugin.plugin.progress import SETTINGS
+
+    value = _value(config, "strata_progress").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise pytest.UsageError(f"--strata-progress {value!r}: expected one of "
+                                f"{', '.join(SETTINGS)}")
+    return value
 
 
 def _with_api(profile, api: str):

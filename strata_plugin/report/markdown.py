@@ -1,5 +1,6 @@
 """report.md: the run, its limits, each case (workload, metrics, hardware, verdict,
-plots), the A/B comparisons, and the thresholds the verdicts used.
+plots), the A/B comparisons, and a link to the thresholds the verdicts used
+(``thresholds.md``, rendered here too).
 
 Pure text assembly from already-computed results; nothing here reads files or the
 clock, so the same inputs always give the same document.
@@ -719,16 +720,26 @@ def run_timeline(d: ReportData) -> str:
     return "".join(out)
 
 
+#: The thresholds' own file in the run folder, next to report.md (``report/writer.py``).
+THRESHOLDS_FILE = "thresholds.md"
+
+
 def thresholds_section() -> str:
+    """A link: the table has a file of its own, the same in every run (76 rows that the
+    report's reader rarely needs beside each case)."""
+    return (f"\n## Thresholds\n\nThe {len(THRESHOLDS)} numbers the rules compare against, "
+            f"each with its source: [{THRESHOLDS_FILE}]({THRESHOLDS_FILE}).\n")
+
+
+def thresholds_md() -> str:
+    """``thresholds.md``: every number the rules compare against, with its source."""
     return (
-        "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`).\n\n<details><summary>"
-        f"{len(THRESHOLDS)} thresholds</summary>\n\n"
+        "# Thresholds\n\nEvery number the rules compare against "
+        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`), with its source.\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],
         )
-        + "\n</details>\n"
     )
 
 

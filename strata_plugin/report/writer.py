@@ -3,9 +3,9 @@
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
 case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
-(report/ci_outputs.py), report.md and plots/*.png. Nothing written depends on the time
-of writing, dict order or the machine's matplotlib settings, so the same raw files give
-the same bytes.
+(report/ci_outputs.py), report.md, thresholds.md and plots/*.png. Nothing written depends
+on the time of writing, dict order or the machine's matplotlib settings, so the same raw
+files give the same bytes.
 """
 
 from __future__ import annotations
@@ -48,7 +48,13 @@ from strata_plugin.report import (
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
-from strata_plugin.report.markdown import AbGroup, ReportData, render
+from strata_plugin.report.markdown import (
+    THRESHOLDS_FILE,
+    AbGroup,
+    ReportData,
+    render,
+    thresholds_md,
+)
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
@@ -414,6 +420,7 @@ def write_report(run_dir: Path | str) -> Path:
     ]
     for name, text in ci_files(ci_cases).items():
         (run_dir / name).write_text(text)
+    (run_dir / THRESHOLDS_FILE).write_text(thresholds_md())
     report = run_dir / "report.md"
     report.write_text(render(data))
     return report
