@@ -341,6 +341,7 @@ NCCL_IB_HCA = "{hcas}"
 [telemetry]
 interval_s = 1.0
 collectors = ["proc", "net"]
+gpu_expected = true
 [telemetry.link_caps]
 "head/veth0" = 8e6
 "w/eth2" = 1e9

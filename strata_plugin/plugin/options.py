@@ -34,6 +34,10 @@ OPTIONS = (
 )
 
 
+#: ``--strata-progress`` values (plugin/progress.py).
+PROGRESS_SETTINGS = ("auto", "on", "off")
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("strata", "Strata LLM-serving benchmarks")
     for opt, ini, help_text, default in OPTIONS:
@@ -63,12 +67,10 @@ def adhoc_workload(config: pytest.Config):
 
 def progress_setting(config: pytest.Config) -> str:
     """``--strata-progress`` (auto, on, off); anything else is a usage error."""
-    from strata_plugin.plugin.progress import SETTINGS
-
     value = _value(config, "strata_progress").strip().lower() or "auto"
-    if value not in SETTINGS:
+    if value not in PROGRESS_SETTINGS:
         raise pytest.UsageError(f"--strata-progress {value!r}: expected one of "
-                                f"{', '.join(SETTINGS)}")
+                                f"{', '.join(PROGRESS_SETTINGS)}")
     return value
 
 

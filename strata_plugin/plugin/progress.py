@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-#: ``--strata-progress`` / ``strata_progress`` values.
-SETTINGS = ("auto", "on", "off")
+from strata_plugin.plugin.options import PROGRESS_SETTINGS as SETTINGS
+from strata_plugin.plugin.options import progress_setting
+
 #: Seconds between lines where the line cannot be rewritten in place (CI logs).
 LOG_EVERY_S = 10.0
 
@@ -87,8 +88,6 @@ class ProgressLine:
 
 def progress_line(config, label: str) -> ProgressLine | None:
     """The progress callback for one test, or None where the mode is off."""
-    from strata_plugin.plugin.options import progress_setting
-
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is None:
         return None
