@@ -115,7 +115,7 @@ def test_generated_case_runs_beside_paths_given(project):
             "--strata-run-id=a2", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_mine.py::test_mine PASSED*",
-                                 "*::test_strata_workload?default? PASSED*"])
+                                 "*::test_strata_workload PASSED*"])
 
 
 def test_without_the_option_nothing_is_generated(project):
