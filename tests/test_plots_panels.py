@@ -26,7 +26,7 @@ def test_memory_that_barely_moves_gets_tick_labels_that_differ():
     ticks 0.0005 GiB apart): the labels must tell the ticks apart."""
     x = np.linspace(0.0, 10.0, 21)
     y = 22.94 + 0.0004 * np.sin(x)  # GiB: a few hundred KiB of movement
-    fig, ax = _drawn(Panel("memory", "Memory", "GiB", lines=[("mem_available", x, y)]))
+    _fig, ax = _drawn(Panel("memory", "Memory", "GiB", lines=[("mem_available", x, y)]))
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
     lo, hi = ax.get_ylim()
