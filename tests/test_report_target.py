@@ -83,3 +83,44 @@ def test_the_engine_log_says_when_it_runs_on_a_gpu(tmp_path):
     assert engine_reports_gpu(tmp_path) is None
     log.write_text(f"build: 1 (x)\n{llama}\n")
     assert engine_reports_gpu(tmp_path) == llama
+
+
+def test_a_one_case_run_draws_its_timeline_once(tmp_path):
+    """The run timeline of a one-case run is that case's timeline but for the baseline and
+    cooldown seconds: one figure, not two (the bench of one request drew both)."""
+    from bundle_factory import CaseSpec, RunSpec, make_run
+
+    run = make_run(tmp_path, RunSpec([CaseSpec("only")]))
+    write_report(run)
+    assert sorted(p.name for p in (run / "plots").glob("*.png")) == ["case-only.png"]
+    report = (run / "report.md").read_text()
+    assert "![run timeline]" not in report
+    assert "Not drawn: the run has one case" in report
+    two = make_run(tmp_path / "two", RunSpec([CaseSpec("a"), CaseSpec("b")]))
+    write_report(two)
+    assert (two / "plots" / "run.png").is_file()
+
+
+def test_gpu_rules_only_where_the_profile_or_the_server_says_a_gpu_is_there(tmp_path):
+    """No GPU said (profile) or seen (NVML): the CPU rules judge, no "GPU expected" limit.
+    The engine's log naming a GPU device: the GPU rules apply, and say what they lack."""
+    import json
+
+    from bundle_factory import CaseSpec, RunSpec, make_run
+
+    said = make_run(tmp_path / "cpu", RunSpec([CaseSpec("c")]))
+    write_report(said)
+    s = json.loads((said / "summary.json").read_text())
+    assert s["run"]["gpu_expected"] is False
+    assert not any(line.startswith("GPU expected") for line in s["limits"])
+    assert "no GPU telemetry and none expected: GPU classes not assessed" in (
+        s["cases"][0]["verdict"]["notes"])
+    seen = make_run(tmp_path / "log", RunSpec([CaseSpec("c")]))
+    log = seen / "service" / "default" / "server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("llama_model_load_from_file_impl: using device CUDA0 (NVIDIA L4) - "
+                   "22000 MiB free\n")
+    write_report(seen)
+    s = json.loads((seen / "summary.json").read_text())
+    assert s["run"]["gpu_expected"] is True
+    assert any(line.startswith("GPU expected but no GPU telemetry") for line in s["limits"])

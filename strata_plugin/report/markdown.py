@@ -755,11 +755,18 @@ def ab_section(d: ReportData) -> str:
     return "".join(out)
 
 
+#: ``run_plot``'s note where the run has one case: no second figure of the same seconds.
+RUN_PLOT_ONE_CASE = "one case"
+
+
 def run_timeline(d: ReportData) -> str:
     out = ["\n## Run timeline\n\n"]
     if d.run_plot is None:
         return out[0] + "No run window was marked.\n"
     name, omitted = d.run_plot
+    if not name and omitted == [RUN_PLOT_ONE_CASE]:
+        return out[0] + ("Not drawn: the run has one case, and its timeline above shows the "
+                         "run (all but the idle baseline and cooldown).\n")
     if name:
         out.append(f"![run timeline](plots/{name})\n")
     if omitted:

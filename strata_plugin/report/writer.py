@@ -49,6 +49,7 @@ from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
 from strata_plugin.report.markdown import (
+    RUN_PLOT_ONE_CASE,
     THRESHOLDS_FILE,
     AbGroup,
     ReportData,
@@ -187,6 +188,10 @@ def _run_plot(
     runs = [w for w in bundle.windows() if w.kind == "run"]
     if not runs:
         return None
+    if len([a for a in analyses if a.window is not None]) == 1:
+        # One case: its own timeline (with the requests panel) already shows the run, but
+        # for the idle baseline and cooldown seconds; drawing it twice cost a second figure.
+        return "", [RUN_PLOT_ONE_CASE]
     run = runs[0]
     panels, omitted = plots.build_panels(store, run.start_ns, run.end_ns, run.start_ns)
     if not panels:
