@@ -148,3 +148,17 @@ def test_gpu_expected_only_where_the_profile_says_so(tmp_path):
     p.write_text(vllm.replace("interval_s = 0.1", 'interval_s = 0.1\ngpu_expected = "no"'))
     with pytest.raises(ProfileError, match=r"telemetry\.gpu_expected"):
         load_profile(p)
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_no_shipped_profile_serves_every_interface_without_an_api_key(path):
+    """A shipped example is copied as is: one that binds 0.0.0.0 (or ::) with no API key
+    serves anyone who reaches the port (the two-node example once did)."""
+    server = load_profile(path).server
+    assert server.host not in ("0.0.0.0", "::") or server.api_key_env, (path, server.host)
+
+
+def test_the_two_node_example_binds_the_head_address_its_worker_joins():
+    prof = load_profile(ROOT / "fixtures" / "profiles" / "sglang-dsv4pro-2node.toml")
+    assert prof.server.host == prof.var("head_addr") == "10.10.0.1"
+    assert "NO API KEY" in prof.path.read_text().split("\nname =")[0]  # said in the header

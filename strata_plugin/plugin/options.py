@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.configure.profile import StrataConfig, load_profile, resolve_profile
 
 OPTIONS = (
@@ -91,6 +92,16 @@ def _value(config: pytest.Config, ini: str) -> str:
     return str(opt) if opt is not None else str(config.getini(ini))
 
 
+def _run_id(config: pytest.Config) -> str:
+    """``--strata-run-id``: the run folder's name, one path component (``../x`` once made a
+    folder outside the reports folder); "" = a new id."""
+    value = _value(config, "strata_run_id")
+    if value and not is_name(value):
+        raise pytest.UsageError(f"--strata-run-id (ini: strata_run_id) {value!r}: expected "
+                                f"{NAME_RULE}")
+    return value
+
+
 def build_config(config: pytest.Config) -> StrataConfig:
     """Options + ini + profile, resolved against the invoking repository's rootdir."""
     from strata_plugin.run.run_folder import new_run_id
@@ -109,13 +120,17 @@ def build_config(config: pytest.Config) -> StrataConfig:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
+    if profile.raw.get("allow_unsandboxed_code") is True:
+        from strata_plugin.load import sandbox
+
+        sandbox.allow_unconfined(f"profile {profile.name}: allow_unsandboxed_code = true")
     api = _value(config, "strata_api").strip()
     if api:
         profile = _with_api(profile, api)
     return StrataConfig(
         profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
-        run_id=_value(config, "strata_run_id") or new_run_id(),
+        run_id=_run_id(config) or new_run_id(),
         server_url=_value(config, "strata_server_url"),
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.timeline import SampleStore, merge_intervals
+from strata_plugin.formats.atomic import atomic_open
 
 if TYPE_CHECKING:
     import numpy as np
@@ -372,7 +373,8 @@ def render(
             left=0.07, right=0.955, bottom=0.45 / height, top=1 - 0.55 / height, hspace=0.55
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None})
 
 
 def _draw_panel(ax, p: Panel) -> None:

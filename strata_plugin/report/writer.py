@@ -36,6 +36,7 @@ from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import (
     ab_plots,
@@ -363,8 +364,9 @@ def write_report(run_dir: Path | str) -> Path:
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
-    for old in plot_dir.glob("*.png"):
-        old.unlink()
+    # Plots of the last report that this one does not redraw go once it is written, so
+    # a report that fails part way leaves the previous one whole, its plots included.
+    earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
     used: set[str] = set()
     for a in analyses:
         if a.window is None:
@@ -403,7 +405,7 @@ def write_report(run_dir: Path | str) -> Path:
         for s in hw_by_window[name]
     ]
     write_csv(run_dir / "case_hw_summary.csv", HW_COLUMNS, hw_rows(all_hw))
-    (run_dir / "summary.json").write_text(json_text(_summary_json(data, windows)))
+    atomic_write_text(run_dir / "summary.json", json_text(_summary_json(data, windows)))
     extra = {
         a.case_id: {
             "verdict": a.verdict.summary(),
@@ -416,16 +418,28 @@ def write_report(run_dir: Path | str) -> Path:
         }
         for a in analyses
     }
-    (run_dir / "benchmark.json").write_text(
-        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
+    atomic_write_text(
+        run_dir / "benchmark.json",
+        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra)),
     )
     ci_cases = [
         CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
         for a in analyses
     ]
     for name, text in ci_files(ci_cases).items():
-        (run_dir / name).write_text(text)
-    (run_dir / THRESHOLDS_FILE).write_text(thresholds_md())
+        atomic_write_text(run_dir / name, text)
+    atomic_write_text(run_dir / THRESHOLDS_FILE, thresholds_md())
     report = run_dir / "report.md"
-    report.write_text(render(data))
+    atomic_write_text(report, render(data))
+    for p, was in earlier.items():
+        if _file_id(p) == was:  # not rewritten (an atomic write is a new inode)
+            p.unlink(missing_ok=True)
     return report
+
+
+def _file_id(p: Path) -> tuple[int, int, int] | None:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns

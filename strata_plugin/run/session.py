@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata_plugin.configure.profile import StrataConfig, expand_placeholders
+from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
@@ -26,7 +26,12 @@ from strata_plugin.run.nodes import (
     start_agents,
     stop_agents,
 )
-from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
+from strata_plugin.run.run_folder import (
+    RunRecorder,
+    base_manifest,
+    create_run_dir,
+    private_umask,
+)
 from strata_plugin.run.server import (
     LaunchSpec,
     Server,
@@ -82,14 +87,13 @@ def _ssh_probe(host: str):
     def probe() -> bool | str:
         import subprocess
 
-        from strata_plugin.run.remote import ssh_options_from_env
+        from strata_plugin.run.remote import probe_argv
 
-        # The same ssh config (STRATA_SSH_CONFIG) the agents and workers will use.
-        argv = ["ssh", *ssh_options_from_env(), "-o", "BatchMode=yes", "-o",
-                "ConnectTimeout=5", host, "true"]
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        try:  # a host that is not one is refused here too, before ssh sees it
+            argv = probe_argv(host)
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False,
+                                 stdin=subprocess.DEVNULL)
+        except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
             return f"{type(exc).__name__}: {exc}"
         return True if out.returncode == 0 else (out.stderr.strip() or f"exit {out.returncode}")
 
@@ -97,14 +101,23 @@ def _ssh_probe(host: str):
 
 
 def public_profile(cfg: StrataConfig) -> dict:
-    """The profile as recorded in the manifest: names of secret env vars, never values."""
-    return dict(cfg.profile.raw, _path=str(cfg.profile.path))
+    """The profile as recorded in the manifest (and summary.json): every env table cut to
+    its variable names (``Profile.recorded``), so a literal value is never written."""
+    return dict(cfg.profile.recorded(), _path=str(cfg.profile.path))
 
 
 class StrataSession:
     def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
         self.cfg = cfg
-        self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id)
+        # A profile with env values (a token, perhaps): everything this run writes (and its
+        # agents, which inherit the umask) stays readable by the owner alone.
+        self._umask = private_umask() if cfg.profile.has_env_values else None
+        try:
+            self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id,
+                                          private=self._umask is not None)
+        except BaseException:
+            self.restore_umask()
+            raise
         self.anchor = ClockAnchor.now()
         self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
@@ -135,7 +148,7 @@ class StrataSession:
         builtins = dict(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
                         python=sys.executable, root=str(self.cfg.rootdir),
                         strata_cache=str(cache_root()))
-        values = {k: os.path.expanduser(v.format_map(builtins) if "{" in v else v)
+        values = {k: os.path.expanduser(expand_value(v, builtins) if "{" in v else v)
                   for k, v in p.vars}
         values.update(builtins)
         return values
@@ -146,11 +159,11 @@ class StrataSession:
         port = p.server.port or free_port(p.server.host)
         values = self.placeholder_values(port)
         argv = expand_placeholders(conf.argv, values)
-        env = tuple((k, v.format_map(values)) for k, v in conf.env)
+        env = tuple((k, expand_value(v, values)) for k, v in conf.env)
         container = None
         if p.server.container is not None:
             container = self.container_launch(argv, env, block_id or config_id, port, values)
-            env = env + tuple((k, v.format_map(values)) for k, v in p.server.container.env)
+            env = env + tuple((k, expand_value(v, values)) for k, v in p.server.container.env)
             argv = list(container.run_argv)
         return LaunchSpec(
             config_id=config_id, argv=tuple(argv), env=env, container=container,
@@ -542,6 +555,7 @@ class StrataSession:
             self.incomplete_reason = f"could not write the run folder {self.run_dir}: {exc}"
             with contextlib.suppress(OSError):
                 self.recorder.close()
+            self.restore_umask()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
             return self._write_report(complete=not interrupted and not self.agents_lost
@@ -549,6 +563,14 @@ class StrataSession:
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
+            self.restore_umask()
+
+    def restore_umask(self) -> None:
+        """The process's own umask again, once the run folder is written (pytest and the
+        user's tests go on in this process)."""
+        if self._umask is not None:
+            os.umask(self._umask)
+            self._umask = None
 
     def _write_report(self, *, complete: bool) -> Path | None:
         from strata_plugin.report import write_report
