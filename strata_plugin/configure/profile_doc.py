@@ -36,6 +36,7 @@ SECTIONS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
 RENAMED = {"server.configs.<id>.argv": "args"}
 #: Keys the dataclasses do not hold one to one, documented where their section is.
 EXTRA_KEYS = {
+    "": (("allow_unsandboxed_code", "true/false", "false"),),
     "server": (("argv", "list of strings", "required (may be [] for a profile only used "
                 "attached, with --strata-server-url)"), ("env", "table of strings", "{}")),
 }
@@ -54,6 +55,9 @@ MEANINGS = {
             "`server.env`, a configuration's `args`/`env`, `setup_argv` or `server.container`.",
     "scale": "Factors the workload matrix is scaled by (`Workload.scaled`): "
              + ", ".join(f"`{k}`" for k in P.SCALE_KEYS) + "; each a number.",
+    "allow_unsandboxed_code": "Run model-written code (`code_passes`) without the sandbox, for "
+                              "every case of the run; the verdicts name who opted in "
+                              "(load/sandbox.py). Only where the sandbox cannot run.",
     "setup_argv": "The command that builds what `[vars]` point at (run by the dry run's "
                   "checklist, not by a run).",
     "server.engine": "The serving engine: " + ", ".join(f"`{e}`" for e in P.ENGINES)
