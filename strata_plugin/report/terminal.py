@@ -20,7 +20,7 @@ AB_LABELS = {"output_tok_s": "output tok/s", "ttft_p50_ms": "TTFT p50", "ttft_p9
              "tpot_p50_ms": "TPOT p50", "tpot_p95_ms": "TPOT p95"}
 #: A case column wider than this is cut in the middle ("...").
 CASE_WIDTH = 60
-VERDICT_WIDTH = 40
+VERDICT_WIDTH = 50
 
 
 def _num(x: Any) -> str:
