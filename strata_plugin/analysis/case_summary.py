@@ -48,7 +48,7 @@ from strata_plugin.analysis.timeline import (
 )
 from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
-from strata_plugin.formats.telemetry import TelemetryFacts
+from strata_plugin.formats.telemetry import TelemetryFacts, engine_reports_gpu
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
     facts = TelemetryFacts.from_manifest(bundle.manifest)
     return RunContext(
         gpu_present=any(s in GPU_SOURCES for _, s in sources),
-        gpu_expected=facts.gpu_expected,
+        gpu_expected=facts.gpu_expected or engine_reports_gpu(bundle.run_dir) is not None,
         multi_node=len(nodes_with_samples) > 1,
         unavailable=unavailable,
         link_caps=facts.link_caps(),

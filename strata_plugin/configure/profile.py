@@ -80,8 +80,11 @@ class TelemetrySpec:
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.
     link_caps: tuple[tuple[str, float], ...] = ()
-    #: Does the server run on GPUs? None: the engine says (vLLM, SGLang: yes). A CPU build
-    #: of a GPU engine (vLLM on the CPU) says false, so the CPU rules apply.
+    #: Does the server run on GPUs? Unset: only when its container is given GPUs
+    #: (server.container.gpus) or the run shows one (NVML samples, the engine's log naming
+    #: a GPU device); the engine's name alone does not say (vLLM runs on CPUs too). Set
+    #: true where Strata may not see the GPUs (an attached server on another host): the
+    #: GPU rules then apply and name what they lack.
     gpu_expected: bool | None = None
 
 
@@ -191,7 +194,7 @@ class Profile:
         return TelemetryFacts(
             interval_s=t.interval_s, collectors=t.collectors,
             link_caps_bits_s=dict(t.link_caps),
-            gpu_expected=(self.server.engine in ("vllm", "sglang")
+            gpu_expected=(bool(self.server.container and self.server.container.gpus)
                           if t.gpu_expected is None else t.gpu_expected),
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 

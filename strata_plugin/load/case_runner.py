@@ -392,7 +392,7 @@ class CaseRunner:
                  mark: Callable[[str, str, str, int, int], object],
                  add_case: Callable[[dict], None],
                  counters: Callable[[], tuple[float, int, int]] | None = None,
-                 progress_line: Callable[[str], None] | None = None,
+                 progress_line: Callable[[str, bool], None] | None = None,
                  default_case_id: str = "case", history: dict | None = None,
                  repetitions: dict | None = None) -> None:
         self.setup = setup
@@ -787,14 +787,16 @@ class CaseRunner:
         return t
 
     def _start_ticker(self, progress: Progress, stop: threading.Event) -> threading.Thread | None:
-        """Print live progress every few seconds for cases that run that long."""
+        """Live progress about once a second, and the final count (``emit(line, final)``;
+        plugin/progress.py decides what reaches the terminal)."""
         if self._progress_line is None:
             return None
         emit = self._progress_line
 
         def tick() -> None:
-            while not stop.wait(5.0):
-                emit(progress.line())
+            while not stop.wait(1.0):
+                emit(progress.line(), False)
+            emit(progress.line(), True)
 
         t = threading.Thread(target=tick, name="strata-progress", daemon=True)
         t.start()

@@ -137,8 +137,8 @@ class Progress:
     def line(self) -> str:
         with self._lock:
             dt = max(1e-9, time.monotonic() - self.t0)
-            return (f"{self.done}/{self.total} requests, {self.errors} errors, "
-                    f"{self.tokens / dt:.1f} output tok/s")
+            return (f"{self.done}/{self.total} requests, {self.done / dt:.2f} req/s, "
+                    f"{self.errors} errors, {self.tokens / dt:.1f} output tok/s")
 
 
 def run_load(

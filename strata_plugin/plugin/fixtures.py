@@ -9,7 +9,6 @@ test's ``user_properties`` (and so to JUnit XML).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
@@ -105,7 +104,10 @@ def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[ob
         pytest.skip(str(exc))
     for line in sess.recover_agents(server):  # lost since the last case ended
         _warn(request, line)
-    runner = sess.case_runner(server, request.node.nodeid, _progress_writer(request))
+    from strata_plugin.plugin.progress import progress_line
+
+    runner = sess.case_runner(server, request.node.nodeid,
+                              progress_line(request.config, request.node.name))
     yield runner
     from strata_plugin.plugin.case_teardown import finish_case
 
@@ -116,20 +118,6 @@ def _warn(request: pytest.FixtureRequest, line: str) -> None:
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.write_line(f"  [strata] {line}")
-
-
-def _progress_writer(request: pytest.FixtureRequest):
-    """Live progress lines through the terminal reporter; silent under -q."""
-    if request.config.get_verbosity() < 0 or os.environ.get("CI_NO_PROGRESS"):
-        return None
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is None:
-        return None
-
-    def emit(line: str) -> None:
-        tr.write_line(f"  [strata {request.node.name}] {line}")
-
-    return emit
 
 
 def _junit_suite_properties(config: pytest.Config, sess) -> None:

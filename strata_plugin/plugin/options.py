@@ -30,7 +30,13 @@ OPTIONS = (
      "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
      "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
      ""),
+    ("--strata-progress", "strata_progress",
+     "live progress line per case: auto (on a terminal, not in CI), on, off", "auto"),
 )
+
+
+#: ``--strata-progress`` values (plugin/progress.py).
+PROGRESS_SETTINGS = ("auto", "on", "off")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -58,6 +64,15 @@ def adhoc_workload(config: pytest.Config):
         return parse_workload(text)
     except WorkloadSpecError as exc:
         raise pytest.UsageError(f"--strata-workload: {exc}") from None
+
+
+def progress_setting(config: pytest.Config) -> str:
+    """``--strata-progress`` (auto, on, off); anything else is a usage error."""
+    value = _value(config, "strata_progress").strip().lower() or "auto"
+    if value not in PROGRESS_SETTINGS:
+        raise pytest.UsageError(f"--strata-progress {value!r}: expected one of "
+                                f"{', '.join(PROGRESS_SETTINGS)}")
+    return value
 
 
 def _with_api(profile, api: str):

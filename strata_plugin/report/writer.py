@@ -3,9 +3,9 @@
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
 case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
-(report/ci_outputs.py), report.md and plots/*.png. Nothing written depends on the time
-of writing, dict order or the machine's matplotlib settings, so the same raw files give
-the same bytes.
+(report/ci_outputs.py), report.md, thresholds.md and plots/*.png. Nothing written depends
+on the time of writing, dict order or the machine's matplotlib settings, so the same raw
+files give the same bytes.
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ from strata_plugin.report import (
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
-from strata_plugin.report.markdown import AbGroup, ReportData, render
+from strata_plugin.report.markdown import (
+    RUN_PLOT_ONE_CASE,
+    THRESHOLDS_FILE,
+    AbGroup,
+    ReportData,
+    render,
+    thresholds_md,
+)
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
@@ -184,6 +191,10 @@ def _run_plot(
     runs = [w for w in bundle.windows() if w.kind == "run"]
     if not runs:
         return None
+    if len([a for a in analyses if a.window is not None]) == 1:
+        # One case: its own timeline (with the requests panel) already shows the run, but
+        # for the idle baseline and cooldown seconds; drawing it twice cost a second figure.
+        return "", [RUN_PLOT_ONE_CASE]
     run = runs[0]
     panels, omitted = plots.build_panels(store, run.start_ns, run.end_ns, run.start_ns)
     if not panels:
@@ -419,6 +430,7 @@ def write_report(run_dir: Path | str) -> Path:
     ]
     for name, text in ci_files(ci_cases).items():
         atomic_write_text(run_dir / name, text)
+    atomic_write_text(run_dir / THRESHOLDS_FILE, thresholds_md())
     report = run_dir / "report.md"
     atomic_write_text(report, render(data))
     for p, was in earlier.items():

@@ -278,9 +278,9 @@ class StrataSession:
                         x for x in (self.incomplete_reason, why) if x)
                     self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
                 raise ContainerLeft(why)
-        if ("nvml" not in self.cfg.profile.telemetry.collectors
+        if ("nvml" not in self.cfg.profile.telemetry.collectors or server.spec is None
                 or server.block_key in self.gpu_checked):
-            return
+            return  # an attached server was not stopped: its GPU memory stays, rightly
         self.gpu_checked.add(server.block_key)  # once per block: its agents' answer stands
         from strata_plugin.run.gpu_release import (
             release_on_nodes,
