@@ -116,6 +116,6 @@ def test_every_key_the_reader_reads_is_documented():
     """A key read by configure/profile.py but held in no dataclass field (a flag read from
     the raw table) still needs a row: the reader's own calls are the list."""
     names = {k.rsplit(".", 1)[-1] for k, _, _, _ in profile_keys()}
-    names |= {"server", "telemetry", "prometheus", "configs", "container", "nodes"}
+    names |= {"server", "telemetry", "prometheus", "configs", "container", "nodes", "load"}
     missing = _reader_keys() - names
     assert missing == set(), missing

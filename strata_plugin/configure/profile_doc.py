@@ -19,18 +19,20 @@ import io
 import textwrap
 import tokenize
 
+from strata_plugin.configure import load_spec as L
 from strata_plugin.configure import profile as P
 
 #: Where each section's keys come from: (TOML section, dataclass, fields left out (not
 #: keys, or documented under another name)).
 SECTIONS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
-    ("", P.Profile, ("path", "raw", "server", "telemetry", "prometheus")),
+    ("", P.Profile, ("path", "raw", "server", "telemetry", "prometheus", "load")),
     ("server", P.ServerSpec, ("configs", "container")),
     ("server.configs.<id>", P.ServerConfig, ("config_id",)),
     ("server.container", P.ContainerSpec, ()),
     ("telemetry", P.TelemetrySpec, ()),
     ("prometheus", P.PrometheusSpec, ()),
     ("nodes", P.NodeSpec, ()),
+    ("load", L.LoadSpec, ()),
 )
 #: A field's TOML name where it differs.
 RENAMED = {"server.configs.<id>.argv": "args"}
@@ -108,6 +110,10 @@ MEANINGS = {
     "prometheus.jobs": "`job name = kind`, the kind one of `node`, `dcgm`, `engine`.",
     "nodes.name": "The node's name (used in `telemetry.link_caps` and the report).",
     "nodes.role": "`head` (runs the server) or `worker` (runs `server.worker_argv`).",
+    "load.engine": "Where the load generator runs: " + ", ".join(f"`{e}`" for e in L.ENGINES)
+                   + " (`local`: this host, one loop or the worker pool; `ray`: Ray actors "
+                   "on the user's cluster, docs/scale.md).",
+    "load.workers_per_node": "Ray: actors per node, spread over the nodes by a placement group.",
     "nodes.ssh_host": "Where the node is reached over ssh; \"\": this machine.",
 }
 _HEADER = """# Profile reference
@@ -154,6 +160,7 @@ def _type(annotation: str) -> str:
         "bool|None": "true/false (or unset)", "tuple[str,...]": "list of strings",
         "tuple[tuple[str,str],...]": "table of strings", "tuple[int,int]": "[low, high] integers",
         "tuple[tuple[str,float],...]": "table of numbers", "ContainerSpec|None": "table",
+        "int|str": "integer or string",
         "tuple[NodeSpec,...]": "array of tables", "tuple[ServerConfig,...]": "tables",
     }
     return table.get(a, a)
