@@ -14,6 +14,12 @@ nothing until a case uses them.
 * ``StrataError``: the root of every exception Strata raises (``except StrataError``).
 * fixtures ``strata`` (the case runner), ``strata_server`` (the server of one
   configuration), ``strata_session``, ``strata_config``.
+
+PYTEST_DONT_REWRITE: pytest rewrites the assertions of an installed plugin's modules as
+it imports them; ``python -m strata_plugin bench`` has imported this package before
+pytest starts, and pytest then warned on every run (PytestAssertRewriteWarning: "Module
+already imported so cannot be rewritten: strata_plugin"). This module has no assertion
+to rewrite; the modules below it are still rewritten as pytest imports them.
 """
 
 from __future__ import annotations

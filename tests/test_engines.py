@@ -1,8 +1,7 @@
 """The engine table (configure/engines.py) is the one place an engine's facts live.
 
 Every reader takes them from it: the profile's engine names and default API, the client's
-API flavours, the prefix-cache flush, the constrained-output keys and the manifest's
-"runs on GPUs" fact. The agent cannot import the table (standard library only, shipped
+API flavours, the prefix-cache flush and the constrained-output keys. The agent cannot import the table (standard library only, shipped
 alone to other nodes), so its Prometheus and log vocabularies are checked against it here.
 """
 
@@ -55,13 +54,6 @@ def test_an_engine_without_a_default_api_needs_one(tmp_path):
     with pytest.raises(profile.ProfileError, match=r"server\.api.*missing"):
         _profile(tmp_path, 'engine = "other"\n')
     assert _profile(tmp_path, 'engine = "other"\napi = "chat"\n').server.api == "chat"
-
-
-@pytest.mark.parametrize("e", ENGINE_TABLE, ids=lambda e: e.name)
-def test_gpu_expected_in_the_manifest_comes_from_the_table(tmp_path, e):
-    api = "" if e.default_api else 'api = "chat"\n'
-    facts = _profile(tmp_path, f'engine = "{e.name}"\n{api}').telemetry_facts()
-    assert facts.gpu_expected is e.runs_on_gpus
 
 
 def test_constraints_read_the_table(monkeypatch):

@@ -63,7 +63,6 @@ def test_adding_an_engine_as_the_page_says(scripted_engine, tmp_path):
     profile.write_text(_code_blocks("toml")[0])
     p = load_profile(profile)
     assert p.server.engine == "scripted" and p.server.api == "completions"
-    assert p.telemetry_facts().gpu_expected is False
 
     # step 3: its flush and constraint, against a server that answers as the engine does
     with ScriptServer(_answer) as srv:

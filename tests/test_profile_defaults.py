@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 
 from strata_plugin.configure import profile as prof
+from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.configure.profile import (
     ContainerSpec,
     NodeSpec,
@@ -54,7 +55,7 @@ def _loaded(tmp_path, text=MINIMAL):
     pr = load_profile(p)
     return {ServerSpec: pr.server, TelemetrySpec: pr.telemetry, PrometheusSpec: pr.prometheus,
             ContainerSpec: pr.server.container, NodeSpec: pr.nodes[0],
-            ServerConfig: pr.server.configs[0]}
+            ServerConfig: pr.server.configs[0], LoadSpec: pr.load}
 
 
 #: fields a minimal profile sets (the required keys above, and what the loader builds from
@@ -92,17 +93,21 @@ CHANGED = {
     (ContainerSpec, "runtime_args"): ("--log-level=debug",),
     (NodeSpec, "ssh_host"): "worker-1",
     (ServerConfig, "label"): "a label",
+    (LoadSpec, "processes"): 2, (LoadSpec, "workers_per_node"): 3, (LoadSpec, "nodes"): 4,
+    (LoadSpec, "num_cpus"): 2.0, (LoadSpec, "address"): "auto", (LoadSpec, "ship_package"): True, (LoadSpec, "namespace"): "ns",
 }
 #: defaults that are an empty table or list in the file, not a key with a value of its own
 EMPTY_TABLES = {(ServerSpec, "configs"), (ServerSpec, "container"), (TelemetrySpec, "log_patterns"),
                 (TelemetrySpec, "link_caps"), (PrometheusSpec, "jobs"), (ContainerSpec, "env"),
-                (ServerConfig, "env")}
+                (ServerConfig, "env"), (LoadSpec, "resources")}
 
 
 def test_every_defaulted_field_is_covered():
     every = {(cls, f.name) for cls in (ServerSpec, TelemetrySpec, PrometheusSpec, ContainerSpec,
-                                       NodeSpec, ServerConfig) for f in _defaulted(cls)}
-    assert every == set(CHANGED) | EMPTY_TABLES | {(NodeSpec, "role")}
+                                       NodeSpec, ServerConfig, LoadSpec) for f in _defaulted(cls)}
+    # role and load.engine have one other value each, which a minimal profile cannot load
+    # with (no head node; Ray without an address): tested apart below
+    assert every == set(CHANGED) | EMPTY_TABLES | {(NodeSpec, "role"), (LoadSpec, "engine")}
 
 
 @pytest.mark.parametrize("key", sorted(CHANGED, key=lambda k: (k[0].__name__, k[1])),
@@ -121,4 +126,10 @@ def test_a_node_role_defaulting_to_worker_leaves_no_head(tmp_path, monkeypatch):
     which is what the loader says (so it read the changed default)."""
     monkeypatch.setattr(NodeSpec.__dataclass_fields__["role"], "default", "worker")
     with pytest.raises(prof.ProfileError, match="exactly one node"):
+        _loaded(tmp_path)
+
+
+def test_a_load_engine_defaulting_to_ray_asks_for_its_address(tmp_path, monkeypatch):
+    monkeypatch.setattr(LoadSpec.__dataclass_fields__["engine"], "default", "ray")
+    with pytest.raises(prof.ProfileError, match="Ray cluster's address"):
         _loaded(tmp_path)

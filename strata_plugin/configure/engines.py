@@ -1,13 +1,11 @@
 """The engine table: everything Strata knows about one serving engine, in one entry.
 
 Why one table: an engine used to be spread over the profile's engine list, the client's
-flavour list, the prefix-cache flush, the constrained-output keys and the manifest's
-"runs on GPUs" fact. Adding an engine is now one :class:`EngineSpec` here, a profile and
+flavour list, the prefix-cache flush and the constrained-output keys. Adding an engine is now one :class:`EngineSpec` here, a profile and
 its tests (docs/extending.md). Every reader takes its facts from :data:`ENGINE_TABLE`:
 
 * ``configure/profile.py``: the names a profile's ``server.engine`` may take
-  (:data:`ENGINES`), the API a profile gets when it names none, and whether the engine
-  runs on GPUs (``gpu_expected`` in manifest.json's telemetry facts);
+  (:data:`ENGINES`) and the API a profile gets when it names none;
 * ``load/client/spec.py``: :data:`API_FLAVOURS`, the wire formats the client speaks;
 * ``load/cache_flush.py``: how a cold-prefix case empties the engine's prefix cache;
 * ``load/constraints.py``: the request keys asking for JSON-schema or grammar output.
@@ -55,8 +53,6 @@ class EngineSpec:
     #: the agent's built-in log probes for this engine's server log
     #: (``agent/collectors/log.py``); () = none
     log_probes: tuple[str, ...] = ()
-    #: does it run on GPUs unless the profile says otherwise (``telemetry.gpu_expected``)?
-    runs_on_gpus: bool = False
     #: (HTTP path, JSON key) that reports its version; None = not known
     version: tuple[str, str] | None = None
 
@@ -99,10 +95,10 @@ ENGINE_TABLE: tuple[EngineSpec, ...] = (
                version=("/props", "build_info")),
     EngineSpec("vllm", default_api="completions", flush=("POST", "/reset_prefix_cache"),
                flush_404_hint="vLLM serves it only with VLLM_SERVER_DEV_MODE=1",
-               constrain=_vllm_constraint, metrics_prefix="vllm", runs_on_gpus=True,
+               constrain=_vllm_constraint, metrics_prefix="vllm",
                version=("/version", "version")),
     EngineSpec("sglang", default_api="sglang", flush=("POST", "/flush_cache"),
-               constrain=_sglang_constraint, metrics_prefix="sglang", runs_on_gpus=True,
+               constrain=_sglang_constraint, metrics_prefix="sglang",
                version=("/get_server_info", "version")),
     #: any other server that speaks one of the APIs: timed, never flushed or constrained
     EngineSpec("other"),

@@ -19,6 +19,7 @@ from typing import Any
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
+from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
@@ -79,8 +80,11 @@ class TelemetrySpec:
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.
     link_caps: tuple[tuple[str, float], ...] = ()
-    #: Does the server run on GPUs? None: the engine says (vLLM, SGLang: yes). A CPU build
-    #: of a GPU engine (vLLM on the CPU) says false, so the CPU rules apply.
+    #: Does the server run on GPUs? Unset: only when its container is given GPUs
+    #: (server.container.gpus) or the run shows one (NVML samples, the engine's log naming
+    #: a GPU device); the engine's name alone does not say (vLLM runs on CPUs too). Set
+    #: true where Strata may not see the GPUs (an attached server on another host): the
+    #: GPU rules then apply and name what they lack.
     gpu_expected: bool | None = None
 
 
@@ -153,6 +157,7 @@ class Profile:
     setup_argv: tuple[str, ...] = ()  # the command that builds what vars point at
     prometheus: PrometheusSpec = PrometheusSpec()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    load: LoadSpec = field(default_factory=LoadSpec)  # [load]: where the load runs
 
     @property
     def has_env_values(self) -> bool:
@@ -189,7 +194,7 @@ class Profile:
         return TelemetryFacts(
             interval_s=t.interval_s, collectors=t.collectors,
             link_caps_bits_s=dict(t.link_caps),
-            gpu_expected=(engine(self.server.engine).runs_on_gpus
+            gpu_expected=(bool(self.server.container and self.server.container.gpus)
                           if t.gpu_expected is None else t.gpu_expected),
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
@@ -459,13 +464,14 @@ def load_profile(path: Path | str) -> Profile:
         if k not in SCALE_KEYS:
             raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
     scale = tuple((k, sc.number(k, lo=1e-6, hi=1e6)) for k in list(sc.table))
+    load = read_load(top.sub("load", LoadSpec), ProfileError)
     top.reject_unknown()
     _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
     _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
     for k, v in vars_:  # a var may use the built-ins, not another var (session.py)
         _check_text(path, f"vars.{k}", v, set(BUILTIN_PLACEHOLDERS))
     return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
-                   setup_argv, prometheus, raw=data)
+                   setup_argv, prometheus, raw=data, load=load)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

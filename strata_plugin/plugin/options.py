@@ -30,7 +30,13 @@ OPTIONS = (
      "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
      "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
      ""),
+    ("--strata-progress", "strata_progress",
+     "live progress line per case: auto (on a terminal, not in CI), on, off", "auto"),
 )
+
+
+#: ``--strata-progress`` values (plugin/progress.py).
+PROGRESS_SETTINGS = ("auto", "on", "off")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -60,6 +66,15 @@ def adhoc_workload(config: pytest.Config):
         raise pytest.UsageError(f"--strata-workload: {exc}") from None
 
 
+def progress_setting(config: pytest.Config) -> str:
+    """``--strata-progress`` (auto, on, off); anything else is a usage error."""
+    value = _value(config, "strata_progress").strip().lower() or "auto"
+    if value not in PROGRESS_SETTINGS:
+        raise pytest.UsageError(f"--strata-progress {value!r}: expected one of "
+                                f"{', '.join(PROGRESS_SETTINGS)}")
+    return value
+
+
 def _with_api(profile, api: str):
     """The profile with its server's API replaced (``--strata-api``)."""
     import dataclasses
@@ -69,6 +84,18 @@ def _with_api(profile, api: str):
     if api not in API_FLAVOURS:
         raise pytest.UsageError(f"--strata-api {api!r}: expected one of {', '.join(API_FLAVOURS)}")
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, api=api))
+
+
+def _server_url(url: str) -> str:
+    """``--strata-server-url`` checked now: a malformed URL is a usage error, not a wait."""
+    if not url.strip():
+        return ""
+    from strata_plugin.run.server import check_server_url
+
+    try:
+        return check_server_url(url)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--strata-server-url (ini: strata_server_url): {exc}") from None
 
 
 def _value(config: pytest.Config, ini: str) -> str:
@@ -116,7 +143,7 @@ def build_config(config: pytest.Config) -> StrataConfig:
         profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
         run_id=_run_id(config) or new_run_id(),
-        server_url=_value(config, "strata_server_url"),
+        server_url=_server_url(_value(config, "strata_server_url")),
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,
         max_regression_pct=max_reg,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
+from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.load.case_runner import Injection, PlanEnds
 from strata_plugin.run.nodes import agent_commands
 from strata_plugin.run.server import write_command
@@ -174,9 +175,9 @@ class DryRunPlan:
 
     def write(self) -> None:
         data = self.as_json()
-        (self.run_dir / "dry_run.json").write_text(
-            json.dumps(data, indent=2, sort_keys=True) + "\n")
-        (self.run_dir / "dry_run.md").write_text(checklist_markdown(data))
+        atomic_write_text(self.run_dir / "dry_run.json",
+                          json.dumps(data, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(self.run_dir / "dry_run.md", checklist_markdown(data))
 
 
 def _params(p: dict | None) -> str:

@@ -84,10 +84,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _git_sha(root: Path) -> str:
+    """HEAD's sha; "no commits" in a repository without one (``rev-parse HEAD`` then
+    prints "HEAD" and fails); "unknown" outside a repository or without git."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "-q",
+                              "HEAD^{commit}"], capture_output=True, text=True, timeout=5,
+                             check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+        repo = subprocess.run(["git", "-C", str(root), "rev-parse", "--git-dir"],
+                              capture_output=True, text=True, timeout=5, check=False)
+        return "no commits" if repo.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 

@@ -137,6 +137,11 @@ class StrataSession:
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
         self.containers_left: list[str] = []  # containers a stop could not remove
+        #: each case's requests counted as they are recorded (analysis/failures.py): a case
+        #: whose requests mostly failed makes the run incomplete, with its counts
+        self.failures: dict[str, object] = {}
+        self.allowed_errors: dict[str, object] = {}  # case id -> its allow_errors, if any
+        self.failed_to_start: list[str] = []  # servers that could not be started or reached
 
     # --- servers -------------------------------------------------------------------------
 
@@ -274,9 +279,9 @@ class StrataSession:
                         x for x in (self.incomplete_reason, why) if x)
                     self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
                 raise ContainerLeft(why)
-        if ("nvml" not in self.cfg.profile.telemetry.collectors
+        if ("nvml" not in self.cfg.profile.telemetry.collectors or server.spec is None
                 or server.block_key in self.gpu_checked):
-            return
+            return  # an attached server was not stopped: its GPU memory stays, rightly
         self.gpu_checked.add(server.block_key)  # once per block: its agents' answer stands
         from strata_plugin.run.gpu_release import (
             release_on_nodes,
@@ -489,12 +494,12 @@ class StrataSession:
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale,
-            engine=p.server.engine)
+            engine=p.server.engine, load=p.load)
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
-        kw = dict(record=self.recorder.record, mark=self.recorder.mark,
-                  add_case=self.recorder.add_case, counters=process_counters(server),
+        kw = dict(record=self.record, mark=self.recorder.mark,
+                  add_case=self.add_case, counters=process_counters(server),
                   progress_line=progress, default_case_id=case_id_from(nodeid),
                   history=self.history, repetitions=self.repetitions)
         if self.cfg.escalate:
@@ -504,6 +509,48 @@ class StrataSession:
                                     server_pid=server.pid if server.spec else None,
                                     settle_s=p.telemetry.interval_s + 0.3, **kw)
         return CaseRunner(setup, **kw)
+
+    def record(self, rec) -> None:
+        """A request record to requests.jsonl, counted for its case's failures."""
+        from strata_plugin.analysis.failures import FailureTally
+
+        self.recorder.record(rec)
+        tally = self.failures.get(rec.case_id)
+        if tally is None:
+            tally = self.failures[rec.case_id] = FailureTally()
+        tally.add(rec)  # type: ignore[attr-defined]
+
+    def add_case(self, line: dict) -> None:
+        """A case line to cases.jsonl; the failures it allows are kept for the end."""
+        self.recorder.add_case(line)
+        if line.get("allow_errors") and line.get("case_id"):
+            self.allowed_errors[str(line["case_id"])] = line["allow_errors"]
+
+    def server_failed(self, why: str) -> None:
+        """A server that could not be started or reached: the run is incomplete, and the
+        manifest says why at once (the report repeats it in its first lines)."""
+        self.failed_to_start.append(why)
+        self._incomplete(why)
+
+    def _incomplete(self, why: str) -> None:
+        if why and why not in self.incomplete_reason:
+            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, why) if x)
+            with contextlib.suppress(OSError):
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+
+    def failed_cases(self) -> list[str]:
+        """``case X: requests_failed: 4 of 4 requests failed (...)`` per case whose
+        requests mostly failed in ways it did not allow (``allow_errors``)."""
+        out = []
+        for case_id, tally in self.failures.items():
+            f = tally.summary()  # type: ignore[attr-defined]
+            if f is None or not f.mostly_failed:
+                continue
+            allowed = self.allowed_errors.get(case_id)
+            if allowed is True or (allowed and {c for c, _ in f.by_class} <= set(allowed)):
+                continue  # a case that expects these failures (a fault case) measured them
+            out.append(f"case {case_id}: requests_failed: {f.line()}")
+        return out
 
     # --- end -----------------------------------------------------------------------------
 
@@ -544,6 +591,8 @@ class StrataSession:
                 self.pull_prometheus()
             if interrupted:
                 self.incomplete_reason = self.incomplete_reason or "interrupted"
+            for line in self.failed_cases():
+                self._incomplete(line)
             self.recorder.update_manifest(
                 incomplete_reason=self.incomplete_reason,
                 finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -560,7 +609,9 @@ class StrataSession:
             raise RunFolderError(self.incomplete_reason) from exc
         try:
             return self._write_report(complete=not interrupted and not self.agents_lost
-                                      and not self.containers_left)
+                                      and not self.containers_left
+                                      and not self.failed_to_start
+                                      and not self.failed_cases())
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
