@@ -1,8 +1,9 @@
 """The engine table (configure/engines.py) is the one place an engine's facts live.
 
 Every reader takes them from it: the profile's engine names and default API, the client's
-API flavours, the prefix-cache flush and the constrained-output keys. The agent cannot import the table (standard library only, shipped
-alone to other nodes), so its Prometheus and log vocabularies are checked against it here.
+API flavours, the prefix-cache flush and the constrained-output keys. The agent cannot
+import the table (standard library only, shipped alone to other nodes), so its Prometheus
+and log vocabularies are checked against it here.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ CHANGED = {
     (NodeSpec, "ssh_host"): "worker-1",
     (ServerConfig, "label"): "a label",
     (LoadSpec, "processes"): 2, (LoadSpec, "workers_per_node"): 3, (LoadSpec, "nodes"): 4,
-    (LoadSpec, "num_cpus"): 2.0, (LoadSpec, "address"): "auto", (LoadSpec, "ship_package"): True, (LoadSpec, "namespace"): "ns",
+    (LoadSpec, "num_cpus"): 2.0, (LoadSpec, "address"): "auto",
+    (LoadSpec, "ship_package"): True, (LoadSpec, "namespace"): "ns",
 }
 #: defaults that are an empty table or list in the file, not a key with a value of its own
 EMPTY_TABLES = {(ServerSpec, "configs"), (ServerSpec, "container"), (TelemetrySpec, "log_patterns"),

@@ -42,7 +42,7 @@ class MissingConfigs(StrataError, ValueError):
         super().__init__(f"no configuration {', '.join(missing)} (it has {', '.join(profile_ids)})")
 
 
-class UnknownConfigs(ValueError):
+class UnknownConfigs(StrataError, ValueError):
     """A test names server configurations its profile does not have, without marking them
     optional: a typo in a config id must not pass as a skip with exit 0 in CI."""
 

@@ -1,8 +1,9 @@
 """The engine table: everything Strata knows about one serving engine, in one entry.
 
 Why one table: an engine used to be spread over the profile's engine list, the client's
-flavour list, the prefix-cache flush and the constrained-output keys. Adding an engine is now one :class:`EngineSpec` here, a profile and
-its tests (docs/extending.md). Every reader takes its facts from :data:`ENGINE_TABLE`:
+flavour list, the prefix-cache flush and the constrained-output keys. Adding an engine is
+now one :class:`EngineSpec` here, a profile and its tests (docs/extending.md). Every
+reader takes its facts from :data:`ENGINE_TABLE`:
 
 * ``configure/profile.py``: the names a profile's ``server.engine`` may take
   (:data:`ENGINES`) and the API a profile gets when it names none;

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.atomic import atomic_write_text
 
 #: A clean arm expects nothing.
 NONE = "none"
