@@ -10,7 +10,9 @@ and each segment into parts, on the client's monotonic clock:
   clock for it: vLLM/SGLang histograms; llama.cpp has none, so its waiting count by
   Little's law, the case's mean queue time = mean waiting / arrival rate); ``prefill``
   (llama.cpp ``timings.prompt_ms``; vLLM's prefill histogram); ``ttft_stalled`` (the
-  server neither running nor able to run meanwhile: run state); ``before_server`` (the
+  server neither running nor able to run meanwhile: run state); ``ttft_waiting`` and
+  ``ttft_io`` (before the server's clock started, the server runnable but not running,
+  or blocked in I/O: it could not have taken the request); ``before_server`` (the
   rest: network, a proxy, TLS, the HTTP front end, before the server's clock starts);
   ``residual_ttft`` (<= 0: the server's clocks claim more than the client saw).
 * **Decode** (first -> last token event): each gap between token events against the
@@ -33,15 +35,16 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
-from strata_plugin.formats.records import ClockAnchor, RequestRecord
+from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
 
-TTFT_PARTS = ("client_send", "before_server", "server_queue", "prefill", "ttft_stalled",
-              "residual_ttft")
+TTFT_PARTS = ("client_send", "before_server", "server_queue", "prefill", "ttft_waiting",
+              "ttft_io", "ttft_stalled", "residual_ttft")
 DECODE_PARTS = ("decode_compute", *(f"stall_{s}" for s in STATES), "residual_decode")
 TAIL_PARTS = ("tail",)
 PARTS = (*TTFT_PARTS, *DECODE_PARTS, *TAIL_PARTS)
@@ -58,6 +61,8 @@ WEIGHT_OF = {
     "stall_io": "io_page_faults",
     "stall_sleeping": "server_sleeping",
     "ttft_stalled": "server_stalled",
+    "ttft_waiting": "cpu_wait",
+    "ttft_io": "io_page_faults",
     "stall_stalled": "server_stalled",
     "tail": "tail",
     "residual_ttft": "unexplained",
@@ -78,6 +83,11 @@ class ServerClocks:
     queue_source: str = ""
     prefill_ms: float | None = None  # only where records carry no per-request prefill
     prefill_source: str = ""
+    #: the server's loop step while other requests decode (the case's median gap between
+    #: token events): llama.cpp takes a new task only between batch steps, so a request
+    #: that arrives mid-step waits, on average, half a step before its prefill's clock
+    #: starts; that half step is the server's, not the network's
+    loop_step_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,16 @@ def _r(x: float) -> float:
     return round(float(x), 4)
 
 
+def _state_ms(states: RunStates, a_ns: int, b_ns: int) -> dict[str, float]:
+    """Milliseconds of [a, b] in each state, scaled up to the whole span from what the
+    samples cover; all zero where they cover under half of it."""
+    secs, covered = states.over(a_ns, b_ns)
+    span = (b_ns - a_ns) / 1e9
+    if span <= 0 or covered < 0.5 * span:
+        return dict.fromkeys(STATES, 0.0)
+    return {k: v * span / covered * 1e3 for k, v in secs.items()}
+
+
 def _stall_split(excess_ms: float, gap: tuple[int, int], states: RunStates | None,
                  anchor: ClockAnchor | None) -> dict[str, float]:
     """A stall's excess over the pace, by what the server did during the gap: the non-
@@ -144,6 +164,36 @@ def _stall_split(excess_ms: float, gap: tuple[int, int], states: RunStates | Non
         out[f"stall_{s}"] = take
         left -= take
     out["stall_running"] = left
+    return out
+
+
+def _gaps_and_pace(toks: Sequence[TokenEvent]
+                   ) -> tuple[list[tuple[int, int, int, bool]], float | None]:
+    """Each gap between token events (start, end, its tokens, a stall?) and the request's
+    pace: its median time per token. A gap past ``ledger_stall_factor`` x its tokens'
+    pace is a stall; with fewer than two gaps there is no pace and no stall."""
+    gaps = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
+    per_token = [(b - a) / _NS_MS / k for a, b, k in gaps if k > 0]
+    pace = statistics.median(per_token) if len(per_token) >= 2 else None
+    factor = threshold_value("ledger_stall_factor")
+    return [(a, b, k, pace is not None and (b - a) / _NS_MS > factor * k * pace)
+            for a, b, k in gaps], pace
+
+
+def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None
+                ) -> list[tuple[int, int, str]]:
+    """The request's decode stalls (monotonic start, end) with the state that took most
+    of their excess over the pace ("unknown" where no run-state sample covers them):
+    what the timeline colours."""
+    toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
+    gaps, pace = _gaps_and_pace(toks)
+    out = []
+    for a, b, k, stall in gaps:
+        if not stall or pace is None:
+            continue
+        split = _stall_split((b - a) / _NS_MS - k * pace, (a, b), states, anchor)
+        top = max(split, key=lambda n: split[n])
+        out.append((a, b, "unknown" if top == "residual_decode" else top[len("stall_"):]))
     return out
 
 
@@ -195,32 +245,44 @@ def request_ledger(
     before = avail - pf - q
     residual_ttft = min(0.0, before)
     before = max(0.0, before)
-    stalled_ttft = 0.0
+    if clocks.loop_step_ms and t is not None and t.prompt_ms is not None:
+        pickup = min(before, clocks.loop_step_ms / 2)
+        before -= pickup
+        q += pickup
+        merged.append(f"server_queue includes half a loop step ({clocks.loop_step_ms / 2:.3g}"
+                      " ms) where the server was decoding others: llama.cpp takes a new "
+                      "task only between batch steps")
+    stalled_ttft = waiting_ttft = io_ttft = 0.0
     if states is not None and anchor is not None:
         a = anchor.to_wall_ns(disp + int(send * _NS_MS))
         b = anchor.to_wall_ns(first)
         p0 = max(a, b - int(pf * _NS_MS))
-        in_pf = states.over(p0, b)[0]["stalled"] * 1e3
-        in_pre = states.over(a, p0)[0]["stalled"] * 1e3
-        take_pf = min(in_pf, pf)
+        in_pf = _state_ms(states, p0, b)
+        pre = _state_ms(states, a, p0)
+        take_pf = min(in_pf["stalled"], pf)
         pf -= take_pf
-        take_pre = min(in_pre, before + q)
+        take_pre = min(pre["stalled"], before + q)
         take_b = min(take_pre, before)
         before -= take_b
         q -= take_pre - take_b
         stalled_ttft = take_pf + take_pre
+        # Before the server's clock starts, a server that was runnable but not running
+        # (or blocked in I/O) could not have taken the request had it arrived: that time
+        # is the host's, not the network's. Running or asleep, it stays before_server.
+        waiting_ttft = min(pre["waiting"], before)
+        before -= waiting_ttft
+        io_ttft = min(pre["io"], before)
+        before -= io_ttft
     parts.update(client_send=send, before_server=before, server_queue=q, prefill=pf,
-                 ttft_stalled=stalled_ttft, residual_ttft=residual_ttft)
+                 ttft_waiting=waiting_ttft, ttft_io=io_ttft, ttft_stalled=stalled_ttft,
+                 residual_ttft=residual_ttft)
 
     # --- decode ---------------------------------------------------------------------
-    gaps = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
-    per_token = [(b - a) / _NS_MS / k for a, b, k in gaps if k > 0]
-    pace = statistics.median(per_token) if len(per_token) >= 2 else None
-    factor = threshold_value("ledger_stall_factor")
+    gaps, pace = _gaps_and_pace(toks)
     n_stalls = 0
-    for a, b, k in gaps:
+    for a, b, k, stall in gaps:
         g = (b - a) / _NS_MS
-        if pace is None or g <= factor * k * pace:
+        if not stall or pace is None:
             parts["decode_compute"] += g
             continue
         n_stalls += 1
@@ -275,6 +337,8 @@ class CaseLedger:
     stalled_window_frac: float | None = None
     states_seen: tuple[tuple[str, float], ...] = ()
     merged: tuple[str, ...] = field(default=())
+    #: the run states the stalls were classified with (for the timeline picture)
+    states: RunStates | None = field(default=None, compare=False, repr=False)
 
     @property
     def n(self) -> int:
@@ -417,6 +481,18 @@ def server_clocks(
                         prefill_ms=prefill, prefill_source=psrc if prefill is not None else "")
 
 
+def loop_step_ms(records: Sequence[RequestRecord]) -> float | None:
+    """The median gap between token events over the case's measured requests: how long
+    one step of the server's decode loop takes while it decodes them."""
+    gaps = []
+    for r in records:
+        if r.phase != "measured" or not r.ok:
+            continue
+        ts = sorted(e.t_ns for e in r.events if e.n_tokens > 0)
+        gaps.extend((b - a) / _NS_MS for a, b in pairwise(ts))
+    return statistics.median(gaps) if len(gaps) >= 2 else None
+
+
 def case_ledger(
     case_id: str,
     name: str,
@@ -432,6 +508,9 @@ def case_ledger(
     """The ledger of a case's measured, successful requests. ``window_ns``: the case's
     window on the harness clock, for the stalled share of the window itself."""
     metric, why = case_metric(name, params)
+    conc = params.get("concurrency")
+    if clocks.loop_step_ms is None and isinstance(conc, (int, float)) and conc > 1:
+        clocks = replace(clocks, loop_step_ms=loop_step_ms(records))
     reqs = tuple(
         led for rec in records if rec.phase == "measured" and rec.ok
         if (led := request_ledger(rec, clocks=clocks, states=states, anchor=anchor,
@@ -444,4 +523,4 @@ def case_ledger(
     return CaseLedger(case_id=case_id, metric=metric, metric_why=why, requests=reqs,
                       clocks=clocks, has_run_state=states is not None,
                       stalled_window_frac=win, states_seen=states.seen if states else (),
-                      merged=merged)
+                      merged=merged, states=states)
