@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -218,9 +219,13 @@ def test_frozen_follows_the_server_into_a_freezer_and_out(procs):
         assert b["run_s"] - a["run_s"] < 0.005, (a, b)
         assert b["state_R"] == 0, b  # frozen tasks are never runnable
         pauses._set_frozen(d, version, False)
-        time.sleep(0.1)
+        t0 = time.monotonic()
+        time.sleep(0.2)
         e = values(c.sample_now())
-        assert e["frozen"] == 0 and e["run_s"] - b["run_s"] > 0.03, e
+        dt = time.monotonic() - t0
+        # thawed: on a CPU or waiting for one again, the whole time
+        assert e["frozen"] == 0, e
+        assert (e["run_s"] - b["run_s"]) + (e["wait_s"] - b["wait_s"]) > 0.7 * dt, (b, e)
         c.close()
     finally:
         pauses.undo_freezer(d, home, version)
@@ -297,3 +302,29 @@ def test_the_agent_command_adds_runstate_where_the_server_runs(tmp_path):
     worker = _local_argv(sess, "w1", None, None, None)
     assert head[head.index("--collectors") + 1] == f"proc,cpu,{RUNSTATE}"
     assert worker[worker.index("--collectors") + 1] == "proc,cpu"
+
+
+def test_switch_counts_match_the_kernels_while_idle_threads_are_skipped(procs):
+    """One thread sleeping 10 ms in a loop, four asleep for good: the voluntary switches
+    the collector sums (reading a thread's switch counts only when its schedstat moved)
+    are the kernel's /proc/.../status sums, and they grow by the loop's sleeps."""
+    code = ("import threading, time\n"
+            "for _ in range(4):\n"
+            "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+            "print('up', flush=True)\n"
+            "while True:\n"
+            "    time.sleep(0.01)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    c = _collector(p.pid)
+    a = values(c.sample_now())
+    time.sleep(0.5)
+    b = values(c.sample_now())
+    from strata_plugin.agent.procfs import parse_ctx_switches
+
+    direct = sum(parse_ctx_switches(Path(f"/proc/{p.pid}/task/{t}/status").read_bytes())[0]
+                 for t in os.listdir(f"/proc/{p.pid}/task"))
+    assert b["ctx_voluntary"] - a["ctx_voluntary"] >= 20, (a, b)  # ~50 sleeps in 0.5 s
+    assert b["ctx_voluntary"] <= direct <= b["ctx_voluntary"] + 3, (b, direct)
+    c.close()

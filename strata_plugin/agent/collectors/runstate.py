@@ -19,8 +19,10 @@ processes that exit are kept in a base, so the counters stay monotonic):
   server's cgroup freezer says FROZEN or FREEZING, v1, or ``cgroup.freeze`` 1 /
   ``cgroup.events`` frozen 1, v2; omitted and marked unavailable without a freezer).
 
-Cost: three ``pread`` calls per thread per sample on descriptors kept open (stat for
-the state, schedstat, sched or else status for the switch counts), one per process
+Cost: two ``pread`` calls per thread per sample on descriptors kept open (stat for the
+state, schedstat), and a third (sched, or else status, for the switch counts) only for
+a thread whose schedstat moved since the last sample (one that did not run cannot have
+switched); one per process
 (stat, whose thread count tells when to list the threads again) and one or two cgroup
 files; the cgroup itself is looked up again every ``cgroup_rescan_s``. The agent's
 cost at 10, 20 and 50 ms is measured in benchmarks/test_agent_cost.py and stated in
@@ -72,7 +74,7 @@ def _sched_switches(data: bytes) -> tuple[int, int]:
 
 
 class _Thread:
-    __slots__ = ("invol", "run_ns", "sched", "stat", "status", "vol", "wait_ns")
+    __slots__ = ("invol", "last_sched", "run_ns", "sched", "stat", "status", "vol", "wait_ns")
 
     def __init__(self, base: str) -> None:
         self.stat = PreadFile(base + "/stat", 1024)
@@ -82,6 +84,7 @@ class _Thread:
         self.status = PreadFile(base + "/sched", 4096) if _HAS_SCHED else PreadFile(
             base + "/status", 4096)
         self.run_ns = self.wait_ns = self.vol = self.invol = 0
+        self.last_sched = b""
 
     def close(self) -> None:
         self.stat.close()
@@ -286,11 +289,15 @@ class RunstateCollector(Collector):
                     continue
                 counts[state_of.get(st[st.rfind(b")") + 2], 4)] += 1
                 sched = t.sched.read()
-                if sched:
+                # A thread whose schedstat (run time, wait, timeslices) has not moved was
+                # never on a CPU since the last sample, so it cannot have switched: its
+                # switch counts are read only when it ran (most server threads sleep).
+                if sched and sched != t.last_sched:
+                    t.last_sched = sched
                     t.run_ns, t.wait_ns, _ = parse_schedstat(sched)
-                status = t.status.read()
-                if status:
-                    t.vol, t.invol = switches(status)
+                    status = t.status.read()
+                    if status:
+                        t.vol, t.invol = switches(status)
                 run += t.run_ns
                 wait += t.wait_ns
                 vol += t.vol
