@@ -63,6 +63,10 @@ def _figure(w: float, h: float):  # -> (Figure, FigureCanvasAgg)
     return fig
 
 
+def _num(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def bars(path: Path, title: str, led: CaseLedger) -> None:
     """Three stacked bars, one per metric, each 100%: the parts' shares, labelled where
     wide enough; the case's metric marked."""
@@ -93,7 +97,7 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
             mean = led.ms_per_token() if seg == "itl" else led.mean_ms(seg)
             unit = "ms/token" if seg == "itl" else "ms"
             mark = " *" if seg == led.metric else ""
-            labels.append(f"{METRIC_LABELS[seg]}{mark}\n{mean:.3g} {unit}" if mean else seg)
+            labels.append(f"{METRIC_LABELS[seg]}{mark}\n{_num(mean)} {unit}" if mean else seg)
         ax.set_yticks(range(len(rows)), labels)
         ax.set_xlim(0, 100)
         ax.set_xlabel("share of the metric's time (%); * the metric this case is about")
@@ -142,7 +146,7 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
         ax.set_xlabel("seconds since the first measured dispatch")
         ax.set_ylabel("request")
         ax.set_title(title + (" (no run-state samples: stalls unclassified)"
-                              if states is None else ""))
+                              if states is None else ""), pad=16)
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color=COLOURS["before_server"], alpha=0.5, lw=1.2),
@@ -152,7 +156,7 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
             if state in seen:
                 handles.append(seen[state])
                 names.append(f"stall: {state}")
-        ax.legend(handles, names, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+        ax.legend(handles, names, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0),
                   frameon=False)
         fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None},
                     bbox_inches="tight")

@@ -147,7 +147,7 @@ RULES: tuple[Rule, ...] = (
          "timings, runstate)"),), core=("gpu", "cpu")),
     Rule("throttling", "modifier", gpu.rule_throttling, (
         ("throttle_frac", "nvml:violation_power_ns/violation_thermal_ns/throttle_reasons"),
-        ("sm_clock_low_frac", "nvml:sm_clock_mhz/sm_clock_max_mhz"))),
+        ("sm_clock_low_frac", "nvml:sm_clock_mhz/sm_clock_max_mhz"), SM, GPU_UTIL)),
 )
 
 #: Signals the report shows that no rule reads, with their sources.
