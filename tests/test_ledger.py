@@ -268,3 +268,19 @@ def test_run_state_reads_every_thread_stopped_as_stalled() -> None:
     assert sp["stalled"] == pytest.approx(1.0)
     assert ("all threads stopped (T)", pytest.approx(0.2)) in [
         (k, v) for k, v in _states(run=_stuck_run(), stopped=stopped).seen]
+
+
+def test_the_way_there_is_the_floor_and_what_varies_with_load_is_the_servers() -> None:
+    """A path delays every request alike; a server's front end under load does not. The
+    case's least time before prefill stays before_server, the rest is server_queue."""
+    recs = [record(rid=f"r{i}", before_ms=100.0 + extra) for i, extra in
+            enumerate((0.0, 30.0, 60.0, 5.0))]
+    cl = case_ledger("c", "decode_x", {"osl": 30, "concurrency": 4}, recs)
+    assert cl.clocks.path_floor_ms == pytest.approx(100.0)
+    assert [round(r.part("before_server"), 6) for r in cl.requests] == [100.0] * 4
+    assert [round(r.part("server_queue"), 6) for r in cl.requests] == [0.0, 30.0, 60.0, 5.0]
+    assert cl.queue_split()
+    # the rules read the median request's share of its TTFT
+    shares = sorted(100.0 / r.ttft_ms for r in cl.requests)
+    assert cl.signals()["outside_server_frac"] == pytest.approx(
+        (shares[1] + shares[2]) / 2, abs=1e-4)

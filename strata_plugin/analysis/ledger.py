@@ -36,7 +36,6 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
 
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, RunStates
@@ -83,11 +82,9 @@ class ServerClocks:
     queue_source: str = ""
     prefill_ms: float | None = None  # only where records carry no per-request prefill
     prefill_source: str = ""
-    #: the server's loop step while other requests decode (the case's median gap between
-    #: token events): llama.cpp takes a new task only between batch steps, so a request
-    #: that arrives mid-step waits, on average, half a step before its prefill's clock
-    #: starts; that half step is the server's, not the network's
-    loop_step_ms: float | None = None
+    #: the least time before prefill over the case's requests: the way to the server
+    #: (network, proxy), alike for every request; the rest varies with the server's load
+    path_floor_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -242,38 +239,48 @@ def request_ledger(
     else:
         merged.append("server_queue in before_server: the engine reports no queue time "
                       "and no waiting count")
-    before = avail - pf - q
-    residual_ttft = min(0.0, before)
-    before = max(0.0, before)
-    if clocks.loop_step_ms and t is not None and t.prompt_ms is not None:
-        pickup = min(before, clocks.loop_step_ms / 2)
-        before -= pickup
-        q += pickup
-        merged.append(f"server_queue includes half a loop step ({clocks.loop_step_ms / 2:.3g}"
-                      " ms) where the server was decoding others: llama.cpp takes a new "
-                      "task only between batch steps")
+    pre = avail - pf - q  # before the server's prefill clock, outside its queue clock
+    residual_ttft = min(0.0, pre)
+    pre = max(0.0, pre)
+    before, front = pre, 0.0
+    if clocks.path_floor_ms is not None:
+        # The way to the server (a network path, a proxy) delays every request alike; what
+        # varies from request to request with the server's load (its front end, a loop
+        # that takes new tasks between batch steps, a queue it does not count) is the
+        # server's. The case's least time before prefill is the path; the rest, queue.
+        before = min(pre, max(0.0, clocks.path_floor_ms))
+        front = pre - before
+        merged.append(f"server_queue includes the front-end wait: the time before prefill "
+                      f"beyond the case's least ({clocks.path_floor_ms:.3g} ms, which stays "
+                      "before_server: the way there, alike for every request)")
     stalled_ttft = waiting_ttft = io_ttft = 0.0
     if states is not None and anchor is not None:
         a = anchor.to_wall_ns(disp + int(send * _NS_MS))
         b = anchor.to_wall_ns(first)
         p0 = max(a, b - int(pf * _NS_MS))
         in_pf = _state_ms(states, p0, b)
-        pre = _state_ms(states, a, p0)
+        pre_states = _state_ms(states, a, p0)
         take_pf = min(in_pf["stalled"], pf)
         pf -= take_pf
-        take_pre = min(pre["stalled"], before + q)
-        take_b = min(take_pre, before)
-        before -= take_b
-        q -= take_pre - take_b
-        stalled_ttft = take_pf + take_pre
-        # Before the server's clock starts, a server that was runnable but not running
-        # (or blocked in I/O) could not have taken the request had it arrived: that time
-        # is the host's, not the network's. Running or asleep, it stays before_server.
-        waiting_ttft = min(pre["waiting"], before)
-        before -= waiting_ttft
-        io_ttft = min(pre["io"], before)
-        before -= io_ttft
-    parts.update(client_send=send, before_server=before, server_queue=q, prefill=pf,
+        # A freeze before prefill: from the server's own wait first, then the way there.
+        take = min(pre_states["stalled"], front + q + before)
+        for have in ("front", "q", "before"):
+            got = min(take, {"front": front, "q": q, "before": before}[have])
+            take -= got
+            stalled_ttft += got
+            if have == "front":
+                front -= got
+            elif have == "q":
+                q -= got
+            else:
+                before -= got
+        stalled_ttft += take_pf
+        # The server's own wait, by what it did meanwhile: runnable without a CPU, in I/O.
+        waiting_ttft = min(pre_states["waiting"], front)
+        front -= waiting_ttft
+        io_ttft = min(pre_states["io"], front)
+        front -= io_ttft
+    parts.update(client_send=send, before_server=before, server_queue=q + front, prefill=pf,
                  ttft_waiting=waiting_ttft, ttft_io=io_ttft, ttft_stalled=stalled_ttft,
                  residual_ttft=residual_ttft)
 
@@ -412,7 +419,14 @@ class CaseLedger:
         return not any("prefill in before_server" in m for r in self.requests for m in r.merged)
 
     def queue_split(self) -> bool:
-        return self.clocks.queue_ms is not None
+        """The server's queue told from the way there: a queue clock (the engine's, or
+        its waiting count), or the path's floor over several requests."""
+        return self.clocks.queue_ms is not None or self.clocks.path_floor_ms is not None
+
+    def median_share(self, part: str) -> float | None:
+        """The median request's share of its TTFT in ``part``."""
+        xs = [r.part(part) / r.ttft_ms for r in self.requests if r.ttft_ms > 0]
+        return statistics.median(xs) if xs else None
 
     def signals(self) -> dict[str, object]:
         """The classifier's ledger inputs (rules.WindowSignals fields)."""
@@ -428,9 +442,11 @@ class CaseLedger:
             queue_split=self.queue_split(),
         )
         if ttft and self.prefill_known():
-            out["outside_server_frac"] = _rn(ttft["before_server"])
-            out["server_queue_frac"] = _rn(
-                ttft["server_queue"] if self.queue_split() else ttft["before_server"])
+            # the median request's shares of its TTFT, as the rules read them (the table's
+            # shares are ratios of sums, which a few long TTFTs dominate)
+            out["outside_server_frac"] = _rn(self.median_share("before_server"))
+            out["server_queue_frac"] = _rn(self.median_share(
+                "server_queue" if self.queue_split() else "before_server"))
         if self.has_run_state:
             out["server_stalled_frac"] = _rn(self.share_of(("ttft_stalled", "stall_stalled")))
             out["server_stalled_window_frac"] = _rn(self.stalled_window_frac)
@@ -481,18 +497,6 @@ def server_clocks(
                         prefill_ms=prefill, prefill_source=psrc if prefill is not None else "")
 
 
-def loop_step_ms(records: Sequence[RequestRecord]) -> float | None:
-    """The median gap between token events over the case's measured requests: how long
-    one step of the server's decode loop takes while it decodes them."""
-    gaps = []
-    for r in records:
-        if r.phase != "measured" or not r.ok:
-            continue
-        ts = sorted(e.t_ns for e in r.events if e.n_tokens > 0)
-        gaps.extend((b - a) / _NS_MS for a, b in pairwise(ts))
-    return statistics.median(gaps) if len(gaps) >= 2 else None
-
-
 def case_ledger(
     case_id: str,
     name: str,
@@ -508,9 +512,12 @@ def case_ledger(
     """The ledger of a case's measured, successful requests. ``window_ns``: the case's
     window on the harness clock, for the stalled share of the window itself."""
     metric, why = case_metric(name, params)
-    conc = params.get("concurrency")
-    if clocks.loop_step_ms is None and isinstance(conc, (int, float)) and conc > 1:
-        clocks = replace(clocks, loop_step_ms=loop_step_ms(records))
+    measured = [r for r in records if r.phase == "measured" and r.ok]
+    if clocks.path_floor_ms is None and len(measured) >= 2:
+        first_pass = [request_ledger(r, clocks=clocks) for r in measured]
+        pre = [led.part("before_server") for led in first_pass if led is not None]
+        if len(pre) >= 2:
+            clocks = replace(clocks, path_floor_ms=min(pre))
     reqs = tuple(
         led for rec in records if rec.phase == "measured" and rec.ok
         if (led := request_ledger(rec, clocks=clocks, states=states, anchor=anchor,
