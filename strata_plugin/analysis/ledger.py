@@ -8,12 +8,14 @@ and each segment into parts, on the client's monotonic clock:
 * **TTFT** (dispatch -> first token event): ``client_send`` (dispatch -> the request's
   last byte out, the client's own); ``server_queue`` (the engine's queue, where it has a
   clock for it: vLLM/SGLang histograms; llama.cpp has none, so its waiting count by
-  Little's law, the case's mean queue time = mean waiting / arrival rate); ``prefill``
+  Little's law, the case's mean queue time = mean waiting / arrival rate; plus the
+  front-end wait: each request's time before prefill beyond the case's least, since a
+  path delays every request alike and the server's load does not); ``prefill``
   (llama.cpp ``timings.prompt_ms``; vLLM's prefill histogram); ``ttft_stalled`` (the
   server neither running nor able to run meanwhile: run state); ``ttft_waiting`` and
-  ``ttft_io`` (before the server's clock started, the server runnable but not running,
-  or blocked in I/O: it could not have taken the request); ``before_server`` (the
-  rest: network, a proxy, TLS, the HTTP front end, before the server's clock starts);
+  ``ttft_io`` (the front-end wait while the server was runnable but not running, or
+  blocked in I/O); ``before_server`` (the case's least time before prefill: network, a
+  proxy, TLS, the fixed cost of the HTTP front end, before the server's clock starts);
   ``residual_ttft`` (<= 0: the server's clocks claim more than the client saw).
 * **Decode** (first -> last token event): each gap between token events against the
   request's own pace (its median time per token): a gap within ``ledger_stall_factor`` x
