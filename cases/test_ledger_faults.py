@@ -50,6 +50,9 @@ def _arm(strata, sess, case_id: str, figures: dict) -> object:
         "ttft_mean_ms": led.mean_ms("ttft"), "ms_per_token": led.ms_per_token(),
         "shares_of_metric": {k: round(v, 4) for k, v in metric.items() if abs(v) >= 0.001},
         "has_run_state": led.has_run_state,
+        # what the rules read: the median request's share of its TTFT on the way there
+        "outside_server_frac": a.signals.outside_server_frac,
+        "server_stalled_frac": a.signals.server_stalled_frac,
     }
     print(case_id, json.dumps(figures[case_id], sort_keys=True))
     return a

@@ -172,7 +172,7 @@ def _records(spec: CaseSpec, start_mono: int, rng: random.Random) -> list[Reques
                 ),
                 timings=Timings(
                     prompt_n=spec.isl,
-                    prompt_ms=ttft * 1000 * 0.9,
+                    prompt_ms=ttft * 1000 * 0.97,  # 3% of TTFT before the server
                     predicted_n=spec.osl,
                     predicted_ms=(busy_s - ttft) * 1000,
                 ),

@@ -91,3 +91,13 @@ def test_report_shows_the_ledger_as_a_table_and_pictures(with_run_state) -> None
                     "ledger-decode_frozen-timeline.png", "ledger-decode_frozen.png"]
     for name in pngs:
         assert f"(plots/{name})" in md
+
+
+def test_junit_properties_say_whether_the_ledger_closed(with_run_state, without_run_state):
+    from strata_plugin.report import summarize_case
+
+    closed = dict(summarize_case(with_run_state, "decode_frozen").user_properties())
+    assert closed["ledger_metric"] == "itl" and closed["ledger_closes"] == 1
+    opened = dict(summarize_case(without_run_state, "decode_frozen").user_properties())
+    assert opened["ledger_closes"] == 0
+    assert opened["ledger_residual_frac"] >= value("ledger_residual_max")

@@ -38,6 +38,7 @@ from strata_plugin.analysis.sufficiency import (
     percentile_of_stat,
     supported,
 )
+from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.analysis.timeline import (
     HwStat,
     SampleStore,
@@ -131,6 +132,12 @@ class CaseAnalysis:
             props[f"bottleneck_{i}"] = cls
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
+        led = self.ledger
+        if led is not None and led.n and led.residual_frac() is not None:
+            props["ledger_metric"] = led.metric
+            props["ledger_residual_frac"] = round(led.residual_frac() or 0.0, 4)
+            props["ledger_closes"] = int((led.residual_frac() or 0.0)
+                                         < threshold_value("ledger_residual_max"))
         props.update(self.hw_headline())
         props.update(self.headline_support())
         if self.energy is not None:

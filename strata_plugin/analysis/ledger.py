@@ -39,6 +39,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
@@ -158,7 +160,7 @@ def _stall_split(excess_ms: float, gap: tuple[int, int], states: RunStates | Non
         return out
     scale = span / covered
     left = excess_ms
-    for s in STATES[:-1]:
+    for s in STATES[1:-1]:  # stalled time is counted apart, over the whole gap
         take = min(left, secs[s] * scale * 1e3)
         out[f"stall_{s}"] = take
         left -= take
@@ -166,33 +168,61 @@ def _stall_split(excess_ms: float, gap: tuple[int, int], states: RunStates | Non
     return out
 
 
-def _gaps_and_pace(toks: Sequence[TokenEvent]
-                   ) -> tuple[list[tuple[int, int, int, bool]], float | None]:
-    """Each gap between token events (start, end, its tokens, a stall?) and the request's
-    pace: its median time per token. A gap past ``ledger_stall_factor`` x its tokens'
-    pace is a stall; with fewer than two gaps there is no pace and no stall."""
-    gaps = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
-    per_token = [(b - a) / _NS_MS / k for a, b, k in gaps if k > 0]
+@dataclass(frozen=True)
+class _Gap:
+    a: int  # monotonic ns
+    b: int
+    k: int  # tokens in the later event
+    stalled_ms: float  # the server neither running nor able to run during it
+    excess_ms: float  # beyond k x pace (after the stalled time), 0 unless a stall
+
+    @property
+    def ms(self) -> float:
+        return (self.b - self.a) / _NS_MS
+
+
+def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnchor | None
+          ) -> tuple[list[_Gap], float | None]:
+    """Each gap between token events and the request's pace. Time the run state shows the
+    server stalled in a gap is never compute, however short the gap; the rest of the gap
+    is compute up to ``ledger_stall_factor`` x its tokens' pace (the median time per
+    token, stalled time left out), and past it the excess is a stall. With fewer than two
+    gaps there is no pace and no stall."""
+    raw = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
+    if not raw:
+        return [], None
+    stalled = [0.0] * len(raw)
+    if states is not None and anchor is not None:
+        a = np.array([anchor.to_wall_ns(x) for x, _, _ in raw], np.int64)
+        b = np.array([anchor.to_wall_ns(y) for _, y, _ in raw], np.int64)
+        stalled = [min(float(v), (y - x) / _NS_MS) for v, (x, y, _) in
+                   zip(states.seconds_between(a, b, "stalled") * 1e3, raw, strict=True)]
+    eff = [(y - x) / _NS_MS - st for (x, y, _), st in zip(raw, stalled, strict=True)]
+    per_token = [e / k for e, (_, _, k) in zip(eff, raw, strict=True) if k > 0]
     pace = statistics.median(per_token) if len(per_token) >= 2 else None
     factor = threshold_value("ledger_stall_factor")
-    return [(a, b, k, pace is not None and (b - a) / _NS_MS > factor * k * pace)
-            for a, b, k in gaps], pace
+    out = []
+    for (x, y, k), st, e in zip(raw, stalled, eff, strict=True):
+        excess = e - k * pace if pace is not None and e > factor * k * pace else 0.0
+        out.append(_Gap(x, y, k, st, excess))
+    return out, pace
 
 
 def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None
                 ) -> list[tuple[int, int, str]]:
     """The request's decode stalls (monotonic start, end) with the state that took most
-    of their excess over the pace ("unknown" where no run-state sample covers them):
+    of their time beyond the pace ("unknown" where no run-state sample covers them):
     what the timeline colours."""
     toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
-    gaps, pace = _gaps_and_pace(toks)
+    gaps, _ = _gaps(toks, states, anchor)
     out = []
-    for a, b, k, stall in gaps:
-        if not stall or pace is None:
+    for g in gaps:
+        if g.excess_ms <= 0 and g.stalled_ms <= 0:
             continue
-        split = _stall_split((b - a) / _NS_MS - k * pace, (a, b), states, anchor)
+        split = _stall_split(g.excess_ms, (g.a, g.b), states, anchor)
+        split["stall_stalled"] += g.stalled_ms
         top = max(split, key=lambda n: split[n])
-        out.append((a, b, "unknown" if top == "residual_decode" else top[len("stall_"):]))
+        out.append((g.a, g.b, "unknown" if top == "residual_decode" else top[len("stall_"):]))
     return out
 
 
@@ -287,16 +317,19 @@ def request_ledger(
                  residual_ttft=residual_ttft)
 
     # --- decode ---------------------------------------------------------------------
-    gaps, pace = _gaps_and_pace(toks)
+    gaps, pace = _gaps(toks, states, anchor)
     n_stalls = 0
-    for a, b, k, stall in gaps:
-        g = (b - a) / _NS_MS
-        if not stall or pace is None:
-            parts["decode_compute"] += g
+    for g in gaps:
+        parts["stall_stalled"] += g.stalled_ms
+        if g.excess_ms <= 0:
+            parts["decode_compute"] += g.ms - g.stalled_ms
+            # a stall when more than its pace's worth of it was stalled (a sampling
+            # interval's edge spilling into a neighbouring gap is less)
+            n_stalls += pace is not None and g.stalled_ms > g.k * pace
             continue
         n_stalls += 1
-        parts["decode_compute"] += k * pace
-        for name, ms in _stall_split(g - k * pace, (a, b), states, anchor).items():
+        parts["decode_compute"] += g.ms - g.stalled_ms - g.excess_ms
+        for name, ms in _stall_split(g.excess_ms, (g.a, g.b), states, anchor).items():
             parts[name] += ms
     if n_stalls and states is None:
         merged.append("decode stalls in residual_decode: no run-state samples (agent "

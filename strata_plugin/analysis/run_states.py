@@ -61,6 +61,13 @@ class RunStates:
             out[name] = float(np.interp(hi, self.t, col) - np.interp(lo, self.t, col))
         return out, (hi - lo) / 1e9
 
+    def seconds_between(self, a_ns: np.ndarray, b_ns: np.ndarray, state: str) -> np.ndarray:
+        """Seconds in ``state`` over each [a, b] (vectorized; outside the samples, none)."""
+        col = self.cum[:, STATES.index(state)]
+        if len(self.t) < 2:
+            return np.zeros(len(a_ns))
+        return np.maximum(0.0, np.interp(b_ns, self.t, col) - np.interp(a_ns, self.t, col))
+
     def share(self, a_ns: int, b_ns: int, state: str) -> float | None:
         """The share of [a, b] in ``state``; None where the samples cover too little."""
         secs, covered = self.over(a_ns, b_ns)
