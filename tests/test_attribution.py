@@ -225,6 +225,10 @@ def test_a_ledger_that_does_not_close_is_unexplained_not_headroom():
     assert TRACE_LEDGER in verdict.finer_trace
     assert any("6 ms, 20.0% of TPOT/ITL" in n and "decode gaps, no run state" in n
                for n in verdict.notes), verdict.notes
+    from strata_plugin.analysis.traces import settle
+
+    assert settle.needs_diagnosis(verdict)  # --strata-escalate auto takes it
+    assert settle.traces_for(verdict) == ("sched", "block")
     closed = v(CPU_CLEAN, ledger_metric="itl", ledger_residual_frac=0.09)
     assert closed.classes == ("headroom",) and not closed.inconclusive
     assert any("closes: residual 9.0% of TPOT/ITL" in n for n in closed.notes)

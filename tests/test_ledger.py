@@ -284,3 +284,37 @@ def test_the_way_there_is_the_floor_and_what_varies_with_load_is_the_servers() -
     shares = sorted(100.0 / r.ttft_ms for r in cl.requests)
     assert cl.signals()["outside_server_frac"] == pytest.approx(
         (shares[1] + shares[2]) / 2, abs=1e-4)
+
+
+def test_the_engines_own_histograms_are_its_queue_and_prefill_clocks() -> None:
+    from types import SimpleNamespace as Row
+
+    rows = [Row(source="prom", metric="queue_time_seconds_sum", delta=2.0),
+            Row(source="prom", metric="queue_time_seconds_count", delta=10.0),
+            Row(source="prom", metric="prefill_time_seconds_sum", delta=0.5),
+            Row(source="prom", metric="prefill_time_seconds_count", delta=10.0)]
+    clocks = server_clocks(rows, waiting_mean=3.0, n_requests=10, window_s=1.0)
+    assert clocks.queue_ms == pytest.approx(200.0) and "histogram" in clocks.queue_source
+    assert clocks.prefill_ms == pytest.approx(50.0)
+    # records without a prefill of their own take the case's mean, and say so
+    led = request_ledger(record(timings=False, before_ms=300.0, prefill_ms=0.0), clocks=clocks)
+    assert led.part("prefill") == pytest.approx(50.0)
+    assert led.part("server_queue") == pytest.approx(200.0)
+    assert any("prefill: the case's mean" in m for m in led.merged)
+
+
+def test_shares_over_repetitions_get_a_t_interval() -> None:
+    from types import SimpleNamespace as Case
+
+    from strata_plugin.report.ledger_md import repetition_rows
+
+    def arm(arm: str, rep: int, before: float) -> Case:
+        led = case_ledger(f"{arm}{rep}", "e2e_x", {"osl": 30},
+                          [record(rid=f"{arm}{rep}", before_ms=before)])
+        return Case(info={"ab_group": "g", "ab_arm": arm}, ledger=led, case_id=f"{arm}{rep}")
+
+    cases = [arm("a", i, b) for i, b in enumerate((10.0, 12.0, 14.0))] + [arm("b", 0, 50.0)]
+    rows = repetition_rows(cases)
+    assert {r[1] for r in rows} == {"a"}  # one repetition of b: no interval
+    before = next(r for r in rows if r[3] == "before_server")
+    assert before[4] == "3" and " .. " in before[6]

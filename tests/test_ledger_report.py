@@ -86,6 +86,7 @@ def test_report_shows_the_ledger_as_a_table_and_pictures(with_run_state) -> None
     md = (with_run_state / "report.md").read_text()
     assert f"## {TITLE}" in md
     assert "TPOT/ITL (a decode case)" in md
+    assert "each class's weight, its share of TPOT/ITL: server_stalled" in md
     pngs = sorted(p.name for p in (with_run_state / "plots").glob("ledger-*.png"))
     assert pngs == ["ledger-decode_clean-timeline.png", "ledger-decode_clean.png",
                     "ledger-decode_frozen-timeline.png", "ledger-decode_frozen.png"]

@@ -119,6 +119,11 @@ def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path)
         out.append(f"\n### {a.name} (`{a.case_id}`)\n\n![ledger](plots/{name}.png)\n")
         if (plot_dir / f"{name}-timeline.png").exists():
             out.append(f"\n![stalls by server state](plots/{name}-timeline.png)\n")
+        w = [(k, x) for k, x in a.verdict.weights if abs(x) >= 0.005]
+        if w:
+            out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`; each class's weight, "
+                       f"its share of {METRIC_LABELS[led.metric]}: "
+                       + ", ".join(f"{k} {x:.0%}" for k, x in w) + ".\n")
         if led.merged:
             out.append("\nMerged parts: " + "; ".join(led.merged) + ".\n")
         if led.has_run_state:
