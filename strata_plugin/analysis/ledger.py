@@ -107,9 +107,13 @@ class RequestLedger:
     n_gaps: int
     n_stalls: int
     merged: tuple[str, ...] = ()
+    _by_name: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", dict(self.parts))
 
     def part(self, name: str) -> float:
-        return dict(self.parts)[name]
+        return self._by_name[name]
 
     @property
     def residual_ms(self) -> float:
