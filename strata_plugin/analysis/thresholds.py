@@ -433,7 +433,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] a tenth of the time the case is about (TTFT, TPOT/ITL or end-to-end) "
         "with the server neither running nor able to run (frozen, stopped, no progress): "
         "the same tenth as prefill_stall_frac. "
-        f"{VAL}, Time ledger: 0 in 12 clean cases, 0.33-0.34 with the freezer at a third",
+        f"{VAL}, Time ledger: 0 in 15 clean cases, 0.33-0.34 with the freezer at a third",
     ),
     Threshold(
         "ledger_residual_max",
@@ -441,7 +441,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "of the case's metric",
         "[inferred] the time ledger closes when what no clock or server state explains is "
         "under a tenth of the case's metric (issue 23's example bound). "
-        f"{VAL}, Time ledger: 0.0% in 12 of 12 clean decode cases on the embedded target",
+        f"{VAL}, Time ledger: 0.0% in 15 of 15 clean decode cases on the embedded target",
     ),
     Threshold(
         "ledger_stall_factor",
