@@ -145,6 +145,8 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
     """The injection of a scenario's fault arm (queueing: the load itself, no injector)."""
     if arm == "clean" or sc.fault == "queueing":
         return faults.NoFault()
+    if sc.mechanism:  # a set-aside mechanism, before the tuning set's injector of its class
+        return _set_aside_injector(sc, server, model)
     if sc.fault == "cpu_contention":
         return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
     if sc.fault == "cpu_limited":
@@ -156,17 +158,21 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
         return faults.MemoryHog(leave_frac=0.06)
     if sc.fault == "client_bound":
         return faults.ClientThrottle(quota=0.02)
+    raise AssertionError(sc.fault)
+
+
+def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injector:
     if sc.mechanism == "freezer_pause":
         return pauses.FreezerPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
     if sc.mechanism == "sigstop_pause":
         return pauses.SigStopPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
-    if sc.fault == "outside_server":
+    if sc.mechanism.startswith("proxy_"):
         return relay.LatencyProxy(server.base_url, delay_ms=sc.delay_ms, max_s=300)
     if sc.mechanism == "memcg_evict":
         assert model is not None
         return memcg.MemcgEvict(server.pid, model, keep_frac=MEMCG_KEEP_FRAC,
                                 headroom_bytes=MEMCG_HEADROOM, max_s=300)
-    raise AssertionError(sc.fault)
+    raise AssertionError(sc.mechanism)
 
 
 @contextmanager
@@ -418,6 +424,12 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
             if injector is not None:
                 _close(injector, group)
     problems = [p for r in results for p in _check(r)]
+    want = {"freezer_pause": "freezer_pause", "sigstop_pause": "sigstop_pause",
+            "memcg_evict": "memcg_evict"}.get(sc.mechanism,
+                                              "latency_proxy" if sc.delay_ms else None)
+    problems += [f"{r.case_id}: injected by {r.facts['injector'].get('name')}, not {want}"
+                 for r in results if want and r.arm == "fault"
+                 and r.facts["injector"].get("name") != want]
     problems += [f"{r.case_id}: the memory cgroup OOM-killed {r.facts['injector']['oom_kills']}"
                  " process(es): the fault was meant to evict pages, not kill"
                  for r in results if r.facts["injector"].get("oom_kills")]
