@@ -190,23 +190,33 @@ def test_an_unknown_fault_set_is_a_clear_error(tmp_path, capsys):
 
 def test_rescore_decides_each_verdict_again(runs, monkeypatch, capsys):
     """--rescore scores the verdict this code decides from the raw files, not the one the
-    run recorded (here: a stand-in for the analysis that names the fault in every arm)."""
-    from strata_plugin.report import scorecard
+    run recorded: the analysis is asked for each case of a view of the run folder whose
+    cases.jsonl holds no verdict (here a stand-in for the analysis names the fault in
+    every arm), and the run folder itself is untouched."""
+    from types import SimpleNamespace
+
+    from strata_plugin.analysis import case_summary
 
     asked = []
+    before = {r: (r / "cases.jsonl").read_text() for r in runs}
 
-    def decide(run_dir, case_id):
-        asked.append((run_dir.name, case_id))
+    def decide(view, case_id):
+        lines = [json.loads(x) for x in (view / "cases.jsonl").read_text().splitlines()]
+        assert all("verdict" not in c for c in lines) and (view / "manifest.json").is_symlink()
+        asked.append((view.name, case_id))
         fault = case_id.split("/")[1]
-        return {"classes": [fault], "also_flagged": [], "inconclusive": False,
-                "evidence": [ev(fault, "m", 1.0, 0.5)]}
+        return SimpleNamespace(verdict=case_summary.Verdict(
+            classes=(fault,), evidence=(case_summary.Evidence(**ev(fault, "m", 1.0, 0.5)),),
+            confidence=1.0, inconclusive=False, finer_trace=(), missing_signals=()))
 
-    monkeypatch.setattr(scorecard, "rescored_verdict", decide)
+    monkeypatch.setattr(case_summary, "summarize_case", decide)
     assert main(["scorecard", *map(str, runs)]) == 0
     recorded = capsys.readouterr().out
     assert main(["scorecard", "--rescore", *map(str, runs)]) == 0
     again = capsys.readouterr().out
-    assert len(asked) == 6 and "Hits: 3 of 6." in recorded
+    assert len(asked) == 6 and {v for v, _ in asked} == {"a", "b"}
+    assert "Hits: 3 of 6." in recorded
     # every fault arm now hits; the clean arms named the scenario's class, which the
     # ground truth did not see there, so they miss
     assert "Hits: 4 of 6." in again and "named): 4 of 4" in again.replace("\n", " ")
+    assert {r: (r / "cases.jsonl").read_text() for r in runs} == before

@@ -108,14 +108,33 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def rescored_verdict(run_dir: Path, case_id: str) -> dict[str, Any]:
-    """The case's verdict decided again by this code from the run's raw files (samples,
-    requests, markers), as the case's teardown records it."""
+def rescored_verdicts(run_dir: Path, case_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each case's verdict decided again by this code from the run's raw files (samples,
+    requests, markers), as the case's teardown records it.
+
+    The analysis keeps a verdict recorded at the case's end (what JUnit reported); to
+    decide afresh it reads a view of the run folder whose ``cases.jsonl`` lines have no
+    verdict: every other entry is a symbolic link to the run's own, nothing is copied
+    and the run folder is not changed.
+    """
     import dataclasses
+    import os
+    import tempfile
 
     from strata_plugin.analysis.case_summary import summarize_case
 
-    return dataclasses.asdict(summarize_case(run_dir, case_id).verdict)
+    with tempfile.TemporaryDirectory(prefix="strata-rescore-") as tmp:
+        view = Path(tmp) / run_dir.name
+        view.mkdir()
+        for entry in run_dir.iterdir():
+            if entry.name != "cases.jsonl":
+                os.symlink(entry.resolve(), view / entry.name)
+        with open(view / "cases.jsonl", "w") as out:
+            for c in _lines(run_dir / "cases.jsonl"):
+                c.pop("verdict", None)
+                out.write(json.dumps(c) + "\n")
+        return {cid: dataclasses.asdict(summarize_case(view, cid).verdict)
+                for cid in case_ids}
 
 
 def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
@@ -143,8 +162,9 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
     fault_classes = tuple(sorted(set(recorded) | set(scenarios)
                                  | {x for t in truth.values() for x in t}))
     arms = []
+    fresh = rescored_verdicts(run_dir, list(latest)) if rescore else {}
     for cid, c in latest.items():
-        v = rescored_verdict(run_dir, cid) if rescore else c["verdict"]
+        v = fresh[cid] if rescore else c["verdict"]
         classes = tuple(v.get("classes", ()))
         evidence = tuple(
             f"{e['cls']}: {e['metric']} {e['value']:g} {e['op']} {e['threshold_value']:g}"
