@@ -156,7 +156,8 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
             if state in seen:
                 handles.append(seen[state])
                 names.append(f"stall: {state}")
-        ax.legend(handles, names, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                  frameon=False)
+        ax.legend(handles, names, ncol=len(handles), loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=6, handlelength=1.5,
+                  columnspacing=1.0)
         fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None},
                     bbox_inches="tight")
