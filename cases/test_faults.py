@@ -384,7 +384,7 @@ def _orders() -> list[tuple[str, str]]:
 
 
 @pytest.mark.fault
-@pytest.mark.strata_configs("default")
+@pytest.mark.strata_configs("default", optional=True)
 @pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)
 def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc, tmp_path,
                         record_property):

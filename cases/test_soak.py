@@ -97,7 +97,7 @@ def slope_mb_per_min(points: list[tuple[float, int]]) -> float:
 
 
 @pytest.mark.soak
-@pytest.mark.strata_configs("default")
+@pytest.mark.strata_configs("default", optional=True)
 def test_soak_at_the_limit(strata, strata_session, record_property):
     watch = RssWatch().start()
     t0 = time.monotonic()

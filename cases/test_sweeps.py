@@ -22,7 +22,7 @@ def _ttfts(results):
 @pytest.mark.sweep
 @pytest.mark.prefill
 @pytest.mark.smoke
-@pytest.mark.strata_blocks("default", "ub128", repeats=2)
+@pytest.mark.strata_blocks("default", "ub128", repeats=2, optional=True)
 def test_ab_prefill_batch(strata, strata_server, record_property):
     """A B B A blocks of the default micro-batch against -ub 128."""
     arm = strata_server.config_id
@@ -49,7 +49,7 @@ ACCEPTANCE_TOLERANCE = 0.07
 
 @pytest.mark.mtp
 @pytest.mark.smoke
-@pytest.mark.strata_configs("spec_l15", "spec_l25", "spec_l35")
+@pytest.mark.strata_configs("spec_l15", "spec_l25", "spec_l35", optional=True)
 def test_speculative_acceptance(strata, strata_server, record_property):
     """Acceptance = sum(accepted) / sum(drafted), against llama.cpp's synthetic setting."""
     result = strata.run(SPEC_WORKLOAD, scale=False,
@@ -69,7 +69,7 @@ def test_speculative_acceptance(strata, strata_server, record_property):
 
 @pytest.mark.sweep
 @pytest.mark.prefill
-@pytest.mark.strata_configs("ub128", "default", "ub2048")
+@pytest.mark.strata_configs("ub128", "default", "ub2048", optional=True)
 def test_prefill_batch_sweep(strata, strata_server, record_property):
     """TTFT and prefill tok/s per micro-batch, and the interference on running decodes."""
     prefill = strata.run(matrix.PREFILL_128K_C1, case_id=f"sweep/prefill/{strata_server.config_id}")

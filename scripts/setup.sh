@@ -10,13 +10,19 @@
 # virtualenv with a generated model (~/.cache/strata/vllm-venv, models/tiny-llama-hf;
 # minutes the first time, seconds once cached). Where pip's configured sources do not
 # provide the CPU build of torch, set STRATA_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+#
+# --ray also installs the Ray extra (`strata[ray]`: ray with its client, a 79 MB wheel,
+# ~240 MB installed, 1-3 minutes here) for the load over hosts (docs/scale.md) and its
+# tests (tests/test_ray_cluster.py). --vllm implies it: CI runs those tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM=0
+EXTRAS="test,embedded"
 for arg in "$@"; do
     case "$arg" in
-        --vllm) VLLM=1 ;;
-        *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+        --vllm) VLLM=1; EXTRAS="test,embedded,ray" ;;
+        --ray) EXTRAS="test,embedded,ray" ;;
+        *) echo "usage: bash scripts/setup.sh [--vllm] [--ray]" >&2; exit 2 ;;
     esac
 done
 PY="${STRATA_PYTHON:-python3}"
@@ -25,7 +31,7 @@ export PIP_CACHE_DIR="${PIP_CACHE_DIR:-${STRATA_CACHE:-$HOME/.cache/strata}/pip}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,embedded]" \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$EXTRAS]" \
     2> >(grep -v "^WARNING: Location" >&2)
 .venv/bin/python -m strata_plugin setup >/dev/null
 if [ "$VLLM" = 1 ]; then

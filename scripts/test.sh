@@ -3,7 +3,9 @@
 # against the real llama-server) and lints the code.
 #
 # --vllm also sets up the vLLM CPU server (scripts/setup.sh --vllm) and requires the
-# tests marked `vllm` to run against it (without --vllm they skip when it is not set up).
+# tests marked `vllm` to run against it (without --vllm they skip when it is not set up);
+# it also installs the Ray extra and requires the tests marked `ray` to run (a real Ray
+# cluster in network namespaces: tests/test_ray_cluster.py).
 # Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ done
 bash scripts/setup.sh "${SETUP[@]}"
 if [ "${#SETUP[@]}" -gt 0 ]; then
     export STRATA_REQUIRE_VLLM=1
+    export STRATA_REQUIRE_RAY=1
 fi
 .venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest tests/ -q "${ARGS[@]}"

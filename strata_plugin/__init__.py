@@ -13,6 +13,12 @@ nothing until a case uses them.
 * ``json_fields``, ``code_passes``, ``extract_code``: output validators.
 * fixtures ``strata`` (the case runner), ``strata_server`` (the server of one
   configuration), ``strata_session``, ``strata_config``.
+
+PYTEST_DONT_REWRITE: pytest rewrites the assertions of an installed plugin's modules as
+it imports them; ``python -m strata_plugin bench`` has imported this package before
+pytest starts, and pytest then warned on every run (PytestAssertRewriteWarning: "Module
+already imported so cannot be rewritten: strata_plugin"). This module has no assertion
+to rewrite; the modules below it are still rewritten as pytest imports them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``python -m strata_plugin report|compare|scorecard|bench|agent|setup``: offline tools, an ad-hoc
-benchmark, the agent, setup."""
+"""``python -m strata_plugin report|compare|scorecard|bench|profile-doc|agent|setup``: offline
+tools, an ad-hoc benchmark, the profile reference, the agent, setup."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ commands:
   bench URL --workload isl=256,osl=64,concurrency=4,requests=40 [--api API]
                         measure one workload against a running server; writes a run
                         folder and its report (--help for more)
+  profile-doc [-o FILE] every profile key with its type, default and meaning
+                        (docs/profile.md)
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
   setup [ARGS]          build llama-server and generate the embedded target's models
                         (cached in ~/.cache/strata; --print-paths, --clean, --help);
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.plugin.bench_cli import bench_main
 
         return bench_main(rest)
+    if command == "profile-doc":
+        from strata_plugin.configure.profile_doc import main as profile_doc_main
+
+        return profile_doc_main(rest)
     if command == "setup" and "--vllm" in rest:
         from strata_plugin.embedded.vllm_setup import main as vllm_setup_main
 

@@ -21,3 +21,13 @@ def send(request: pytest.FixtureRequest) -> Iterator[Send]:
         return
     with StreamMux() as mux:
         yield mux.send_streaming
+
+
+@pytest.fixture
+def confinable() -> None:
+    """Model-written code can be confined here (load/sandbox.probe, a real run), or skip."""
+    from strata_plugin.load import sandbox
+
+    reason = sandbox.probe()
+    if reason:
+        pytest.skip(f"this machine cannot confine model-written code: {reason}")

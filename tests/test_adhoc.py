@@ -115,7 +115,7 @@ def test_generated_case_runs_beside_paths_given(project):
             "--strata-run-id=a2", "-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_mine.py::test_mine PASSED*",
-                                 "*::test_strata_workload?default? PASSED*"])
+                                 "*::test_strata_workload PASSED*"])
 
 
 def test_without_the_option_nothing_is_generated(project):
@@ -148,6 +148,15 @@ def test_bench_command_writes_the_same_run(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "1 passed" in out.stdout
     _check_run(tmp_path / "reports" / "b1", seen)
+    # The results on the terminal: the table's header, the case's row, the report's path.
+    lines = out.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    assert lines[head].split() == ["case", "verdict", "ok/total", "output", "tok/s",
+                                   "TTFT", "p50/p95", "ms", "TPOT", "p50/p95", "ms"]
+    row = lines[head + 2].split()
+    assert row[0] == "adhoc" and "40/40" in row
+    assert f"report: {tmp_path / 'reports' / 'b1' / 'report.md'}" in lines
+    assert "Warning" not in out.stdout + out.stderr  # no warning of Strata's own making
 
 
 def test_bench_without_a_workload_says_so(tmp_path):

@@ -60,7 +60,7 @@ def test_the_zip_carries_pynvml_as_a_fallback():
 def _fake_ssh(tmp: Path) -> str:
     """An 'ssh' that runs the remote line with sh in an empty environment, like sshd."""
     path = tmp / "fakessh"
-    path.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift\n'
+    path.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done; shift 2\n'
                     'exec env -i PATH=/usr/bin:/bin HOME=/tmp sh -c "$1"\n')
     path.chmod(0o755)
     return str(path)

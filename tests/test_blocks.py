@@ -7,7 +7,13 @@ import pytest
 from strata_plugin.analysis.ab_groups import outputs_identical
 from strata_plugin.analysis.effects import effect
 from strata_plugin.analysis.metrics import acceptance, case_metrics
-from strata_plugin.configure.blocks import counterbalanced, server_params, split_param
+from strata_plugin.configure.blocks import (
+    MissingConfigs,
+    UnknownConfigs,
+    counterbalanced,
+    server_params,
+    split_param,
+)
 from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent, Usage
 from strata_plugin.load.case_runner import check_case
 from strata_plugin.load.workload import Workload
@@ -24,8 +30,8 @@ def test_counterbalanced_forward_then_reverse():
 
 
 class _Marker:
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
+    def __init__(self, *args, name="strata_configs", **kwargs):
+        self.args, self.kwargs, self.name = args, kwargs, name
 
 
 def test_server_params_from_markers():
@@ -35,8 +41,26 @@ def test_server_params_from_markers():
     assert server_params(ids, None, _Marker("b", "c", repeats=1), attached=False) == ["b@1",
                                                                                      "c@1"]
     assert server_params(ids, _Marker("b", "c"), None, attached=True) == ["b"]
-    with pytest.raises(ValueError, match="no configuration zzz"):
-        server_params(ids, _Marker("zzz"), None, attached=False)
+    with pytest.raises(MissingConfigs, match="no configuration zzz"):  # skipped, said why
+        server_params(ids, _Marker("zzz", optional=True), None, attached=False)
+
+
+def test_a_config_id_the_profile_lacks_is_an_error_unless_marked_optional():
+    """A misspelled id must not pass CI as a skip: without optional=True it is an error
+    that names the marker, the id, what the profile has and the way out."""
+    ids = ["default", "ub128"]
+    for marker in (_Marker("ub218"), _Marker("ub218", optional=False),
+                   _Marker("ub218", optional="yes")):  # only True makes it optional
+        with pytest.raises(UnknownConfigs) as err:
+            server_params(ids, marker, None, attached=False)
+        assert not isinstance(err.value, MissingConfigs)
+        assert str(err.value) == (
+            "strata_configs(...) names 'ub218', which the profile has no configuration of "
+            "(it has default, ub128); fix the id, or mark the test strata_configs(..., "
+            "optional=True) if it is meant for profiles that have it (it is then skipped here)")
+    with pytest.raises(UnknownConfigs, match=r"strata_blocks\(\.\.\.\) names 'x'"):
+        server_params(ids, None, _Marker("default", "x", name="strata_blocks"), attached=True)
+    assert server_params(ids, _Marker("ub128", optional=True), None, attached=False) == ["ub128"]
 
 
 def test_blocks_run_in_order_and_boot_once_each(pytester, monkeypatch):

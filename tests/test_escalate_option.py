@@ -53,7 +53,7 @@ def test_a_named_case_is_traced_apart_and_unavailable_traces_say_why(project):
     run = project.path / "reports" / "esc"
     lines = [json.loads(x) for x in (run / "cases.jsonl").read_text().splitlines()]
     by_id = {x["case_id"]: x for x in lines}
-    cid = "test_cases.py::test_decode[default]"  # named without its configuration suffix
+    cid = "test_cases.py::test_decode"  # attached: the node id carries no configuration
     assert set(by_id) == {cid, cid + "~traced"}
     traced = by_id[cid + "~traced"]
     assert traced["diagnostic_of"] == cid and traced["escalated"] == "named"

@@ -38,7 +38,7 @@ def _fake_ssh(tmp: Path) -> str:
     path = tmp / "fakessh"
     path.write_text(
         "#!/bin/sh\n"
-        'while [ "$1" != "--" ]; do shift; done; shift\n'
+        'while [ "$1" != "--" ]; do shift; done; shift 2\n'
         'exec env -i PATH=/usr/bin:/bin HOME=/tmp sh -c "$1"\n'
     )
     path.chmod(0o755)
@@ -79,7 +79,7 @@ def test_remote_argv_quotes_every_element_and_rejects_option_hosts():
     argv = remote.remote_agent_argv("gpu-b", local, ssh_options=("-F", "/tmp/cfg"))
     assert argv[:5] == [sys.executable, "-m", "strata_plugin.run.remote", "agent", "--"]
     ssh = argv[5:]
-    assert ssh[0] == "ssh" and "BatchMode=yes" in ssh and ssh[ssh.index("--") - 1] == "gpu-b"
+    assert ssh[0] == "ssh" and "BatchMode=yes" in ssh and ssh[ssh.index("--") + 1] == "gpu-b"
     assert ssh[ssh.index("-F") + 1] == "/tmp/cfg"
     remote_words = shlex.split(ssh[-1])  # what the remote shell will see
     assert remote_words[:3] == ["python3", "-c", remote.BOOTSTRAP]

@@ -250,6 +250,49 @@ def test_http_client_splits_long_ranges_and_reports_errors():
         srv.server_close()
 
 
+class _Hop(_Api):
+    """The test API behind ``/old/``: that prefix answers a 302 to ``server.target`` plus
+    the rest of the path. Records each request's path and headers."""
+
+    def do_GET(self):
+        self.server.seen.append((self.path, dict(self.headers)))
+        if self.path.startswith("/old/"):
+            self.send_response(302)
+            self.send_header("Location", self.server.target(self.path[len("/old"):]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            super().do_GET()
+
+
+@pytest.mark.parametrize("where, keeps", [("same", True), ("port", False), ("host", False)])
+def test_the_bearer_token_is_not_sent_on_to_another_origin(where, keeps):
+    """A redirect to another port or host name is another origin: it is followed without
+    the Authorization header. To the same scheme, host and port it keeps it."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hop) for _ in range(2)]
+    hop, api = servers
+    to = {"same": f"http://127.0.0.1:{hop.server_port}",
+          "port": f"http://127.0.0.1:{api.server_port}",
+          "host": f"http://localhost:{hop.server_port}"}[where]
+    for srv in servers:
+        srv.calls, srv.seen = [], []
+        srv.target = lambda rest, to=to: to + rest
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = ps.PromClient(f"http://127.0.0.1:{hop.server_port}/old",
+                          headers={"Authorization": "Bearer s3cret"})
+        ((labels, _),) = c.query_range("up", 0.0, 1.0, 0.5)  # followed to the answer
+        assert labels == {"instance": "x:1"}
+        first, *after = hop.seen + api.seen
+        assert first[0].startswith("/old/") and first[1]["Authorization"] == "Bearer s3cret"
+        assert [p.split("?")[0] for p, _ in after] == ["/api/v1/query_range"]
+        assert ("Authorization" in after[0][1]) == keeps, after
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+
+
 # --- a real Prometheus and node_exporter -------------------------------------------------
 
 

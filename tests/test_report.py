@@ -100,7 +100,11 @@ def test_gpu_run_verdicts_energy_and_multi_node(gpu_report):
     assert e["j_per_output_token"] == pytest.approx(e["joules"] / (16 * 64))
     text = (gpu_report / "report.md").read_text()
     assert "J per output token" in text
-    assert "RDMA per rail" not in text.split("## Run timeline")[1]  # drawn, not omitted
+    # The rails were sampled and carried nothing (the factory's default rate is 0): the
+    # panel is left out, and the report says why, not "no samples".
+    run_section = text.split("## Run timeline")[1]
+    assert "RDMA per rail: zero throughout this window" in run_section
+    assert "RDMA per rail: no samples" not in run_section
 
 
 def test_ab_table_shows_request_level_deltas(cpu_report):
@@ -348,6 +352,7 @@ NCCL_IB_HCA = "{hcas}"
 [telemetry]
 interval_s = 1.0
 collectors = ["proc", "net"]
+gpu_expected = true
 [telemetry.link_caps]
 "head/veth0" = 8e6
 "w/eth2" = 1e9

@@ -139,20 +139,26 @@ def test_a_healthy_group_is_left_alone():
 
 
 def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path):
-    from strata_plugin.plugin.case_teardown import finish_case
+    from strata_plugin.plugin.case_teardown import judge_call
 
     log = tmp_path / "worker-1.log"
     log.write_text("loading shard 3\nNCCL error: unhandled system error\n")
     worker = SimpleNamespace(node="node1", exit_code=lambda: 1, log_path=log)
     head = SimpleNamespace(config_id="tp16", alive=lambda: True)
-    sess = SimpleNamespace(recorder=SimpleNamespace(add_case=lambda line: None),
-                           run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
-                           dead_workers=lambda server: [worker],
-                           recover_agents=lambda server, cases=(): [])
+    sess = SimpleNamespace(run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
+                           dead_workers=lambda server: [worker])
     item = SimpleNamespace(stash={}, user_properties=[], nodeid="cases/x.py::t")
     runner = SimpleNamespace(case_lines={}, results=[])
     with pytest.raises(pytest.fail.Exception) as failed:
-        finish_case(item, sess, head, runner)
+        judge_call(item, sess, head, runner, None)
     text = str(failed.value)
     assert "worker node1 of server tp16 died during the case (exit 1)" in text
     assert "NCCL error: unhandled system error" in text
+    # A test whose own body failed keeps its exception; the reason goes beside it.
+    own = AssertionError("tokens/s below the floor")
+    with pytest.raises(AssertionError) as kept:
+        judge_call(item, sess, head, runner, own)
+    assert kept.value is own
+    from strata_plugin.plugin.case_teardown import call_problems_key
+
+    assert "worker node1 of server tp16 died during the case" in item.stash[call_problems_key]

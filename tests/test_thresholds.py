@@ -150,6 +150,8 @@ CASES: tuple[Boundary, ...] = (
 
 #: Rows no classifier boundary covers, and where they are tested instead.
 NOT_A_RULE_BOUNDARY = {
+    "requests_failed_share": "analysis/failures.py, before the rules "
+    "(test_failures_first.py, just below and at the share)",
     "pcie_bytes_s_cap": "the scale of pcie_link_frac (its case uses it)",
     "comm_sm_max": "no effect on a verdict today: gpu_communication also fires for "
     "sm_active < sm_active_busy, the same 0.5 (an equivalent mutant; docs/validation.md)",
@@ -213,7 +215,7 @@ PINNED = {
     "prefill_stall_frac": 0.1, "prefill_stall_share": 0.5, "ab_prefill_stall_ratio": 2.0,
     "ab_tail_pace_rise": 0.2, "injected_pace_factor": 1.0, "client_timing_error_ms": 5.0,
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
-    "trace_retrans_per_s": 1.0,
+    "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
 }
 
 

@@ -15,7 +15,7 @@ def test_json_fields():
     assert not check("not json").ok and not check("[1, 2]").ok
 
 
-def test_code_extraction_and_frozen_tests():
+def test_code_extraction_and_frozen_tests(confinable):
     good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
     assert extract_code(good).startswith("def add")
     v = code_passes(FROZEN)(good)
@@ -24,6 +24,6 @@ def test_code_extraction_and_frozen_tests():
     assert bad.total == 10 and bad.passed < 10 and not bad.ok
 
 
-def test_generated_code_cannot_hang_the_harness():
+def test_generated_code_cannot_hang_the_harness(confinable):
     v = code_passes(FROZEN, timeout_s=1.0)("import time\ntime.sleep(30)\n")
     assert not v.ok and "timed out" in v.detail

@@ -1,5 +1,5 @@
 """Against a real vLLM server (the CPU build): exact ISL/OSL, cold and warm prefixes, the
-engine's prefix-cache flush, its /metrics series.
+engine's prefix-cache flush, chat prompts to its templated count, its /metrics series.
 
 Opt-in: the server needs its own virtualenv (`bash scripts/setup.sh --vllm`, minutes once,
 then cached). Without it these tests skip saying so; with STRATA_REQUIRE_VLLM=1 (what
@@ -100,6 +100,27 @@ def test_shared_prefix_hits_the_cache_and_the_flush_empties_it(vllm):
     assert flush.ok, flush.detail
     cold = _runner(vllm, salt="repeat").run(w, scale=False).records[0]
     assert cold.usage.cached_tokens == 0 and cold.usage.prompt_tokens == 400
+
+
+def test_chat_has_exact_isl_from_usage(vllm):
+    """The chat API: prompts built to vLLM's own templated count (POST /tokenize with
+    messages; the profile's --chat-template), checked against usage.prompt_tokens."""
+    setup = CaseSetup(vllm.base_url, "chat", "it", TokenSpace(300, 1000), Timeouts(read_s=120),
+                      salt="chat", engine="vllm", model=PROFILE.server.model_name)
+    cases: list[dict] = []
+    runner = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
+                        add_case=cases.append)
+    w = Workload("chat", isl=300, osl=8, concurrency=2, requests=4, warmups=1, seed=3)
+    res = runner.run(w, scale=False)
+    assert res.problems == ()
+    for r in (*res.records, *res.warmup_records):
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 8)
+        assert sum(e.n_tokens for e in r.events) == 8
+    assert cases[-1]["isl_exact"] is True
+    assert "POST /tokenize with messages (vllm)" in cases[-1]["isl_note"]
+    assert cases[-1]["cold_prefix"] == "verified cold: 0 cached prompt tokens in 4 requests"
+    one_more = runner.run(replace(w, isl=301, requests=1, warmups=0), scale=False)
+    assert one_more.problems == () and one_more.records[0].usage.prompt_tokens == 301
 
 
 def test_metrics_series_map_onto_strata_names(vllm):

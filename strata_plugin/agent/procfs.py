@@ -408,3 +408,23 @@ class ProcessTreeCounters:
             for f in files:
                 f.close()
         self._files.clear()
+
+
+class TreeCounters:
+    """Per-request counters of a process tree: ``(cpu_s, major_faults, read_bytes)``.
+
+    A plain object rather than a closure so that it pickles: the load generator's
+    worker processes (load/pool.py) call it around each request they send. The tree is
+    scanned once (milliseconds) and again only when one of its PIDs is gone.
+    """
+
+    def __init__(self, root_pid: int) -> None:
+        self.root = root_pid
+        self.tree = process_tree(root_pid)
+
+    def __call__(self) -> "tuple[float, int, int]":
+        c = read_process_counters(self.tree)
+        if c.n_missing:
+            self.tree = process_tree(self.root)
+            c = read_process_counters(self.tree)
+        return (c.cpu_s, c.major_faults, c.read_bytes)

@@ -17,6 +17,7 @@ from typing import Any
 
 from strata_plugin.analysis import interference, rails, run_states
 from strata_plugin.analysis.clocks import node_clocks
+from strata_plugin.analysis.failures import failed_verdict, mostly_failed
 from strata_plugin.analysis.ledger import CaseLedger, case_ledger, server_clocks
 from strata_plugin.analysis.metrics import (
     HEADLINE_STATS,
@@ -48,7 +49,7 @@ from strata_plugin.analysis.timeline import (
 )
 from strata_plugin.configure.profile import COLLECTORS
 from strata_plugin.formats.records import RequestRecord
-from strata_plugin.formats.telemetry import TelemetryFacts
+from strata_plugin.formats.telemetry import TelemetryFacts, engine_reports_gpu
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
     facts = TelemetryFacts.from_manifest(bundle.manifest)
     return RunContext(
         gpu_present=any(s in GPU_SOURCES for _, s in sources),
-        gpu_expected=facts.gpu_expected,
+        gpu_expected=facts.gpu_expected or engine_reports_gpu(bundle.run_dir) is not None,
         multi_node=len(nodes_with_samples) > 1,
         unavailable=unavailable,
         link_caps=facts.link_caps(),
@@ -448,7 +449,10 @@ def analyze_case(
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
-    verdict = the_verdict(info.raw, sig, inter, idle)
+    # Failures first: a case whose requests mostly failed is named for that, never for a
+    # resource (analysis/failures.py); the rules are not consulted.
+    failed = mostly_failed(records)
+    verdict = failed_verdict(failed) if failed else the_verdict(info.raw, sig, inter, idle)
     if idle:  # a recorded verdict: mark its background classes all the same
         verdict = replace(
             verdict, background=tuple(c for c in verdict.past_threshold if c in idle)

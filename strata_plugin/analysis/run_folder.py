@@ -25,6 +25,7 @@ DERIVED = (
     "case_hw_summary.csv",
     "summary.json",
     "report.md",
+    "thresholds.md",
     "benchmark.json",
     # report/ci_outputs.py CI_FILES (analysis may not import report/)
     "bencher.json",

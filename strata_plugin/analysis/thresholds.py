@@ -602,6 +602,16 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] more than one read's worth (64 KiB) already waiting in the socket at "
         "p99 of reads: the loop is reading late (docs/client.md)",
     ),
+    # --- failures first (analysis/failures.py) ---
+    Threshold(
+        "requests_failed_share",
+        0.5,
+        "of the case's requests",
+        "[inferred] when half or more of a case's requests failed, the server never had "
+        "the load the case asked for: its window shows the error replies, not a resource "
+        "limit, so the verdict is requests_failed and no resource rule is consulted "
+        "(tests/test_failures_first.py: 1 of 2 failed is requests_failed, 1 of 3 is not)",
+    ),
     # --- finer traces (analysis/traces/settle.py) ---
     Threshold(
         "trace_other_share",

@@ -31,27 +31,45 @@ def split_param(param: str) -> tuple[str, str]:
 
 
 class MissingConfigs(ValueError):
-    """A test names server configurations its profile does not have (it is skipped, not failed:
-    a sweep written for one engine's flags cannot run on another engine's profile)."""
+    """A test names server configurations its profile does not have, and marks them
+    ``optional=True``: it is skipped, not failed (a sweep written for one engine's flags
+    cannot run on another engine's profile)."""
 
     def __init__(self, missing: list[str], profile_ids: list[str]) -> None:
         self.missing = missing
         super().__init__(f"no configuration {', '.join(missing)} (it has {', '.join(profile_ids)})")
 
 
+class UnknownConfigs(ValueError):
+    """A test names server configurations its profile does not have, without marking them
+    optional: a typo in a config id must not pass as a skip with exit 0 in CI."""
+
+    def __init__(self, marker: str, missing: list[str], profile_ids: list[str]) -> None:
+        self.missing = missing
+        super().__init__(
+            f"{marker}(...) names {', '.join(repr(m) for m in missing)}, which the profile has "
+            f"no configuration of (it has {', '.join(profile_ids)}); fix the id, or mark the "
+            f"test {marker}(..., optional=True) if it is meant for profiles that have it "
+            "(it is then skipped here)")
+
+
 def server_params(profile_ids: list[str], configs_marker, blocks_marker, *,
                   attached: bool) -> list[str]:
     """The server parameters one test runs against, from its markers.
 
-    No marker: the profile's first (primary) configuration. ``"*"``: all of them.
+    No marker: the profile's first (primary) configuration. ``"*"``: all of them. An id
+    the profile lacks raises :class:`MissingConfigs` when the marker says
+    ``optional=True`` (the test is skipped), else :class:`UnknownConfigs` (an error).
     """
     ids = list(profile_ids[:1])
     marker = blocks_marker or configs_marker
     if marker is not None:
         wanted = list(profile_ids) if marker.args == ("*",) else list(marker.args)
         unknown = [a for a in wanted if a not in profile_ids]
-        if unknown:
+        if unknown and marker.kwargs.get("optional", False) is True:
             raise MissingConfigs(unknown, list(profile_ids))
+        if unknown:
+            raise UnknownConfigs(marker.name, unknown, list(profile_ids))
         ids = wanted or ids
     if attached:
         return ids[:1]  # one server we did not start: its configuration is what it is

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.agent.cli import ALL_COLLECTORS
+from strata_plugin.agent.collectors.log import parse_pattern
+from strata_plugin.configure.load_spec import LoadSpec, read_load
+from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.formats.telemetry import TelemetryFacts
 
 API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
@@ -28,8 +31,11 @@ COLLECTORS = ALL_COLLECTORS
 #: The ``[scale]`` keys a profile may set (``Workload.scaled``'s factors).
 SCALE_KEYS = ("context", "output", "concurrency")
 #: Placeholders the harness fills in every argv and env value besides ``[vars]``
-#: (``run/session.py``, ``placeholder_values``).
-BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root")
+#: (``run/session.py``, ``placeholder_values``); ``[vars]`` values may use these too.
+BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root", "strata_cache")
+#: A placeholder is a plain ``{name}``: no attribute, index, conversion or format spec
+#: (``{x.y}``, ``{x[0]}``, ``{x!r}``, ``{x:>9}`` would fail, or blow up, at launch).
+_PLACEHOLDER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ProfileError(ValueError):
@@ -37,8 +43,13 @@ class ProfileError(ValueError):
 
     def __init__(self, path: Path | str, key: str, expected: str, got: object = None) -> None:
         self.path, self.key, self.expected = str(path), key, expected
-        got_txt = "" if got is None else f", got {got!r}"
+        got_txt = "" if got is None else f", got {_short(repr(got))}"
         super().__init__(f"{path}: key '{key}': expected {expected}{got_txt}")
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A bad value as quoted in an error: a megabyte string is cut, not printed."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,11 @@ class TelemetrySpec:
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.
     link_caps: tuple[tuple[str, float], ...] = ()
-    #: Does the server run on GPUs? None: the engine says (vLLM, SGLang: yes). A CPU build
-    #: of a GPU engine (vLLM on the CPU) says false, so the CPU rules apply.
+    #: Does the server run on GPUs? Unset: only when its container is given GPUs
+    #: (server.container.gpus) or the run shows one (NVML samples, the engine's log naming
+    #: a GPU device); the engine's name alone does not say (vLLM runs on CPUs too). Set
+    #: true where Strata may not see the GPUs (an attached server on another host): the
+    #: GPU rules then apply and name what they lack.
     gpu_expected: bool | None = None
 
 
@@ -143,6 +157,22 @@ class Profile:
     setup_argv: tuple[str, ...] = ()  # the command that builds what vars point at
     prometheus: PrometheusSpec = PrometheusSpec()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    load: LoadSpec = field(default_factory=LoadSpec)  # [load]: where the load runs
+
+    @property
+    def has_env_values(self) -> bool:
+        """Does any env table (``[server.env]``, a configuration's, the container's) hold a
+        non-empty value? Such a value may be a secret: the run folder is then kept to its
+        owner (``run/run_folder.create_run_dir``)."""
+        s = self.server
+        tables = [c.env for c in s.configs] + ([s.container.env] if s.container else [])
+        return any(v for table in tables for _, v in table)
+
+    def recorded(self) -> dict[str, Any]:
+        """The profile as written into run files (manifest.json, summary.json): every env
+        table cut to its sorted variable names, so a literal value (a token) is never
+        written; everything else as in the file."""
+        return _names_only(self.raw)
 
     def var(self, name: str) -> str:
         return dict(self.vars)[name]
@@ -156,15 +186,15 @@ class Profile:
         envs = [dict(c.env) for c in self.server.configs]
         hca = next((e["NCCL_IB_HCA"] for e in envs if "NCCL_IB_HCA" in e), "")
         try:
-            hca = hca.format_map(values)
-        except (KeyError, ValueError):
+            hca = expand_value(hca, values)
+        except ProfileError:  # a built-in ({run_dir}...) is not known here; rails have none
             pass
         rails = tuple(r.strip().lstrip("^=").split(":")[0] for r in hca.split(",") if r.strip())
         t = self.telemetry
         return TelemetryFacts(
             interval_s=t.interval_s, collectors=t.collectors,
             link_caps_bits_s=dict(t.link_caps),
-            gpu_expected=(self.server.engine in ("vllm", "sglang")
+            gpu_expected=(bool(self.server.container and self.server.container.gpus)
                           if t.gpu_expected is None else t.gpu_expected),
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
@@ -197,9 +227,22 @@ class _Reader:
         return value
 
     def number(self, name: str, default: float, *, lo: float, hi: float) -> float:
-        value = float(self.get(name, (int, float), default))
+        raw = self.get(name, (int, float), default)
+        try:
+            value = float(raw)
+        except OverflowError:  # an integer too large for a float
+            raise ProfileError(self.path, self._key(name), f"a number in [{lo}, {hi}]",
+                               raw) from None
         if not lo <= value <= hi:
             raise ProfileError(self.path, self._key(name), f"a number in [{lo}, {hi}]", value)
+        return value
+
+    def integer(self, name: str, default: int, *, lo: int, hi: int) -> int:
+        """A whole number: ``8080.9`` (or ``8080.0``) is refused, never truncated."""
+        what = f"an integer in [{lo}, {hi}]"
+        value = self.get(name, int, default, expected=what)
+        if not lo <= value <= hi:
+            raise ProfileError(self.path, self._key(name), what, value)
         return value
 
     def str_list(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -249,6 +292,9 @@ def _server_configs(r: _Reader, base_argv: tuple[str, ...],
         return (ServerConfig("default", base_argv, base_env),)
     configs = []
     for cid in list(table.table):
+        if not is_name(cid):  # it names the block's folders (service/<id>/)
+            raise ProfileError(r.path, table._key(cid), f"a configuration id: {NAME_RULE}",
+                               cid)
         c = table.sub(cid)
         args = c.str_list("args")
         env = base_env + _str_table(c, "env")
@@ -321,17 +367,13 @@ def resolve_profile(value: str, rootdir: Path) -> Path:
 def load_profile(path: Path | str) -> Profile:
     """Read and validate a profile; raise ProfileError naming the key at fault."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(path, "<file>", "an existing TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(path, "<syntax>", f"valid TOML ({exc})") from None
+    data = _read_toml(path)
     top = _Reader(path, data)
     name = top.get("name", str)
     description = top.get("description", str, "")
     vars_ = _str_table(top, "vars")
     setup_argv = top.str_list("setup_argv")
+    top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
 
     s = top.sub("server")
     engine = s.choice("engine", ENGINES)
@@ -341,8 +383,8 @@ def load_profile(path: Path | str) -> Profile:
     server = ServerSpec(
         engine=engine,
         api=api,
-        host=s.get("host", str, "127.0.0.1"),
-        port=int(s.number("port", 0, lo=0, hi=65535)),
+        host=_server_host(s, vars_),
+        port=s.integer("port", 0, lo=0, hi=65535),
         health_path=s.get("health_path", str, "/health"),
         health_timeout_s=s.number("health_timeout_s", 300.0, lo=1, hi=7200),
         stop_timeout_s=s.number("stop_timeout_s", 15.0, lo=0.1, hi=600),
@@ -375,8 +417,8 @@ def load_profile(path: Path | str) -> Profile:
         baseline_s=t.number("baseline_s", 15.0, lo=0, hi=3600),
         cooldown_s=t.number("cooldown_s", 15.0, lo=0, hi=3600),
         collectors=collectors,
-        pid_pattern=t.get("pid_pattern", str, ""),
-        log_patterns=_str_table(t, "log_patterns"),
+        pid_pattern=_regex(t, "pid_pattern"),
+        log_patterns=_log_patterns(t),
         link_caps=_caps(t),
         gpu_expected=t.get("gpu_expected", bool, None),
     )
@@ -394,26 +436,117 @@ def load_profile(path: Path | str) -> Profile:
         raise ProfileError(path, "prometheus.url", "a URL when prometheus.jobs are given")
     pr.reject_unknown()
 
-    nodes = []
-    raw_nodes = top.get("nodes", list, [{"name": "local"}], expected="an array of tables")
-    for i, n in enumerate(raw_nodes):
-        if not isinstance(n, dict):
-            raise ProfileError(path, f"nodes[{i}]", "a table", n)
-        nr = _Reader(path, n, f"nodes[{i}].")
-        nodes.append(NodeSpec(nr.get("name", str), nr.choice("role", ("head", "worker"), "head"),
-                              nr.get("ssh_host", str, "")))
-        nr.reject_unknown()
+    nodes = _nodes(top)
 
     sc = top.sub("scale")
     for k in sc.table:
         if k not in SCALE_KEYS:
             raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
     scale = tuple((k, sc.number(k, 1.0, lo=1e-6, hi=1e6)) for k in list(sc.table))
+    load = read_load(top.sub("load"), ProfileError)
     top.reject_unknown()
     _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
     _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
+    for k, v in vars_:  # a var may use the built-ins, not another var (session.py)
+        _check_text(path, f"vars.{k}", v, set(BUILTIN_PLACEHOLDERS))
     return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
-                   setup_argv, prometheus, raw=data)
+                   setup_argv, prometheus, raw=data, load=load)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML, or a ProfileError saying why not (missing, unreadable, not UTF-8,
+    not TOML): never a bare OSError or UnicodeDecodeError."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileError(path, "<file>", "an existing TOML file") from None
+    except OSError as exc:
+        raise ProfileError(path, "<file>", f"a readable TOML file ({exc.strerror or exc})"
+                           ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ProfileError(path, "<file>", f"UTF-8 text (byte {exc.start}, on line {line}, "
+                           f"is {raw[exc.start:exc.start + 1]!r}: {exc.reason})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(path, "<syntax>", f"valid TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits, deep nesting
+        raise ProfileError(path, "<syntax>", f"valid TOML ({type(exc).__name__}: "
+                           f"{_short(str(exc))})") from None
+
+
+def _server_host(s: _Reader, vars_: tuple[tuple[str, str], ...]) -> str:
+    """``server.host``: the address the server binds and the client connects to. It may
+    be a ``[vars]`` placeholder (``"{head_addr}"``, the address the workers also use),
+    resolved here, once, so every use (URL, bind check, ``{host}``) sees one address."""
+    text = s.get("host", str, "127.0.0.1")
+    plain = {k: v for k, v in vars_ if "{" not in v and "}" not in v}
+    _check_text(s.path, s._key("host"), text, set(plain))
+    host = expand_value(text, plain)
+    if "@" in host or not valid_ssh_host(host):
+        raise ProfileError(s.path, s._key("host"), "a host name or an IPv4 or IPv6 address "
+                           "(or a [vars] placeholder holding one)", host)
+    return host
+
+
+def _regex(r: _Reader, name: str) -> str:
+    """A regular expression the agent compiles: checked here, not when the agent starts."""
+    value = r.get(name, str, "")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ProfileError(r.path, r._key(name), f"a regular expression ({exc})",
+                           value) from None
+    return value
+
+
+def _log_patterns(r: _Reader) -> tuple[tuple[str, str], ...]:
+    """``[telemetry.log_patterns]``: probe name -> regex, as the agent parses them."""
+    out = _str_table(r, "log_patterns")
+    for name, rx in out:
+        key = f"{r._key('log_patterns')}.{name}"
+        try:  # the agent's own rule for a name (an empty regex always compiles)
+            parse_pattern(f"{name}=")
+            ok = "=" not in name
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ProfileError(r.path, key, "a probe name like [A-Za-z_][A-Za-z0-9_.]*", name)
+        try:
+            re.compile(rx)
+        except re.error as exc:
+            raise ProfileError(r.path, key, f"a regular expression ({exc})", rx) from None
+    return out
+
+
+def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
+    """``[[nodes]]``: unique safe names, checked ssh hosts, exactly one head."""
+    path = top.path
+    nodes: list[NodeSpec] = []
+    raw_nodes = top.get("nodes", list, [{"name": "local"}], expected="an array of tables")
+    for i, n in enumerate(raw_nodes):
+        if not isinstance(n, dict):
+            raise ProfileError(path, f"nodes[{i}]", "a table", n)
+        nr = _Reader(path, n, f"nodes[{i}].")
+        name = nr.get("name", str)
+        if not is_name(name):  # it names the node's folder (nodes/<name>/)
+            raise ProfileError(path, nr._key("name"), f"a node name: {NAME_RULE}", name)
+        if name in [m.name for m in nodes]:
+            raise ProfileError(path, nr._key("name"), "a name no other node has", name)
+        role = nr.choice("role", ("head", "worker"), "head")
+        host = nr.get("ssh_host", str, "")
+        if host and not valid_ssh_host(host):
+            raise ProfileError(path, nr._key("ssh_host"), SSH_HOST_RULE, host)
+        nr.reject_unknown()
+        nodes.append(NodeSpec(name, role, host))
+    heads = [n.name for n in nodes if n.role == "head"]
+    if len(heads) != 1:
+        raise ProfileError(path, "nodes", 'exactly one node with role = "head" (the server '
+                           "runs there; a node's role defaults to head)", heads)
+    return tuple(nodes)
 
 
 def _check_link_caps(path: Path, caps: tuple[tuple[str, float], ...], nodes: list[str]) -> None:
@@ -424,9 +557,6 @@ def _check_link_caps(path: Path, caps: tuple[tuple[str, float], ...], nodes: lis
         if not sep or not iface or node not in nodes:
             raise ProfileError(path, f"telemetry.link_caps.{key}",
                                f'"<node>/<interface>" with <node> one of {nodes}')
-
-
-_FIELD_BASE = re.compile(r"[.\[]")
 
 
 def _check_placeholders(path: Path, data: dict[str, Any], known: set[str]) -> None:
@@ -444,18 +574,35 @@ def _check_placeholders(path: Path, data: dict[str, Any], known: set[str]) -> No
     for cid, c in server.get("configs", {}).items():
         where.append((f"server.configs.{cid}.args", c.get("args", [])))
         where += [(f"server.configs.{cid}.env.{k}", v) for k, v in c.get("env", {}).items()]
-    expected = f"placeholders from {sorted(known)} (or {{{{ }}}} for a literal brace)"
     for key, value in where:
         items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(
             value, list) else [(key, value)]
         for k, text in items:
-            try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-            except ValueError as exc:
-                raise ProfileError(path, k, f"{expected}: {exc}", text) from None
-            for f in fields:
-                if _FIELD_BASE.split(f, maxsplit=1)[0] not in known:
-                    raise ProfileError(path, k, expected, text)
+            if isinstance(text, str):
+                _check_text(path, k, text, known)
+
+
+def _placeholders(text: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    """``string.Formatter`` parts of ``text``: (literal, field, spec, conversion)."""
+    return list(string.Formatter().parse(text))
+
+
+def _check_text(path: Path, key: str, text: str, known: set[str]) -> None:
+    """Each placeholder of one value is a plain ``{name}`` the harness will fill."""
+    expected = f"placeholders from {sorted(known)} (or {{{{ }}}} for a literal brace)"
+    try:
+        parts = _placeholders(text)
+    except ValueError as exc:
+        raise ProfileError(path, key, f"{expected}: {exc}", text) from None
+    for _, name, spec, conv in parts:
+        if name is None:
+            continue
+        if not _PLACEHOLDER.fullmatch(name) or spec or conv is not None:
+            raise ProfileError(path, key, "plain {name} placeholders (no attribute, index, "
+                               f"conversion or format spec) with name from {sorted(known)}",
+                               text)
+        if name not in known:
+            raise ProfileError(path, key, expected, text)
 
 
 # --- run-time options ---------------------------------------------------------------------
@@ -482,12 +629,42 @@ class StrataConfig:
         return self.reports_dir / self.run_id
 
 
+def expand_value(text: str, values: dict[str, str]) -> str:
+    """Fill the plain ``{name}`` placeholders of one value (``{{``/``}}`` are braces).
+
+    Not ``str.format_map``: it would follow ``{x.y}``/``{x[0]}`` into the value's
+    attributes and pad ``{x:>200000000}`` to 200 MB. The loader has refused those
+    already; this refuses them again for values that did not come through it."""
+    if "{" not in text and "}" not in text:
+        return text
+    out = []
+    try:
+        parts = _placeholders(text)
+    except ValueError as exc:
+        raise ProfileError("<argv>", text, f"plain {{name}} placeholders ({exc})") from None
+    for literal, name, spec, conv in parts:
+        out.append(literal)
+        if name is None:
+            continue
+        if not _PLACEHOLDER.fullmatch(name) or spec or conv is not None:
+            raise ProfileError("<argv>", name, "a plain {name} placeholder", text)
+        if name not in values:
+            raise ProfileError("<argv>", name, "a defined placeholder", text)
+        out.append(str(values[name]))
+    return "".join(out)
+
+
 def expand_placeholders(argv: tuple[str, ...], values: dict[str, str]) -> list[str]:
     """Fill ``{name}`` placeholders of one argv; each element stays one argument."""
-    out = []
-    for arg in argv:
-        try:
-            out.append(os.path.expanduser(arg.format_map(values)) if "{" in arg else arg)
-        except KeyError as exc:
-            raise ProfileError("<argv>", str(exc.args[0]), "a defined placeholder", arg) from None
-    return out
+    return [os.path.expanduser(expand_value(arg, values)) if "{" in arg else arg
+            for arg in argv]
+
+
+def _names_only(data: Any) -> Any:
+    """``data`` with every ``env`` table replaced by its sorted keys (see Profile.recorded)."""
+    if isinstance(data, dict):
+        return {k: (sorted(v) if k == "env" and isinstance(v, dict) else _names_only(v))
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [_names_only(v) for v in data]
+    return data

@@ -21,10 +21,13 @@ ERROR_CLASSES = (
     "connect",  # could not connect (refused, DNS)
     "timeout",  # a connect or read timed out (a stalled stream)
     "reset",  # the connection was reset or closed mid-stream
-    "malformed_event",  # an SSE event whose data is not the JSON expected
+    "malformed_event",  # an SSE event that is not UTF-8 JSON of the expected shape and types
+    "malformed_response",  # a response head or encoding that is not the HTTP/1.x we can read
     "truncated_stream",  # the stream ended without its terminal event
     "event_too_large",  # one event exceeded the size bound
     "no_tokens",  # events arrived but none parsed as a token: the server speaks another API
+    "not_streaming",  # a complete reply that is not an event stream (HTTP 200, JSON, 0 events)
+    "interrupted",  # Ctrl-C / SIGTERM while it was in flight: the events received so far
     "client",  # a bug or unexpected exception in the client itself
 )
 

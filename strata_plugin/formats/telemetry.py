@@ -9,8 +9,10 @@ analysed from its own record, never by re-reading the profile TOML with other de
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: The key of these facts in manifest.json.
@@ -26,7 +28,9 @@ class TelemetryFacts:
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.
     link_caps_bits_s: dict[str, float] = field(default_factory=dict)
-    gpu_expected: bool = False  # the engine runs on GPUs (vLLM, SGLang)
+    #: the profile says the server runs on GPUs (telemetry.gpu_expected, or a container
+    #: given GPUs); the run can still show one (NVML samples, :func:`engine_gpu_line`)
+    gpu_expected: bool = False
     #: RDMA devices the collectives should use (NCCL_IB_HCA), in the profile's order.
     expected_rails: tuple[str, ...] = ()
     expects_rdma: bool = False  # rdma is sampled, or NCCL_IB_HCA is set
@@ -77,3 +81,38 @@ def _positive(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) and x > 0 else None
+
+
+#: Lines an engine prints at start-up when it runs on a GPU, as the engine words them:
+#: llama.cpp names each GPU device a model is loaded on (``llama_model_load_from_file_impl:
+#: using device CUDA0 (...) - N MiB free``, src/llama.cpp), vLLM the platform it detected
+#: (``Automatically detected platform cuda.``, vllm/platforms/__init__.py). A CPU build
+#: prints neither (llama.cpp lists no CPU device; vLLM says ``platform cpu``).
+ENGINE_GPU_LINES = (
+    ("llama.cpp", re.compile(r"using device (?:CUDA|ROCm|HIP|Vulkan|SYCL|Metal|MUSA|CANN)\d*\b")),
+    ("vLLM", re.compile(r"Automatically detected platform (?:cuda|rocm|tpu|xpu|hpu)\b")),
+)
+#: How much of each server log is read for them (they come in the first lines).
+ENGINE_LOG_HEAD_BYTES = 4 << 20
+
+
+def engine_gpu_line(text: str) -> str | None:
+    """The first line of an engine's log saying it runs on a GPU, or None."""
+    for line in text.splitlines():
+        if any(rx.search(line) for _, rx in ENGINE_GPU_LINES):
+            return line.strip()
+    return None
+
+
+def engine_reports_gpu(run_dir: Path) -> str | None:
+    """``service/<block>/*.log`` of a run: the first line where the engine reports a GPU."""
+    for log in sorted(Path(run_dir).glob("service/*/*.log")):
+        try:
+            with log.open("rb") as fh:
+                text = fh.read(ENGINE_LOG_HEAD_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        line = engine_gpu_line(text)
+        if line is not None:
+            return line
+    return None

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
+from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 if TYPE_CHECKING:
+    from strata_plugin.load.chat_prompts import ChatPrompter
     from strata_plugin.load.sweep import CapacitySweep, SweepResult
     from strata_plugin.load.trace import TraceWorkload
 
@@ -58,6 +60,7 @@ class CaseSetup:
     block_id: str = ""  # the server process this case ran in (A/B blocks)
     engine: str = ""  # the profile's server.engine: how its prefix cache is flushed
     startup_s: float | None = None  # that server's start-up time, apart from measurements
+    load: LoadSpec = field(default_factory=LoadSpec)  # [load]: one loop, the pool or Ray
 
 
 INJECT_AFTER = ("first_tokens", "start")
@@ -218,18 +221,62 @@ class CaseResult:
 def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
                 count: int, first_index: int,
                 extra_body: tuple[tuple[str, object], ...] = (),
-                salt: str | None = None) -> list[RequestSpec]:
+                salt: str | None = None,
+                prompter: ChatPrompter | None = None) -> list[RequestSpec]:
+    """The requests ``first_index ..`` of a phase: exact token-ID prompts; on the chat API
+    prompts built to the server's templated count (``prompter``, load/chat_prompts.py;
+    ``isl`` None on the record where it cannot count); or the user's own texts."""
+    salt = setup.salt if salt is None else salt
+    chat = setup.api == "chat"
+    texts = _texts(w.texts) if w.texts is not None else None
+    if chat and setup.engine == "llamacpp" and w.prefix == "cold" and not any(
+            k == "cache_prompt" for k, _ in extra_body):
+        # llama.cpp's slots keep the last prompt: the template's opening tokens would be
+        # reused from it (cached_tokens > 0) in a cold case
+        extra_body = (*extra_body, ("cache_prompt", False))
     specs = []
     for i in range(count):
         index = first_index + i
-        tokens = prompt_tokens(w, index, setup.token_space,
-                               salt=setup.salt if salt is None else salt)
+        prompt: dict[str, object]
+        isl: int | None = w.isl
+        if texts is not None:
+            conv = texts[index % len(texts)]
+            isl = None
+            if chat:
+                prompt = {"messages": conv}
+            elif len(conv) == 1 and conv[0][0] == "user":
+                prompt = {"prompt": conv[0][1]}
+            else:
+                raise ValueError(f"{w.texts}: a conversation ('messages') needs the chat API; "
+                                 f"this server's api is {setup.api}")
+        elif chat:
+            if prompter is None:
+                raise ValueError("chat prompts need the case runner's chat prompter")
+            cp = prompter.prompt(w.isl, f"{w.seed}:{index}:{salt}",
+                                 shared_tokens=w.shared_prefix_tokens if w.prefix == "shared"
+                                 else 0, shared_key=f"{w.seed}:{salt}")
+            prompt = {"messages": cp.messages}
+            isl = w.isl if cp.n_tokens is not None else None
+        else:
+            prompt = {"prompt_token_ids": prompt_tokens(w, index, setup.token_space, salt=salt)}
         specs.append(RequestSpec(
             request_id=f"{case_id}/{phase}/{index}", case_id=case_id, phase=phase,
-            max_tokens=w.osl, prompt_token_ids=tokens, ignore_eos=not w.expect_stop,
-            temperature=0.0, seed=w.seed, cache_prompt=(w.prefix == "shared"), isl=w.isl,
-            model=setup.model, extra_body=extra_body))
+            max_tokens=w.osl, ignore_eos=not w.expect_stop,
+            temperature=0.0, seed=w.seed, cache_prompt=(w.prefix == "shared"), isl=isl,
+            model=setup.model, extra_body=extra_body, **prompt))  # type: ignore[arg-type]
     return specs
+
+
+_TEXTS: dict[str, list] = {}
+
+
+def _texts(path: str) -> list:
+    """The user's prompts file, read once per run (load/chat_prompts.user_texts)."""
+    from strata_plugin.load.chat_prompts import user_texts
+
+    if path not in _TEXTS:
+        _TEXTS[path] = user_texts(path)
+    return _TEXTS[path]
 
 
 def merge_loads(results: list[LoadResult]) -> LoadResult:
@@ -247,13 +294,21 @@ def merge_loads(results: list[LoadResult]) -> LoadResult:
         late_events=sum(c.late_events for c in checks),
         dispatch_delay_share=max(c.dispatch_delay_share for c in checks),
         handling_lag_share=max(c.handling_lag_share for c in checks),
+        # where the batches ran (load/pool.py, load/ray_engine.py): the widest spread
+        processes=max(c.processes for c in checks), hosts=max(c.hosts for c in checks),
+        engine=checks[-1].engine, placement=checks[-1].placement,
+        per_process=max((c.per_process for c in checks), key=len),
+        incomplete="; ".join(c.incomplete for c in checks if c.incomplete) or None,
     )
     return LoadResult(tuple(r for res in results for r in res.records),
                       min(r.start_ns for r in results), max(r.end_ns for r in results), merged)
 
 
-def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
-    """Compare what the server reported with what the case asked for."""
+def check_case(w: Workload, records: tuple[RequestRecord, ...],
+               exact_isl: bool = True) -> list[str]:
+    """Compare what the server reported with what the case asked for. ``exact_isl``
+    False (chat without a tokenizer endpoint, the user's own texts): the server's prompt
+    count is then the measurement, not a check."""
     problems = []
     for r in records:
         if not r.ok:
@@ -261,7 +316,7 @@ def check_case(w: Workload, records: tuple[RequestRecord, ...]) -> list[str]:
             problems.append(f"{r.request_id}: {r.error.cls}: {r.error.message}")
             continue
         u = r.usage
-        if u.prompt_tokens is not None and u.prompt_tokens != w.isl:
+        if exact_isl and u.prompt_tokens is not None and u.prompt_tokens != w.isl:
             problems.append(f"{r.request_id}: prompt tokens {u.prompt_tokens} != ISL {w.isl}")
         if not w.expect_stop and u.completion_tokens is not None and u.completion_tokens != w.osl:
             problems.append(
@@ -289,6 +344,23 @@ def cold_prefix_status(w: Workload, records: tuple[RequestRecord, ...]) -> str |
     if hits:
         return f"NOT cold: {hits} cached prompt tokens in {len(ok)} requests"
     return f"verified cold: 0 cached prompt tokens in {len(ok)} requests"
+
+
+def isl_fields(note: str | None, records: tuple[RequestRecord, ...]) -> dict[str, object]:
+    """``isl_exact`` and ``isl_note`` for the case line (nothing for token-ID prompts): where
+    the input lengths were not exact, what the server counted (min / median / max)."""
+    if note is None:
+        return {}
+    exact = note.startswith("exact")
+    if not exact:
+        counts = sorted(r.usage.prompt_tokens for r in records
+                        if r.ok and r.usage.prompt_tokens is not None)
+        if counts:
+            note += (f"; counted: min {counts[0]}, median {counts[len(counts) // 2]}, max "
+                     f"{counts[-1]} over {len(counts)} requests")
+        else:
+            note += "; no request reported its prompt tokens"
+    return {"isl_exact": exact, "isl_note": note}
 
 
 def validate(validators, records: tuple[RequestRecord, ...]) -> tuple[tuple[str, int, int], ...]:
@@ -320,7 +392,7 @@ class CaseRunner:
                  mark: Callable[[str, str, str, int, int], object],
                  add_case: Callable[[dict], None],
                  counters: Callable[[], tuple[float, int, int]] | None = None,
-                 progress_line: Callable[[str], None] | None = None,
+                 progress_line: Callable[[str, bool], None] | None = None,
                  default_case_id: str = "case", history: dict | None = None,
                  repetitions: dict | None = None) -> None:
         self.setup = setup
@@ -337,6 +409,32 @@ class CaseRunner:
         #: prompts, so that no repetition reuses an earlier one's prefix.
         self.repetitions: dict[tuple[str, str, str], int] = (
             repetitions if repetitions is not None else {})
+        self._chat: ChatPrompter | None = None  # built on the first chat case
+
+    def chat_prompter(self) -> ChatPrompter | None:
+        """On the chat API: the prompter, with the server's tokenizer endpoint where it
+        has one (found once per runner; load/chat_prompts.py). None on other APIs."""
+        if self.setup.api != "chat":
+            return None
+        if self._chat is None:
+            from strata_plugin.load.chat_prompts import ChatPrompter, find_counter
+
+            s = self.setup
+            counter, how = find_counter(s.base_url, s.engine, model=s.model, headers=s.headers)
+            self._chat = ChatPrompter(counter, how)
+        return self._chat
+
+    def isl_exact(self, w: Workload) -> bool:
+        chat = self.chat_prompter()
+        return w.texts is None and (chat is None or chat.exact)
+
+    def isl_note(self, w: Workload) -> str | None:
+        """The case line's word on its input lengths, where they are not exact token IDs."""
+        if w.texts is not None:
+            return (f"the user's own texts ({w.texts}): each prompt's length is its own, "
+                    "as the server counted it (usage.prompt_tokens)")
+        chat = self.chat_prompter()
+        return chat.note() if chat is not None else None
 
     def repetition_salt(self, w: Workload, ab: ABArm | None) -> str:
         """The run's salt plus this workload's repetition number (within its A/B arm, so
@@ -354,12 +452,18 @@ class CaseRunner:
             def on_record(rec: RequestRecord) -> None:
                 self._record(rec)
                 clock.record(rec)
-        return run_load(jobs, base_url=self.setup.base_url, api=self.setup.api,
-                        concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
-                        headers=self.setup.headers, counters=self._counters,
-                        on_record=on_record, progress=phase_progress,
-                        on_token_mark=clock.mark if clock else None,
-                        token_mark=clock.token_mark if clock else 1)
+        kw = dict(base_url=self.setup.base_url, api=self.setup.api,
+                  concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
+                  headers=self.setup.headers, counters=self._counters,
+                  on_record=on_record, progress=phase_progress,
+                  on_token_mark=clock.mark if clock else None,
+                  token_mark=clock.token_mark if clock else 1)
+        if self.setup.load.engine == "ray":  # the same loop as Ray actors (load/ray_engine.py)
+            from strata_plugin.load.ray_engine import run_load_on_ray
+
+            return run_load_on_ray(jobs, spec=self.setup.load, **kw)  # type: ignore[arg-type]
+        return run_load(jobs, processes=self.setup.load.processes, streams=w.concurrency,
+                        **kw)  # type: ignore[arg-type]
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""
@@ -398,13 +502,13 @@ class CaseRunner:
                 raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
                                  f"the classes are {', '.join(ERROR_CLASSES)}")
         extra, ab = _ab_from_extra(extra, ab)
-        self._require_token_ids()
         nominal = w
         w = self.scaled(w) if scale else w
         salt = self.repetition_salt(w, ab)
         t_case = time.monotonic_ns()
         body = tuple(sorted((extra_body or {}).items()))
-        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body, salt)
+        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body, salt,
+                           self.chat_prompter())
         warm_res = self._load([Job(s) for s in warm], w, None) if warm else None
         t_warm_end = time.monotonic_ns()
         if warm_res:
@@ -418,7 +522,8 @@ class CaseRunner:
             flush = flush_prefix_cache(self.setup.engine, self.setup.base_url,
                                        self.setup.headers)
 
-        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body, salt)
+        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body, salt,
+                            self.chat_prompter())
         offsets = arrival_offsets_s(w, len(specs))
         jobs = [Job(s, None if offsets is None else offsets[i]) for i, s in enumerate(specs)]
         progress = Progress(len(jobs))
@@ -438,6 +543,14 @@ class CaseRunner:
                 if until is not None:
                     res, target_line = self._until_supported(res, w, until, case_id, body,
                                                              progress, salt)
+        except KeyboardInterrupt:  # the records so far are on disk (generator.py): the
+            now = time.monotonic_ns()  # case's window and line say it was cut short
+            self._mark("case", case_id, case_id, t_case, now)
+            self._add_case({"case_id": case_id, "name": w.name, "params": w.params(),
+                            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
+                            "api": self.setup.api, "interrupted": True, "prompt_salt": salt,
+                            **extra, **(ab.fields() if ab else {})})
+            raise
         finally:
             if clock:
                 clock.load_done.set()
@@ -450,13 +563,14 @@ class CaseRunner:
         self._mark("case", case_id, case_id, t_case, res.end_ns)
 
         metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
-        problems = tuple(check_case(w, res.records))
+        exact = self.isl_exact(w)
+        problems = tuple(check_case(w, res.records, exact))
         validation = validate(validators, res.records)
         problems += tuple(f"{name}: {passed}/{total} passed" for name, passed, total in validation
                           if passed != total)
         if inject:
-            problems += tuple(check_case(self.scaled(inject.workload) if scale
-                                         else inject.workload, tuple(injected)))
+            iw = self.scaled(inject.workload) if scale else inject.workload
+            problems += tuple(check_case(iw, tuple(injected), self.isl_exact(iw)))
             if placed.get("skipped"):
                 problems += (f"injection not sent: {placed['skipped']}",)
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
@@ -477,6 +591,9 @@ class CaseRunner:
             "prompt_salt": salt,
             "cache_flush": flush.as_dict() if flush else None,
             "cold_prefix": cold_prefix_status(w, res.records),
+            **isl_fields(self.isl_note(w), res.records),
+            **({"allow_errors": allow_errors if isinstance(allow_errors, bool)
+                else list(allow_errors)} if allow_errors else {}),
             **extra, **(ab.fields() if ab else {}),
         }
         if target_line is not None:
@@ -498,12 +615,6 @@ class CaseRunner:
         from strata_plugin.load.constraints import constraint_body
 
         return constraint_body(self.setup.engine, json_schema=json_schema, grammar=grammar)
-
-    def _require_token_ids(self) -> None:
-        if self.setup.api == "chat":
-            raise ValueError(
-                "the chat API takes text, and its template adds tokens: exact input lengths "
-                "need a token-ID API (profile server.api = completions, llamacpp or sglang)")
 
     def _until_supported(self, first: LoadResult, w: Workload, target: SampleTarget,
                          case_id: str, body: tuple, progress: Progress, salt: str
@@ -532,7 +643,8 @@ class CaseRunner:
             if per_request_s > 0:
                 fit = int((target.max_s - elapsed_s) / per_request_s)
                 batch = max(1, min(batch, max(fit, w.concurrency)))
-            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body, salt)
+            specs = build_specs(w, self.setup, case_id, "measured", batch, n, body, salt,
+                                self.chat_prompter())
             offsets = arrival_offsets_s(w, n + batch)
             base = offsets[n] if offsets is not None else 0.0
             jobs = [Job(s, None if offsets is None else offsets[n + i] - base)
@@ -631,7 +743,8 @@ class CaseRunner:
                          placed: dict[str, object], salt: str) -> threading.Thread:
         """Send the injected request where ``inject`` places it; ``placed`` says where."""
         w = self.scaled(inject.workload) if scale else inject.workload
-        spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000, (), salt)[0]
+        spec = build_specs(w, self.setup, case_id, "injected", 1, 2_000_000, (), salt,
+                           self.chat_prompter())[0]
         t0 = time.monotonic_ns()
 
         def send() -> None:
@@ -674,14 +787,16 @@ class CaseRunner:
         return t
 
     def _start_ticker(self, progress: Progress, stop: threading.Event) -> threading.Thread | None:
-        """Print live progress every few seconds for cases that run that long."""
+        """Live progress about once a second, and the final count (``emit(line, final)``;
+        plugin/progress.py decides what reaches the terminal)."""
         if self._progress_line is None:
             return None
         emit = self._progress_line
 
         def tick() -> None:
-            while not stop.wait(5.0):
-                emit(progress.line())
+            while not stop.wait(1.0):
+                emit(progress.line(), False)
+            emit(progress.line(), True)
 
         t = threading.Thread(target=tick, name="strata-progress", daemon=True)
         t.start()
@@ -715,7 +830,6 @@ class PlanningRunner(CaseRunner):
             timeslice_s: float | None = None) -> CaseResult:
         case_id = case_id or self.default_case_id
         extra, ab = _ab_from_extra(extra, ab)
-        self._require_token_ids()
         scaled = self.scaled(w) if scale else w
         if until is not None:
             extra["sample_target"] = {"percentiles": list(until.percentiles),

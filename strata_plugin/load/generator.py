@@ -21,7 +21,7 @@ import requests
 from strata_plugin.analysis.stats import percentile
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ProcDelta, RequestRecord
-from strata_plugin.load import own_quota
+from strata_plugin.load import own_quota, pool
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.loopstats import LoopStats
@@ -86,6 +86,24 @@ class SelfCheck:
     # The loop thread's own cgroup (None: no CPU quota files): share of the CFS periods
     # in the run that throttled it.
     own_quota_throttled_frac: float | None = None
+    # Where the load ran (load/pool.py, load/ray_engine.py): how many worker processes
+    # and hosts carried it, why, and each one's own check (a dict a line of cases.jsonl
+    # holds: process, host, streams, requests, client_cpu_cores, loop lag p99 and its own
+    # part, read backlog p99, client_bound, reasons). The figures above are then over
+    # every process: loop samples merged (LoopStats.merged), client_cpu_cores the
+    # busiest process's (one interpreter lock each), client_cpu_total_cores their sum.
+    processes: int = 1
+    hosts: int = 1
+    engine: str = "loop"  # "loop" | "pool" | "ray" | "threads"
+    placement: str = ""  # why this many processes (load/pool.plan)
+    per_process: tuple[dict, ...] = ()
+    client_cpu_total_cores: float | None = None
+    clock_alignment_error_ms: float | None = None  # Ray: the worst actor's offset error
+    incomplete: str | None = None  # a worker, actor or node was lost mid-load: why
+    # An open loop over workers: the rate its arrivals asked (requests over their span)
+    # and the rate they were sent at (dispatches over theirs).
+    rate_asked: float | None = None
+    rate_achieved: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +137,8 @@ class Progress:
     def line(self) -> str:
         with self._lock:
             dt = max(1e-9, time.monotonic() - self.t0)
-            return (f"{self.done}/{self.total} requests, {self.errors} errors, "
-                    f"{self.tokens / dt:.1f} output tok/s")
+            return (f"{self.done}/{self.total} requests, {self.done / dt:.2f} req/s, "
+                    f"{self.errors} errors, {self.tokens / dt:.1f} output tok/s")
 
 
 def run_load(
@@ -137,6 +155,8 @@ def run_load(
     on_token_mark: Callable[[str, int], None] | None = None,
     token_mark: int = 1,
     keep_alive: bool = False,
+    processes: int | str | None = "auto",
+    streams: int | None = None,
 ) -> LoadResult:
     """Send every job, at most ``concurrency`` in flight, and return their records.
 
@@ -146,8 +166,17 @@ def run_load(
     is handled); off, every request has its own connection, as a new user would.
     ``on_token_mark(request_id, t_ns)`` is called as each stream's ``token_mark``-th
     token arrives (the first, by default; from the loop thread; keep it quick).
+
+    ``processes`` ("auto", the default, or a number) spreads the load over worker
+    processes (load/pool.py) when ``streams`` (the streams expected at once; default
+    ``concurrency``) are more than one loop keeps exact; records, per-request counters,
+    token marks and progress come through the same callbacks (then from this thread).
     """
     shared = concurrency > 1
+    # No more streams than jobs (a case's few warm-ups stay on one loop).
+    placed = pool.plan(processes, min(streams if streams is not None else concurrency,
+                                      max(1, len(jobs))))
+
     hdrs = dict(headers or {})
     if not keep_alive:
         hdrs["Connection"] = "close"
@@ -160,7 +189,10 @@ def run_load(
                                            major_faults=now[1] - before[1],
                                            read_bytes=now[2] - before[2], shared=shared))
 
+    written: set[str] = set()  # request ids handed to on_record (kept on an interrupt)
+
     def record(rec: RequestRecord) -> None:
+        written.add(rec.request_id)
         if on_record:
             on_record(rec)
         if progress:
@@ -170,6 +202,9 @@ def run_load(
         if not mux.handles(base_url):
             return _run_in_threads(jobs, base_url, api, concurrency, timeouts, hdrs,
                                    counters, after, record)  # token marks: from records
+        if placed.processes > 1:  # this loop idles meanwhile
+            return _run_in_pool(jobs, base_url, api, concurrency, timeouts, hdrs, counters,
+                                record, on_token_mark, token_mark, placed)
         with requests.Session() as session:
             # Every request is prepared (requests: headers, body, auth) before the clock starts.
             attempts = [Attempt(session, base_url, api, j.spec, 0, timeouts, hdrs) for j in jobs]
@@ -183,16 +218,156 @@ def run_load(
             mux.take_stats()  # samples from before the run are not the run's
             work = [(a, None if j.offset_s is None else start_ns + int(j.offset_s * 1e9))
                     for a, j in zip(attempts, jobs, strict=True)]
-            records = tuple(run_slots(mux, work, concurrency, on_record=lambda _, r: record(r),
-                                      before=counters, after=after))
+            try:
+                records = tuple(run_slots(mux, work, concurrency,
+                                          on_record=lambda _, r: record(r),
+                                          before=counters, after=after))
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what was seen, then stop
+                keep_interrupted(mux, attempts, written, record)
+                raise
             loop = mux.take_stats()
             throttling = own_quota.over(quota0, own_quota.read(mux.thread_id))
     end_ns = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-    return LoadResult(records, start_ns, end_ns,
-                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop,
-                                 throttling))
+    check = self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop, throttling)
+    pool.CAPACITY.observe([(streams if streams is not None else concurrency, stamps_late(loop))])
+    return LoadResult(records, start_ns, end_ns, replace(check, placement=placed.why))
+
+
+def _run_in_pool(
+    jobs: Sequence[Job],
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str],
+    counters: Counters | None,
+    record: Callable[[RequestRecord], None],
+    on_token_mark: Callable[[str, int], None] | None,
+    token_mark: int,
+    placed: pool.Plan,
+) -> LoadResult:
+    """The load over ``placed.processes`` worker processes (load/pool.py), one self-check
+    per process and one over all."""
+    if counters is not None and not _pickles(counters):
+        counters = None  # a caller's closure: the workers cannot call it
+    with pool.ShardedStreamRunner(placed.processes) as runner:
+        run = runner.run_sharded(
+            [(j.spec, None if j.offset_s is None else int(j.offset_s * 1e9)) for j in jobs],
+            base_url, api, concurrency=concurrency, timeouts=timeouts, headers=headers,
+            on_record=record, on_token_mark=on_token_mark, token_mark=token_mark,
+            counters=counters, shared=concurrency > 1)
+    check = sharded_check(run.records, [_ShardView.of(s, run.records) for s in run.shards],
+                          engine="pool", placement=placed.why,
+                          open_loop=any(j.offset_s is not None for j in jobs))
+    pool.CAPACITY.observe([(v["streams"], v.get("stamps_late_ms"))
+                           for v in check.per_process])
+    return LoadResult(tuple(run.records), run.start_ns, run.end_ns, check)
+
+
+def _pickles(obj: object) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _ShardView:
+    """One worker's records and report, for its own self-check."""
+
+    label: str  # "process 0", "actor 2"
+    host: str
+    streams: int
+    records: tuple[RequestRecord, ...]
+    report: object | None  # pool_worker.ShardReport
+    lost: str | None
+
+    @classmethod
+    def of(cls, s: pool.Shard, records: Sequence[RequestRecord], kind: str = "process"
+           ) -> _ShardView:
+        return cls(f"{kind} {s.index}", s.host, s.slots, tuple(records[i] for i in s.jobs),
+                   s.report, s.lost)
+
+
+def open_rate(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
+    """(asked, achieved) requests/s of an open loop: n-1 over the span of the scheduled
+    times, and over the span of the dispatches (requests sent at all)."""
+    sched = sorted(r.scheduled_ns for r in records)
+    sent = sorted(r.dispatched_ns for r in records if r.dispatched_ns)
+    asked = (len(sched) - 1) / ((sched[-1] - sched[0]) / 1e9) if len(sched) > 1 and \
+        sched[-1] > sched[0] else None
+    got = (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9) if len(sent) > 1 and \
+        sent[-1] > sent[0] else None
+    return asked, got
+
+
+def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView], *,
+                  engine: str, placement: str, hosts: int | None = None,
+                  clock_error_ms: float | None = None, open_loop: bool = False) -> SelfCheck:
+    """The self-check of a load spread over workers: each worker's own (its records, its
+    CPU over its wall time, its loop's samples, its cgroup), and one over all of them
+    whose loop figures are the merged samples. Client-bound when any worker is: its
+    reasons are named ("process 1 (host): ...")."""
+    per: list[dict] = []
+    loops = LoopStats()
+    cpu_total = 0.0
+    busiest = 0.0
+    reasons: list[str] = []
+    lost = []
+    for v in shards:
+        rep = v.report
+        if rep is None:
+            per.append({"process": v.label, "host": v.host, "streams": v.streams,
+                        "requests": len(v.records), "lost": v.lost, "client_bound": None,
+                        "reasons": []})
+            lost.append(v.lost if v.lost and v.lost.startswith(v.label) else
+                        f"{v.label}{f' ({v.host})' if v.host else ''}: {v.lost}")
+            continue
+        own = self_check(v.records, rep.cpu_cores, rep.loop, rep.throttling)
+        loops = loops.merged(rep.loop)
+        cpu_total += rep.cpu_cores
+        busiest = max(busiest, rep.cpu_cores)
+        name = f"{v.label}{f' ({v.host})' if v.host else ''}"
+        reasons.extend(f"{name}: {r}" for r in own.reasons)
+        per.append({"process": v.label, "host": v.host, "pid": rep.pid, "streams": v.streams,
+                    "requests": len(v.records), "client_cpu_cores": round(rep.cpu_cores, 4),
+                    "loop_lag_p99_ms": own.loop_lag_p99_ms,
+                    "loop_own_lag_p99_ms": own.loop_own_lag_p99_ms,
+                    "read_backlog_p99_bytes": own.read_backlog_p99_bytes,
+                    "dispatch_lateness_p99_ms": round(own.dispatch_lateness_p99_ms, 4),
+                    "handling_lag_p99_ms": round(own.handling_lag_p99_ms, 4),
+                    "stamps_late_ms": stamps_late(rep.loop),
+                    "client_bound": own.client_bound, "reasons": list(own.reasons),
+                    "lost": v.lost, **getattr(rep, "extra", {})})
+        if v.lost:
+            lost.append(f"{name}: {v.lost}")
+    whole = self_check(records, busiest, loops if (loops.lag_ns or loops.reads) else None)
+    all_reasons = tuple(dict.fromkeys((*whole.reasons, *reasons)))
+    n_hosts = hosts if hosts is not None else len({v.host for v in shards if v.host}) or 1
+    asked, got = open_rate(records) if open_loop else (None, None)
+    return replace(whole, rate_asked=asked, rate_achieved=got,
+                   client_bound=bool(all_reasons), reasons=all_reasons,
+                   processes=len(shards), hosts=n_hosts, engine=engine, placement=placement,
+                   per_process=tuple(per), client_cpu_total_cores=round(cpu_total, 4),
+                   clock_alignment_error_ms=clock_error_ms,
+                   incomplete="; ".join(lost) or None)
+
+
+def keep_interrupted(mux: StreamMux, attempts: Sequence[Attempt], written: set[str],
+                     record: Callable[[RequestRecord], None]) -> None:
+    """The loop stopped at once; every request that was sent and not yet recorded is
+    recorded: the ones in flight with the error class ``interrupted`` and the events they
+    had received, the ones that had just ended as they ended. Requests never sent are
+    not requests the server saw, and are left out."""
+    mux.interrupt()  # joins the loop: nothing touches the attempts after this
+    for a in attempts:
+        if a.dispatched_ns and a.spec.request_id not in written:
+            record(a.record())
 
 
 def _run_in_threads(
@@ -235,7 +410,20 @@ def _run_in_threads(
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     return LoadResult(records, start_ns, end_ns,
-                      self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)))
+                      replace(self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9)),
+                              engine="threads"))
+
+
+def stamps_late(loop: LoopStats | None) -> float | None:
+    """The loop's own lag p99 (ms) when it flags the stamps late (as :func:`self_check`
+    does: over the promised error at CLIENT_DELAY_SHARE of the probes), else None."""
+    if loop is None or not loop.own_ns:
+        return None
+    own = loop.own_p99_ms()
+    if own > CLIENT_TIMING_ERROR_MS and loop.own_over_frac(CLIENT_TIMING_ERROR_MS) >= \
+            CLIENT_DELAY_SHARE:
+        return own
+    return None
 
 
 def self_check(records: Sequence[RequestRecord], client_cpu_cores: float,

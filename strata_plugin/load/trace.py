@@ -21,16 +21,25 @@ Readers for the public formats (each file's own columns, nothing renamed by hand
 Prompts are exact token-ID lists: a shared block's tokens depend only on the block's
 id (and the run's salt), so two requests with the same leading blocks send the same
 leading tokens, and the rest of each prompt is the request's own.
+
+Every row is checked, whatever the format: a trace is one format (a row whose columns
+are another format's is an error naming its line), each number is finite, whole where it
+counts tokens, and within the limits below; an error is a ``TraceError`` naming the file,
+the line and the field. The limits (docs/formats.md, Trace files) bound what one file can
+cost before a request is sent: reading is linear in the file, and building one prompt is
+linear in its length.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from strata_plugin.load.workload import TokenSpace
@@ -38,9 +47,41 @@ from strata_plugin.load.workload import TokenSpace
 FORMATS = ("mooncake", "burstgpt", "azure", "strata")
 MOONCAKE_BLOCK_TOKENS = 512
 
+#: The columns each format must have on every row, in the order detection tries them.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "mooncake": ("timestamp", "input_length", "output_length"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "strata": ("timestamp_s", "input_length", "output_length"),
+}
+
+#: Requests (data rows) in one file; cut a longer trace (``head -n``) or sample it.
+MAX_ROWS = 2_000_000
+#: Bytes in one line (without its line end). A Mooncake row of MAX_ISL tokens carries
+#: 2048 hash ids, under 20 KiB; JSON and CSV parsing are bounded by it.
+MAX_LINE_BYTES = 64 * 1024
+#: Tokens in one prompt (a conversation turn's history included) and in one answer:
+#: 2^20, a million-token context. Building one prompt of MAX_ISL tokens took 1.8 s on
+#: the shared 2-core development VM (tests/test_trace_input.py bounds it at 5 s).
+MAX_ISL = 1 << 20
+MAX_OSL = 1 << 20
+#: Times (offsets from the trace's first request, and think times), in seconds: finite,
+#: >= 0, and at most a year; a case replays in real time.
+MAX_SPAN_S = 366 * 86400.0
+
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", re.ASCII)
+
 
 class TraceError(ValueError):
-    """A trace file that cannot be read: the message names the file, line and field."""
+    """A trace file that cannot be read: the message names the file, line and field.
+
+    ``file`` is the file's name, ``line`` its 1-based line (None for the whole file),
+    ``field`` the column (None when the line as a whole is wrong)."""
+
+    def __init__(self, message: str, *, file: str = "", line: int | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message)
+        self.file, self.line, self.field = file, line, field
 
 
 @dataclass(frozen=True)
@@ -66,108 +107,326 @@ class Trace:
         return self.requests[-1].t_s if self.requests else 0.0
 
 
-def _int(v: object, where: str, name: str) -> int:
+def _show(v: object, limit: int = 40) -> str:
+    """A value for an error message, cut short (a line may be 64 KiB)."""
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One data row: where it is and its values (JSON values, or CSV strings)."""
+
+    file: str
+    line: int
+    values: Mapping[str, object]
+
+    def fail(self, message: str, name: str | None = None) -> TraceError:
+        return TraceError(f"{self.file}:{self.line}: {message}", file=self.file,
+                          line=self.line, field=name)
+
+    def get(self, name: str) -> object:
+        """The value, None when absent or blank (an empty CSV cell)."""
+        v = self.values.get(name)
+        return None if isinstance(v, str) and not v.strip() else v
+
+    def need(self, name: str, fmt: str) -> object:
+        v = self.get(name)
+        if v is None:
+            raise self.fail(f"{name} is missing (the {fmt} format needs "
+                            f"{', '.join(REQUIRED[fmt])} on every row)", name)
+        return v
+
+    def number(self, name: str, v: object, lo: float, hi: float) -> float:
+        """A finite number in [lo, hi]: a JSON number, or a plain ASCII decimal string."""
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise self.fail(f"{name}={_show(v)} is not a number", name)
+        if isinstance(v, str):
+            if not _NUMBER.fullmatch(v):
+                raise self.fail(f"{name}={_show(v)} is not a number", name)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer past the float range
+            x = math.inf
+        if not math.isfinite(x):
+            raise self.fail(f"{name}={_show(v)} is not a finite number", name)
+        if not lo <= x <= hi:
+            raise self.fail(f"{name}={_show(v)} is outside {lo:g}..{hi:g}", name)
+        return x
+
+    def count(self, name: str, v: object, lo: int, hi: int) -> int:
+        """A whole number of tokens (or a turn) in [lo, hi]."""
+        x = self.number(name, v, -math.inf, math.inf)
+        if x != math.floor(x):
+            raise self.fail(f"{name}={_show(v)} is not a whole number", name)
+        if not lo <= x <= hi:
+            raise self.fail(f"{name}={_show(v)} is outside {lo}..{hi}", name)
+        return int(x)
+
+    def name(self, name: str) -> str:
+        """An optional id (a prefix group, a conversation): a string or a whole number."""
+        v = self.get(name)
+        if v is None:
+            return ""
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise self.fail(f"{name}={_show(v)} is not a name (a string or an integer)", name)
+        return str(v)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) for every line, each at most MAX_LINE_BYTES and UTF-8."""
+    limit = MAX_LINE_BYTES + 2  # the line, then \r\n
+    with path.open("rb") as fh:
+        n = 0
+        while True:
+            raw = fh.readline(limit + 1)
+            if not raw:
+                return
+            n += 1
+            body = raw.rstrip(b"\r\n")
+            if len(body) > MAX_LINE_BYTES:
+                raise TraceError(f"{path.name}:{n}: the line is longer than {MAX_LINE_BYTES} "
+                                 "bytes (MAX_LINE_BYTES)", file=path.name, line=n)
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"{path.name}:{n}: not UTF-8 text (byte {exc.start + 1} of "
+                                 "the line)", file=path.name, line=n) from None
+            if n == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark
+            yield n, text
+
+
+def _counted(path: Path, rows: Iterator[_Row]) -> Iterator[_Row]:
+    for i, row in enumerate(rows, 1):
+        if i > MAX_ROWS:
+            raise row.fail(f"more than {MAX_ROWS} rows (MAX_ROWS); cut the trace "
+                           "(e.g. head -n) or sample it")
+        yield row
+
+
+def _jsonl_rows(path: Path, lines: Iterator[tuple[int, str]]) -> Iterator[_Row]:
+    for n, text in lines:
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int of 4300+ digits
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            raise TraceError(f"{path.name}:{n}: not JSON ({msg})", file=path.name,
+                             line=n) from None
+        if not isinstance(value, dict):
+            raise TraceError(f"{path.name}:{n}: not a JSON object ({type(value).__name__})",
+                             file=path.name, line=n)
+        yield _Row(path.name, n, value)
+
+
+def _csv_rows(path: Path, lines: Iterator[tuple[int, str]]) -> Iterator[_Row]:
+    at = [0]  # the physical line the csv reader has read up to
+
+    def feed() -> Iterator[str]:
+        for n, text in lines:
+            at[0] = n
+            yield text + "\n"
+
+    reader = csv.reader(feed())
+    header: list[str] | None = None
     try:
-        out = int(float(str(v)))
-    except (TypeError, ValueError):
-        raise TraceError(f"{where}: {name}={v!r} is not a number") from None
-    if out < 0:
-        raise TraceError(f"{where}: {name}={v!r} is negative")
-    return out
+        for rec in reader:
+            n = at[0]
+            if not rec or (len(rec) == 1 and not rec[0].strip()):
+                continue
+            if header is None:
+                header = rec
+                dup = sorted({h for h in rec if rec.count(h) > 1})
+                if dup:
+                    raise TraceError(f"{path.name}:{n}: column {_show(dup[0])} appears twice",
+                                     file=path.name, line=n, field=dup[0])
+                continue
+            if len(rec) != len(header):
+                raise TraceError(f"{path.name}:{n}: {len(rec)} fields, the header has "
+                                 f"{len(header)}", file=path.name, line=n)
+            yield _Row(path.name, n, dict(zip(header, rec)))
+    except csv.Error as exc:
+        raise TraceError(f"{path.name}:{at[0]}: not CSV ({exc})", file=path.name,
+                         line=at[0]) from None
 
 
-def _float(v: object, where: str, name: str) -> float:
-    try:
-        return float(str(v))
-    except (TypeError, ValueError):
-        raise TraceError(f"{where}: {name}={v!r} is not a number") from None
+def _rows(path: Path) -> Iterator[_Row]:
+    """Every data row of a JSONL or CSV file, checked as text (line length, UTF-8, syntax)."""
+    lines = _lines(path)
+    first = next(((n, t) for n, t in lines if t.strip()), None)
+    if first is None:
+        return iter(())
+
+    def again() -> Iterator[tuple[int, str]]:
+        yield first
+        yield from lines
+
+    jsonl = path.suffix == ".jsonl" or first[1].lstrip().startswith("{")
+    return _counted(path, (_jsonl_rows if jsonl else _csv_rows)(path, again()))
 
 
-def _rows(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) for each JSONL line or CSV row."""
-    text = path.read_text()
-    if path.suffix == ".jsonl" or text.lstrip().startswith("{"):
-        out = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append((f"{path.name}:{i}", json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"{path.name}:{i}: not JSON ({exc.msg})") from None
-        return out
-    reader = csv.DictReader(text.splitlines())
-    return [(f"{path.name}:{i}", row) for i, row in enumerate(reader, 2)]
+def _formats_of(keys: object) -> list[str]:
+    return [f for f, cols in REQUIRED.items() if all(c in keys for c in cols)]  # type: ignore[operator]
 
 
-def detect_format(rows: Sequence[tuple[str, dict]]) -> str:
+def detect_format(rows: Sequence[tuple[str, Mapping[str, object]]]) -> str:
+    """The format of the first row's columns (read_trace then checks every row)."""
     keys = set(rows[0][1]) if rows else set()
-    if {"timestamp", "input_length", "output_length"} <= keys:
-        return "mooncake"
-    if {"Timestamp", "Request tokens", "Response tokens"} <= keys:
-        return "burstgpt"
-    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= keys:
-        return "azure"
-    if {"timestamp_s", "input_length", "output_length"} <= keys:
-        return "strata"
-    raise TraceError(f"unknown trace columns {sorted(keys)}; the formats are {FORMATS}")
+    found = _formats_of(keys)
+    if not found:
+        raise TraceError(f"unknown trace columns {sorted(keys)}; the formats are {FORMATS}")
+    return found[0]
 
 
-def _azure_time(v: str, where: str) -> float:
+def _azure_time(row: _Row, v: object) -> float:
+    name = "TIMESTAMP"
+    if not isinstance(v, str):
+        raise row.fail(f"{name}={_show(v)} is not a date-time", name)
     text = v.strip()
     if "." in text:  # the trace has 7 fractional digits; Python parses up to 6
         head, frac = text.split(".", 1)
-        text = f"{head}.{frac[:6]}"
+        digits = len(frac) - len(frac.lstrip("0123456789"))
+        text = f"{head}.{frac[:min(digits, 6)]}{frac[digits:]}"
     try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise TraceError(f"{where}: TIMESTAMP={v!r} is not a date-time") from None
+        t = datetime.fromisoformat(text)
+        if t.tzinfo is None:  # the trace's times are UTC; never the local zone (DST)
+            t = t.replace(tzinfo=UTC)
+        return t.timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise row.fail(f"{name}={_show(v)} is not a date-time", name) from None
+
+
+def _request(row: _Row, fmt: str) -> TraceRequest | None:
+    """One row as a request (None: a failure the trace logged, left out)."""
+    need = row.need
+    if fmt == "mooncake":
+        ids = row.get("hash_ids")
+        if ids is None:
+            ids = []
+        if not isinstance(ids, list):
+            raise row.fail(f"hash_ids={_show(ids)} is not a list of block ids", "hash_ids")
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, (int, str)):
+                raise row.fail(f"hash_ids has {_show(i)}, not a block id", "hash_ids")
+        return TraceRequest(
+            row.number("timestamp", need("timestamp", fmt), 0, MAX_SPAN_S * 1000) / 1000.0,
+            row.count("input_length", need("input_length", fmt), 1, MAX_ISL),
+            row.count("output_length", need("output_length", fmt), 1, MAX_OSL),
+            tuple(str(i) for i in ids), MOONCAKE_BLOCK_TOKENS)
+    if fmt == "burstgpt":
+        t = row.number("Timestamp", need("Timestamp", fmt), 0, MAX_SPAN_S)
+        osl = row.count("Response tokens", need("Response tokens", fmt), 0, MAX_OSL)
+        isl = row.count("Request tokens", need("Request tokens", fmt), 1 if osl else 0, MAX_ISL)
+        return TraceRequest(t, isl, osl) if osl else None  # 0 response tokens: a failure
+    if fmt == "azure":
+        return TraceRequest(_azure_time(row, need("TIMESTAMP", fmt)),
+                            row.count("ContextTokens", need("ContextTokens", fmt), 1, MAX_ISL),
+                            row.count("GeneratedTokens", need("GeneratedTokens", fmt), 1,
+                                      MAX_OSL))
+    def opt(name: str) -> object:
+        v = row.get(name)
+        return 0 if v is None else v
+
+    group = row.name("prefix_group")
+    k = row.count("prefix_tokens", opt("prefix_tokens"), 0, MAX_ISL) if group else 0
+    conv = row.name("conversation_id")
+    turn = row.count("turn", opt("turn"), 0, MAX_ROWS) if conv else 0
+    think = row.number("think_s", opt("think_s"), 0, MAX_SPAN_S)
+    return TraceRequest(row.number("timestamp_s", need("timestamp_s", fmt), 0, MAX_SPAN_S),
+                        row.count("input_length", need("input_length", fmt), 1, MAX_ISL),
+                        row.count("output_length", need("output_length", fmt), 1, MAX_OSL),
+                        (f"group:{group}",) if group and k else (), k, conv, turn, think)
+
+
+def _check_span(path: Path, reqs: list[tuple[int, TraceRequest]]) -> None:
+    """Absolute times (Azure's date-times): every request within MAX_SPAN_S of the first."""
+    t0 = min(q.t_s for _, q in reqs)
+    for n, q in reqs:
+        if q.t_s - t0 > MAX_SPAN_S:
+            raise TraceError(f"{path.name}:{n}: TIMESTAMP is {q.t_s - t0:.0f} s after the "
+                             f"trace's first request, over MAX_SPAN_S ({MAX_SPAN_S:g} s)",
+                             file=path.name, line=n, field="TIMESTAMP")
+
+
+def _check_conversations(path: Path, reqs: list[tuple[int, TraceRequest]]) -> None:
+    """Each conversation's turns are distinct, and every turn's whole prompt (the
+    history and its own input) fits MAX_ISL."""
+    convs: dict[str, list[tuple[int, TraceRequest]]] = {}
+    for n, q in reqs:
+        if q.conversation:
+            convs.setdefault(q.conversation, []).append((n, q))
+    for turns in convs.values():
+        turns.sort(key=lambda nq: nq[1].turn)
+        history = 0
+        for k, (n, q) in enumerate(turns):
+            if k and turns[k - 1][1].turn == q.turn:
+                raise TraceError(f"{path.name}:{n}: turn {q.turn} of conversation "
+                                 f"{_show(q.conversation)} is also on line {turns[k - 1][0]}",
+                                 file=path.name, line=n, field="turn")
+            if history + q.isl > MAX_ISL:
+                raise TraceError(f"{path.name}:{n}: this turn's prompt (the conversation's "
+                                 f"history and input_length) is {history + q.isl} tokens, "
+                                 f"over MAX_ISL ({MAX_ISL})", file=path.name, line=n,
+                                 field="input_length")
+            history += q.isl + q.osl
 
 
 def read_trace(path: Path | str, fmt: str = "auto") -> Trace:
-    """Read a trace file; times become seconds after its first request, in time order."""
+    """Read a trace file; times become seconds after its first request, in time order.
+
+    Every row is checked (module docstring); a ``TraceError`` names the file, the line and
+    the field of the first problem."""
     path = Path(path)
-    rows = _rows(path)
-    if not rows:
-        raise TraceError(f"{path.name}: no requests")
-    fmt = detect_format(rows) if fmt == "auto" else fmt
-    if fmt not in FORMATS:
-        raise TraceError(f"unknown trace format {fmt!r}; expected one of {FORMATS}")
-    reqs: list[TraceRequest] = []
-    for where, r in rows:
-        if fmt == "mooncake":
-            ids = r.get("hash_ids") or []
-            reqs.append(TraceRequest(
-                _float(r["timestamp"], where, "timestamp") / 1000.0,
-                _int(r["input_length"], where, "input_length"),
-                _int(r["output_length"], where, "output_length"),
-                tuple(str(i) for i in ids), MOONCAKE_BLOCK_TOKENS))
-        elif fmt == "burstgpt":
-            osl = _int(r["Response tokens"], where, "Response tokens")
-            if osl == 0:
-                continue
-            reqs.append(TraceRequest(_float(r["Timestamp"], where, "Timestamp"),
-                                     _int(r["Request tokens"], where, "Request tokens"), osl))
-        elif fmt == "azure":
-            reqs.append(TraceRequest(_azure_time(r["TIMESTAMP"], where),
-                                     _int(r["ContextTokens"], where, "ContextTokens"),
-                                     _int(r["GeneratedTokens"], where, "GeneratedTokens")))
-        else:
-            group = str(r.get("prefix_group") or "")
-            k = _int(r.get("prefix_tokens") or 0, where, "prefix_tokens") if group else 0
-            conv = str(r.get("conversation_id") or "")
-            reqs.append(TraceRequest(_float(r["timestamp_s"], where, "timestamp_s"),
-                                     _int(r["input_length"], where, "input_length"),
-                                     _int(r["output_length"], where, "output_length"),
-                                     (f"group:{group}",) if group and k else (), k, conv,
-                                     _int(r.get("turn") or 0, where, "turn") if conv else 0,
-                                     _float(r.get("think_s") or 0, where, "think_s")))
-    bad = [i for i, q in enumerate(reqs) if q.isl < 1 or q.osl < 1]
-    if bad:
-        raise TraceError(f"{path.name}: {len(bad)} request(s) with no input or output tokens")
-    reqs.sort(key=lambda q: q.t_s)
-    t0 = reqs[0].t_s
-    reqs = [replace(q, t_s=q.t_s - t0) for q in reqs]
-    return Trace(path.stem, fmt, tuple(reqs))
+    if fmt != "auto" and fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; expected one of {FORMATS}",
+                         file=path.name)
+    chosen, first_line = (None if fmt == "auto" else fmt), 0
+    reqs: list[tuple[int, TraceRequest]] = []
+    left_out = 0
+    known: dict[tuple[str, ...], list[str]] = {}  # the formats of each set of columns seen
+    try:
+        rows = _rows(path)
+        for row in rows:
+            keys = tuple(row.values)
+            found = known.get(keys)
+            if found is None:
+                found = _formats_of(row.values)
+                if len(known) < 64:
+                    known[keys] = found
+            if chosen is None:
+                if not found:
+                    raise row.fail(f"unknown trace columns {_show(sorted(row.values), 200)}; the "
+                                   f"formats are {FORMATS} (docs/formats.md)")
+                chosen, first_line = found[0], row.line
+            if chosen not in found:
+                if found:
+                    was = (f"line {first_line}'s are the {chosen} format's" if first_line
+                           else f"the {chosen} format was asked for")
+                    raise row.fail(f"the columns are the {found[0]} format's, {was}: a trace "
+                                   "is one format")
+                missing = next(c for c in REQUIRED[chosen] if c not in row.values)
+                row.need(missing, chosen)
+            q = _request(row, chosen)
+            if q is None:
+                left_out += 1
+            else:
+                reqs.append((row.line, q))
+    except OSError as exc:
+        raise TraceError(f"{path.name}: cannot read ({exc.strerror or exc})",
+                         file=path.name) from None
+    if not reqs:
+        why = (f" (all {left_out} rows have 0 Response tokens: failures in the trace, left out)"
+               if left_out else "")
+        raise TraceError(f"{path.name}: no requests{why}", file=path.name)
+    assert chosen is not None
+    if chosen == "azure":
+        _check_span(path, reqs)
+    _check_conversations(path, reqs)
+    ordered = sorted((q for _, q in reqs), key=lambda q: q.t_s)  # stable: ties keep file order
+    t0 = ordered[0].t_s
+    return Trace(path.stem, chosen, tuple(replace(q, t_s=q.t_s - t0) for q in ordered))
 
 
 @dataclass(frozen=True)
@@ -193,14 +452,24 @@ class TraceWorkload:
     requests_: tuple[TraceRequest, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.time_scale <= 0 or self.length_scale <= 0:
-            raise ValueError("time_scale and length_scale must be > 0")
+        for name in ("time_scale", "length_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, not {_show(v)}")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         object.__setattr__(self, "name", self.name or f"trace-{self.trace.name}")
         object.__setattr__(self, "requests_", tuple(self._scaled()))
         if not self.requests_:
             raise ValueError(f"{self.name}: the trace has no requests")
+        for i, q in enumerate(self.requests_):
+            if q.isl > MAX_ISL or q.osl > MAX_OSL or q.t_s > MAX_SPAN_S \
+                    or q.think_s > MAX_SPAN_S:
+                raise ValueError(
+                    f"{self.name}: request {i} scaled to isl={q.isl}, osl={q.osl}, "
+                    f"t_s={q.t_s:g}, think_s={q.think_s:g}: over the trace limits (MAX_ISL "
+                    f"{MAX_ISL}, MAX_OSL {MAX_OSL}, MAX_SPAN_S {MAX_SPAN_S:g})")
 
     def _scaled(self) -> list[TraceRequest]:
         reqs = self.trace.requests[: self.max_requests]

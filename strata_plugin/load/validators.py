@@ -4,19 +4,19 @@ A validator looks at one request's output text and says pass or fail with a
 reason. The seed's checks: a complete finish (a ``length`` cut where a stop was
 expected is a failure, kept and reported), required JSON fields, and code
 extracted from the output that must pass a frozen test file ("10/10 tests
-passed").
+passed"), run confined by ``load/sandbox.py`` and scored by a judge it cannot reach.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from strata_plugin.load import sandbox
+from strata_plugin.load.sandbox import Limits
 
 
 @dataclass(frozen=True)
@@ -58,44 +58,40 @@ def extract_code(text: str) -> str:
     return m.group(1) if m else text
 
 
-_RUNNER = """
-import sys, traceback
-sys.path.insert(0, sys.argv[1])
-import importlib.util
-spec = importlib.util.spec_from_file_location("frozen_tests", sys.argv[2])
-mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-tests = [getattr(mod, n) for n in sorted(dir(mod)) if n.startswith("test_")]
-passed = 0
-for t in tests:
-    try:
-        t(); passed += 1
-    except Exception:
-        traceback.print_exc()
-print(f"RESULT {passed} {len(tests)}")
-"""
-
-
-def code_passes(test_file: Path, module: str = "solution", timeout_s: float = 30.0) -> Validator:
+def code_passes(test_file: Path, module: str = "solution", timeout_s: float = 30.0, *,
+                allow_unsandboxed: bool = False, limits: Limits | None = None) -> Validator:
     """Code from the output, saved as ``module.py``, must pass the frozen ``test_file``.
 
-    Runs in a separate Python process with a timeout, so generated code can
-    neither hang nor crash the harness.
+    The code runs confined (``load/sandbox.py``: no environment, no network, no
+    writable path but its scratch folder, an unprivileged user, resource limits, killed
+    with everything it started at the timeout), and the count comes from a trusted judge
+    over its own channel, so nothing the code prints or returns can score it. Where this
+    machine cannot confine it, building the validator raises ``SandboxUnavailable`` naming
+    the failing step, unless the case opts in with ``allow_unsandboxed=True`` or the profile
+    with ``allow_unsandboxed_code = true``.
     """
     test_file = Path(test_file).resolve()
+    tests = test_file.read_text(encoding="utf-8")
+    name = f"code_passes({test_file.name})"
+    reason = sandbox.probe()
+    by = ("allow_unsandboxed=True" if allow_unsandboxed else sandbox.unconfined_allowed_by())
+    if reason and not by:
+        raise sandbox.SandboxUnavailable(
+            f"{name}: model-written code is not run unconfined, and this machine cannot "
+            f"confine it: {reason}. To accept running it with only an empty environment, "
+            f"resource limits and the judge's channel, pass allow_unsandboxed=True to "
+            f"code_passes or set allow_unsandboxed_code = true in the profile.")
+    confine = reason is None
 
     def check(text: str) -> Verdict:
-        with tempfile.TemporaryDirectory(prefix="strata-code-") as tmp:
-            Path(tmp, f"{module}.py").write_text(extract_code(text))
-            try:
-                out = subprocess.run([sys.executable, "-I", "-c", _RUNNER, tmp, str(test_file)],
-                                     capture_output=True, text=True, timeout=timeout_s,
-                                     cwd=tmp, check=False)
-            except subprocess.TimeoutExpired:
-                return Verdict(0, 1, f"timed out after {timeout_s} s")
-        m = re.search(r"^RESULT (\d+) (\d+)$", out.stdout, re.M)
-        if not m:
-            return Verdict(0, 1, f"test run failed: {out.stderr.strip()[-300:]}")
-        passed, total = int(m.group(1)), int(m.group(2))
-        return Verdict(passed, total, "" if passed == total else out.stderr.strip()[-300:])
-    check.__name__ = f"code_passes({test_file.name})"
+        out = sandbox.run_frozen_tests(extract_code(text), tests, tests_name=test_file.name,
+                                       module=module, timeout_s=timeout_s, limits=limits,
+                                       confine=confine)
+        note = "" if confine else f"UNSANDBOXED ({by}): "
+        if out.error:
+            return Verdict(0, 1, note + (out.error if not out.log.strip() else
+                                         f"{out.error}; log: {out.log.strip()[-300:]}"))
+        detail = "; ".join(out.failures)
+        return Verdict(out.passed, out.total, note + detail[:600])
+    check.__name__ = name
     return check

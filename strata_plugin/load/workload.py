@@ -1,8 +1,10 @@
 """Workloads: what one case asks of the server, and the exact prompts it sends.
 
 Prompts are token-ID lists where the API takes them, so the input length is
-exact, not approximated through a tokenizer. A cold prefix gives every request
-its own random tokens from the first position (no prompt-cache hit possible);
+exact, not approximated through a tokenizer; on the chat API they are text built to the
+server's own templated count (load/chat_prompts.py), or the user's own texts. A cold
+prefix gives every request its own random tokens from the first position (no
+prompt-cache hit possible);
 a shared prefix starts every request with the same N tokens. Arrival is a
 closed loop at a concurrency, or an open loop at a rate (Poisson, or gamma with
 vLLM's burstiness: shape = burstiness, mean gap = 1 / rate).
@@ -32,9 +34,21 @@ class Workload:
     rate: float | None = None  # requests/s for open loops
     burstiness: float = 1.0
     expect_stop: bool = False  # True: the case expects a natural stop, not the length cap
+    #: a JSONL file of the user's own prompts or conversations (load/chat_prompts.py,
+    #: docs/writing-cases.md), sent in order, round-robin; ``isl`` is then 0: each
+    #: prompt's length is its own, as the server counts it
+    texts: str | None = None
 
     def __post_init__(self) -> None:
-        if self.isl < 1 or self.osl < 1:
+        if self.texts is not None:
+            if self.isl != 0:
+                raise ValueError(f"{self.name}: with texts, each prompt's length is its own: "
+                                 f"set isl=0 (got isl={self.isl})")
+            if self.prefix == "shared":
+                raise ValueError(f"{self.name}: texts are sent as written: no shared prefix")
+        elif self.isl < 1:
+            raise ValueError(f"{self.name}: isl and osl must be >= 1")
+        if self.osl < 1:
             raise ValueError(f"{self.name}: isl and osl must be >= 1")
         if self.concurrency < 1 or self.requests < 1 or self.warmups < 0:
             raise ValueError(f"{self.name}: concurrency/requests must be >= 1, warmups >= 0")
@@ -52,14 +66,15 @@ class Workload:
         """The same workload shrunk (or grown) to what a target can hold."""
         return replace(
             self,
-            isl=max(1, round(self.isl * context)),
+            isl=0 if self.texts is not None else max(1, round(self.isl * context)),
             osl=max(1, round(self.osl * output)),
             concurrency=max(1, round(self.concurrency * concurrency)),
             shared_prefix_tokens=max(0, round(self.shared_prefix_tokens * context)),
         )
 
     def params(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "name"}
+        return {k: v for k, v in self.__dict__.items()
+                if k != "name" and not (k == "texts" and v is None)}
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ def parse_workload(text: str, *, default_name: str = "adhoc") -> Workload:
             raise WorkloadSpecError(
                 f"unknown key {key!r}; the keys are {', '.join(sorted(kinds))}")
         values[key] = _convert(key, raw, kinds[key])
+    if "texts" in values:  # the user's own prompts: their lengths are their own
+        values.setdefault("isl", 0)
     missing = [k for k in ("isl", "osl") if k not in values]
     if missing:
         raise WorkloadSpecError(f"missing {' and '.join(missing)} (e.g. isl=256,osl=64)")

@@ -1,7 +1,9 @@
-"""What happens when a case's test ends: analysis, JUnit properties, the gates.
+"""What happens when a case's test ends: the gates, then analysis and JUnit properties.
 
-Runs in the ``strata`` fixture's teardown, so the properties land in the
-teardown report, which is the one JUnit XML reads them from.
+The gates (server alive, requests failed, baseline) are judged when the test's call
+ends (``judge_call``, from ``plugin/hooks.py``), so a failing case is one failure. The
+analysis runs in the ``strata`` fixture's teardown (``finish_case``), so the properties
+land in the teardown report, which is the one JUnit XML reads them from.
 """
 
 from __future__ import annotations
@@ -80,8 +82,54 @@ def unexpected_errors(runner: CaseRunner) -> list[str]:
     return out
 
 
+def case_problems(sess: StrataSession, server: Server, runner: CaseRunner) -> list[str]:
+    """What fails a case once its body has run: the server or a worker died during it,
+    requests failed in ways it does not allow, a metric regressed against the baseline.
+
+    Judged at the end of the test's call (``plugin/hooks.py``), so the test fails once,
+    as a failure, with these reasons; never a second time as a teardown error."""
+    from strata_plugin.run.server import log_tail
+
+    out = []
+    if not server.alive():
+        out.append(f"server {server.config_id} died during the case (exit "
+                   f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}")
+    out += [f"worker {w.node} of server {server.config_id} died during the case (exit "
+            f"{w.exit_code()})\n--- log tail ---\n{log_tail(w.log_path)}"
+            for w in sess.dead_workers(server)]
+    failed = unexpected_errors(runner)
+    if failed:
+        out.append("server errors the case does not allow (strata.run(..., allow_errors=...) "
+                   "allows them):\n" + "\n".join(failed))
+    worse = regressions(sess, runner)
+    if worse:
+        out.append("regression against the baseline run:\n" + "\n".join(worse))
+    return out
+
+
+def judge_call(item: pytest.Item, sess: StrataSession, server: Server, runner: CaseRunner,
+               failure: BaseException | None) -> None:
+    """The test's call ends: fail it with :func:`case_problems`, once.
+
+    A test whose own body already failed keeps its traceback; the reasons go beside it as
+    a ``strata`` section of its report (often they are why its own check failed)."""
+    problems = case_problems(sess, server, runner)
+    if failure is not None:
+        if problems:
+            item.stash[call_problems_key] = "\n".join(problems)
+        raise failure
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+#: The reasons :func:`judge_call` found for a test whose body failed as well.
+call_problems_key = pytest.StashKey[str]()
+
+
 def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
                 runner: CaseRunner) -> None:
+    """The case's analysis (after its telemetry is flushed), the verdict in cases.jsonl,
+    the JUnit properties. The pass/fail judgement was made at the end of the call."""
     outcome = _outcome(item)
     # The verdict is computed once, here, after the agents have written the samples that
     # cover the case's end; cases.jsonl keeps it, and every derived file reports it.
@@ -104,23 +152,3 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
     item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))
     item.user_properties.append(("strata_config", server.config_id))
-    if not server.alive():
-        from strata_plugin.run.server import log_tail
-
-        pytest.fail(f"server {server.config_id} died during the case (exit "
-                    f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}",
-                    pytrace=False)
-    dead = sess.dead_workers(server)
-    if dead:
-        from strata_plugin.run.server import log_tail
-
-        pytest.fail("\n".join(f"worker {w.node} of server {server.config_id} died during the "
-                              f"case (exit {w.exit_code()})\n--- log tail ---\n"
-                              f"{log_tail(w.log_path)}" for w in dead), pytrace=False)
-    failed = unexpected_errors(runner)
-    if failed:
-        pytest.fail("server errors the case does not allow (strata.run(..., allow_errors=...) "
-                    "allows them):\n" + "\n".join(failed), pytrace=False)
-    worse = regressions(sess, runner)
-    if worse:
-        pytest.fail("regression against the baseline run:\n" + "\n".join(worse), pytrace=False)

@@ -9,7 +9,6 @@ test's ``user_properties`` (and so to JUnit XML).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
@@ -70,7 +69,17 @@ def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Ite
 
         yield planned_server(sess, config_id, block_id)
         return
-    server = sess.start_server(config_id, block_id)
+    from strata_plugin.run.server import ServerStartError
+
+    try:
+        server = sess.start_server(config_id, block_id)
+    except ServerStartError as exc:  # the user's problem in their words, not our traceback
+        why = f"server {block_id or config_id}: {exc}"
+    else:
+        why = ""
+    if why:
+        sess.server_failed(why.splitlines()[0])
+        pytest.fail(why, pytrace=False)
     block = sess.begin_block(server)
     try:
         yield server
@@ -95,7 +104,10 @@ def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[ob
         pytest.skip(str(exc))
     for line in sess.recover_agents(server):  # lost since the last case ended
         _warn(request, line)
-    runner = sess.case_runner(server, request.node.nodeid, _progress_writer(request))
+    from strata_plugin.plugin.progress import progress_line
+
+    runner = sess.case_runner(server, request.node.nodeid,
+                              progress_line(request.config, request.node.name))
     yield runner
     from strata_plugin.plugin.case_teardown import finish_case
 
@@ -106,20 +118,6 @@ def _warn(request: pytest.FixtureRequest, line: str) -> None:
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.write_line(f"  [strata] {line}")
-
-
-def _progress_writer(request: pytest.FixtureRequest):
-    """Live progress lines through the terminal reporter; silent under -q."""
-    if request.config.get_verbosity() < 0 or os.environ.get("CI_NO_PROGRESS"):
-        return None
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is None:
-        return None
-
-    def emit(line: str) -> None:
-        tr.write_line(f"  [strata {request.node.name}] {line}")
-
-    return emit
 
 
 def _junit_suite_properties(config: pytest.Config, sess) -> None:

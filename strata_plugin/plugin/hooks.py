@@ -14,8 +14,10 @@ from strata_plugin.plugin.state import phase_reports_key, run_state
 
 #: The markers of Strata's own API (docs/writing-cases.md).
 MARKERS = {
-    "strata_configs(*ids)": "run this test only against these server configurations",
-    "strata_blocks(*ids, repeats=2)": "counterbalanced A/B blocks: A B B A ..., one boot each",
+    "strata_configs(*ids, optional=False)": "run this test only against these server "
+    "configurations; optional=True: skip it where the profile lacks one (else an error)",
+    "strata_blocks(*ids, repeats=2, optional=False)": "counterbalanced A/B blocks: A B B A "
+    "..., one boot each; optional=True as for strata_configs",
 }
 
 
@@ -48,8 +50,11 @@ def _collect_adhoc_case(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize the session server by configuration, so each boots once per block.
 
-    A test that names configurations its profile lacks is skipped with the reason (a
-    llama.cpp sweep on a vLLM profile), never a collection error for the whole run.
+    A test that names configurations its profile lacks is skipped with the reason when its
+    marker says ``optional=True`` (a llama.cpp sweep on a vLLM profile); without it, a
+    usage error naming the test and the id, once collection ends (a typo is not a skip).
+    Against an attached server taken for the primary configuration the fixture is not
+    parametrized: there is one server, and the test ids carry no configuration.
     """
     if "strata_server" not in metafunc.fixturenames:
         return
@@ -73,7 +78,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             reason=reason))], ids=["missing-config"], indirect=True, scope="session")
         return
     except ValueError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: {exc}") from None
+        state.config_errors.append(f"{metafunc.definition.nodeid}: {exc}")
+        return
+    if cfg.server_url and ids == [c.config_id for c in cfg.profile.server.configs[:1]]:
+        return  # one server we did not start: the fixture takes the primary configuration
     metafunc.parametrize("strata_server", ids, indirect=True, scope="session")
 
 
@@ -81,9 +89,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from strata_plugin.configure.blocks import group_by_server
 
-    error = run_state(config).usage_error
-    if error is not None:
-        raise error  # pytest prints it as "ERROR: bad Strata profile: ..." and exits 4
+    state = run_state(config)
+    if state.usage_error is not None:
+        raise state.usage_error  # pytest prints "ERROR: bad Strata profile: ..." and exits 4
+    if state.config_errors:
+        raise pytest.UsageError("\n".join(state.config_errors))
 
     group_by_server(items)
 
@@ -94,6 +104,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if "strata" in getattr(item, "fixturenames", ()):
         item.stash.setdefault(phase_reports_key, {})[report.when] = report
+        if report.when == "call":
+            from strata_plugin.plugin.case_teardown import call_problems_key
+
+            problems = item.stash.get(call_problems_key, None)
+            if problems:
+                report.sections.append(("strata: why the case failed", problems))
+    if report.skipped and "strata_server" in getattr(item, "fixturenames", ()):
+        from strata_plugin.plugin.summary import note_skip
+
+        note_skip(run_state(item.config), report)
     return report
 
 
@@ -103,8 +123,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     got: its checks need measured results, so whatever stops it is not a failure."""
     sess = run_state(pyfuncitem.config).session
     runner = pyfuncitem.funcargs.get("strata")
-    if sess is None or sess.dry_plan is None or runner is None:
+    if sess is None or runner is None:
         return (yield)
+    if sess.dry_plan is None:  # a real case: judged once, when its body ends
+        from strata_plugin.plugin.case_teardown import judge_call
+
+        failure = None
+        try:
+            result = yield
+        except (Exception, pytest.fail.Exception) as exc:
+            failure = exc
+        judge_call(pyfuncitem, sess, pyfuncitem.funcargs["strata_server"], runner, failure)
+        return result
     stopped = reason = ""
     try:
         yield
@@ -130,17 +160,6 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    sess = run_state(terminalreporter.config).session
-    if sess is None:
-        return
-    cfg = sess.cfg
-    terminalreporter.write_sep("-", "strata")
-    target = cfg.server_url or "launched by Strata"
-    terminalreporter.write_line(f"profile: {cfg.profile.name} ({cfg.profile.path}), "
-                                f"server: {target}")
-    terminalreporter.write_line(f"run folder: {sess.run_dir}")
-    report = sess.run_dir / "report.md"
-    if report.exists():
-        terminalreporter.write_line(f"report: {report}")
-    if sess.incomplete_reason:
-        terminalreporter.write_line(f"run incomplete: {sess.incomplete_reason}")
+    from strata_plugin.plugin.summary import write_summary
+
+    write_summary(terminalreporter, run_state(terminalreporter.config))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.configure.profile import StrataConfig, load_profile, resolve_profile
 
 OPTIONS = (
@@ -29,7 +30,13 @@ OPTIONS = (
      "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
      "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
      ""),
+    ("--strata-progress", "strata_progress",
+     "live progress line per case: auto (on a terminal, not in CI), on, off", "auto"),
 )
+
+
+#: ``--strata-progress`` values (plugin/progress.py).
+PROGRESS_SETTINGS = ("auto", "on", "off")
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -59,6 +66,15 @@ def adhoc_workload(config: pytest.Config):
         raise pytest.UsageError(f"--strata-workload: {exc}") from None
 
 
+def progress_setting(config: pytest.Config) -> str:
+    """``--strata-progress`` (auto, on, off); anything else is a usage error."""
+    value = _value(config, "strata_progress").strip().lower() or "auto"
+    if value not in PROGRESS_SETTINGS:
+        raise pytest.UsageError(f"--strata-progress {value!r}: expected one of "
+                                f"{', '.join(PROGRESS_SETTINGS)}")
+    return value
+
+
 def _with_api(profile, api: str):
     """The profile with its server's API replaced (``--strata-api``)."""
     import dataclasses
@@ -70,10 +86,32 @@ def _with_api(profile, api: str):
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, api=api))
 
 
+def _server_url(url: str) -> str:
+    """``--strata-server-url`` checked now: a malformed URL is a usage error, not a wait."""
+    if not url.strip():
+        return ""
+    from strata_plugin.run.server import check_server_url
+
+    try:
+        return check_server_url(url)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--strata-server-url (ini: strata_server_url): {exc}") from None
+
+
 def _value(config: pytest.Config, ini: str) -> str:
     """Command-line option wins over pytest.ini."""
     opt = config.getoption(ini)
     return str(opt) if opt is not None else str(config.getini(ini))
+
+
+def _run_id(config: pytest.Config) -> str:
+    """``--strata-run-id``: the run folder's name, one path component (``../x`` once made a
+    folder outside the reports folder); "" = a new id."""
+    value = _value(config, "strata_run_id")
+    if value and not is_name(value):
+        raise pytest.UsageError(f"--strata-run-id (ini: strata_run_id) {value!r}: expected "
+                                f"{NAME_RULE}")
+    return value
 
 
 def build_config(config: pytest.Config) -> StrataConfig:
@@ -94,14 +132,18 @@ def build_config(config: pytest.Config) -> StrataConfig:
         raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
+    if profile.raw.get("allow_unsandboxed_code") is True:
+        from strata_plugin.load import sandbox
+
+        sandbox.allow_unconfined(f"profile {profile.name}: allow_unsandboxed_code = true")
     api = _value(config, "strata_api").strip()
     if api:
         profile = _with_api(profile, api)
     return StrataConfig(
         profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
-        run_id=_value(config, "strata_run_id") or new_run_id(),
-        server_url=_value(config, "strata_server_url"),
+        run_id=_run_id(config) or new_run_id(),
+        server_url=_server_url(_value(config, "strata_server_url")),
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,
         max_regression_pct=max_reg,

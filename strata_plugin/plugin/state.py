@@ -31,6 +31,11 @@ class RunState:
         #: A bad profile met during collection, raised once collection ends (a UsageError
         #: raised inside collection would be reported as one test module's error).
         self.usage_error: pytest.UsageError | None = None
+        #: Configuration markers naming ids the profile lacks (not optional), raised as one
+        #: usage error once collection ends.
+        self.config_errors: list[str] = []
+        #: (node id, reason) of each Strata test that was skipped, for the terminal summary.
+        self.skipped: list[tuple[str, str]] = []
 
     @property
     def config(self) -> StrataConfig:

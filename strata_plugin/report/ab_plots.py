@@ -24,6 +24,7 @@ from pathlib import Path
 
 from strata_plugin.analysis.interference import prefill_span
 from strata_plugin.analysis.metrics import AB_HEADLINE, metric_label
+from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.records import RequestRecord
 
 DPI = 80
@@ -158,5 +159,6 @@ def render_group(path: Path, group: str, reps: Sequence[Repetition], control_arm
         fig.subplots_adjust(left=0.07, right=0.99, bottom=0.08, top=0.93, hspace=0.55,
                             wspace=0.35)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None})
     return True

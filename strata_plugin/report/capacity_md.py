@@ -22,6 +22,7 @@ from strata_plugin.analysis.capacity import (
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.metrics import Slo
 from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import md_table
 
@@ -89,7 +90,8 @@ def plot(path: Path, name: str, steps: Sequence[SweepStep], slo: Slo,
                      fontsize=8)
         fig.subplots_adjust(left=0.07, right=0.99, bottom=0.14, top=0.88, wspace=0.2)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=110, metadata={"Software": None})
 
 
 def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path) -> str:

@@ -1,5 +1,6 @@
 """report.md: the run, its limits, each case (workload, metrics, hardware, verdict,
-plots), the A/B comparisons, and the thresholds the verdicts used.
+plots), the A/B comparisons, and a link to the thresholds the verdicts used
+(``thresholds.md``, rendered here too).
 
 Pure text assembly from already-computed results; nothing here reads files or the
 clock, so the same inputs always give the same document.
@@ -26,6 +27,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.report import load_spread
 from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import (
@@ -109,7 +111,20 @@ def header(d: ReportData) -> str:
     ]
     if m.get("incomplete_reason"):
         rows.append(("incomplete", m["incomplete_reason"]))
-    return f"# Strata report: {d.bundle.run_id}\n" + md_table(("", ""), rows)
+    return f"# Strata report: {d.bundle.run_id}\n" + first_lines(d) + md_table(("", ""), rows)
+
+
+def first_lines(d: ReportData) -> str:
+    """What went wrong, before anything else: the run's incomplete reason (a server that
+    could not be reached, an interrupt) and each case whose requests mostly failed."""
+    from strata_plugin.analysis.failures import VERDICT_CLASS
+
+    reason = str(d.bundle.manifest.get("incomplete_reason") or "")
+    lines = [f"**Run incomplete:** {reason}"] if reason else []
+    lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {a.verdict.notes[0]}"
+              for a in d.analyses if a.verdict.classes == (VERDICT_CLASS,) and a.verdict.notes
+              and a.case_id not in reason]
+    return "".join(f"\n{line}\n" for line in lines) + ("\n" if lines else "")
 
 
 def run_details(d: ReportData) -> str:
@@ -190,6 +205,8 @@ def _deciding(v: Verdict) -> str:
     """The one piece of evidence that decided the verdict, in a few words."""
     if v.inconclusive:
         return (v.notes[-1] if v.notes else "inconclusive")[:160]
+    if v.classes == ("requests_failed",) and v.notes:  # analysis/failures.py: its counts
+        return v.notes[0][:300]
     parts = []
     for cls in v.classes:
         e = next((e for e in v.evidence if e.cls == cls and e.met), None)
@@ -339,7 +356,48 @@ def _workload_short(p: dict[str, Any]) -> str:
     return " ".join(f"{k}={p[k]}" for k in keys if p.get(k) is not None) or "-"
 
 
-def verdict_md(v: Verdict) -> str:
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(str(url)).hostname or ""
+    except ValueError:
+        return False
+    return host in ("localhost", "0.0.0.0", "::") or host.startswith("127.") or host == "::1"
+
+
+def target_lacks(d: ReportData) -> dict[str, str]:
+    """Collectors (and engine metrics) this target could not have had, with why: network
+    signals where one node serves the client over loopback, an engine metric its
+    /metrics does not export (it was scraped, the metric was not in it). Their signals are
+    not listed as "not measured": nothing here could have measured them."""
+    out: dict[str, str] = {}
+    servers = d.bundle.manifest.get("servers") or {}
+    urls = [s.get("base_url", "") for s in servers.values() if isinstance(s, dict)]
+    if not d.ctx.multi_node and urls and all(_loopback(u) for u in urls):
+        out["net"] = "one node, the server reached over loopback"
+    prom = {k.metric for k in d.store.keys if k.source == "prom"}
+    if prom:
+        out["prom"] = "the engine's /metrics does not export it"
+        out["prom_metrics"] = " ".join(sorted(prom))
+    return out
+
+
+def _could_have(line: str, lacks: dict[str, str]) -> str | None:
+    """None where this target could have had the signal of a "not measured" line, else why
+    not (``line``: ``signal <- collector:metric/metric (reason)``)."""
+    src = line.split(" <- ", 1)[1] if " <- " in line else ""
+    collector, _, metrics = src.partition(":")
+    if collector == "net" and "net" in lacks:
+        return lacks["net"]
+    if collector == "prom" and "prom" in lacks:
+        names = metrics.split(" ", 1)[0].split("/")
+        if not set(names) & set(lacks["prom_metrics"].split()):
+            return lacks["prom"]
+    return None
+
+
+def verdict_md(v: Verdict, lacks: dict[str, str] | None = None) -> str:
     lines = []
     head = " + ".join(v.classes) if v.classes else "no class"
     tag = "inconclusive: " if v.inconclusive else ""
@@ -387,9 +445,15 @@ def verdict_md(v: Verdict) -> str:
                 ],
             )
         )
-    if v.missing_signals:
+    could = [m for m in v.missing_signals if _could_have(m, lacks or {}) is None]
+    beyond = [(m.split(" <- ", 1)[0], _could_have(m, lacks or {})) for m in v.missing_signals
+              if m not in could]
+    if could:
         lines.append("\nNot measured (rules that needed these did not decide):\n\n")
-        lines.extend(f"- {m}\n" for m in v.missing_signals)
+        lines.extend(f"- {m}\n" for m in could)
+    if beyond:
+        lines.append("\nNot available from this target: " + "; ".join(
+            f"{name} ({why})" for name, why in beyond) + ".\n")
     if v.finer_trace:
         lines.append("\nFiner trace that would settle it:\n\n")
         lines.extend(f"- {t}\n" for t in v.finer_trace)
@@ -461,6 +525,9 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
                 + "".join(f"; {r}" for r in sc.get("reasons") or ()),
             )
         )
+        facts.extend(load_spread.rows(sc))  # processes, hosts, each one's self-check
+    if info.get("isl_note"):  # chat prompts or the user's texts (load/chat_prompts.py)
+        facts.append(("input lengths", info["isl_note"]))
     for p in info.get("problems") or []:
         facts.append(("problem", p))
     out.append("#### Workload as run\n\n" + md_table(("", ""), facts))
@@ -512,7 +579,7 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
         )
     else:
         out.append("Not measured (no NVML energy counter in this window).\n")
-    out.append("\n#### Verdict\n\n" + verdict_md(a.verdict))
+    out.append("\n#### Verdict\n\n" + verdict_md(a.verdict, target_lacks(d)))
     if a.rails is not None and a.rails.findings:
         out.append("\n#### Rails, links and peers\n\n" + rails_md(a.rails))
     plot = d.case_plots.get(a.case_id)
@@ -707,11 +774,18 @@ def ab_section(d: ReportData) -> str:
     return "".join(out)
 
 
+#: ``run_plot``'s note where the run has one case: no second figure of the same seconds.
+RUN_PLOT_ONE_CASE = "one case"
+
+
 def run_timeline(d: ReportData) -> str:
     out = ["\n## Run timeline\n\n"]
     if d.run_plot is None:
         return out[0] + "No run window was marked.\n"
     name, omitted = d.run_plot
+    if not name and omitted == [RUN_PLOT_ONE_CASE]:
+        return out[0] + ("Not drawn: the run has one case, and its timeline above shows the "
+                         "run (all but the idle baseline and cooldown).\n")
     if name:
         out.append(f"![run timeline](plots/{name})\n")
     if omitted:
@@ -719,16 +793,26 @@ def run_timeline(d: ReportData) -> str:
     return "".join(out)
 
 
+#: The thresholds' own file in the run folder, next to report.md (``report/writer.py``).
+THRESHOLDS_FILE = "thresholds.md"
+
+
 def thresholds_section() -> str:
+    """A link: the table has a file of its own, the same in every run (76 rows that the
+    report's reader rarely needs beside each case)."""
+    return (f"\n## Thresholds\n\nThe {len(THRESHOLDS)} numbers the rules compare against, "
+            f"each with its source: [{THRESHOLDS_FILE}]({THRESHOLDS_FILE}).\n")
+
+
+def thresholds_md() -> str:
+    """``thresholds.md``: every number the rules compare against, with its source."""
     return (
-        "\n## Thresholds\n\nEvery number the rules compare against "
-        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`).\n\n<details><summary>"
-        f"{len(THRESHOLDS)} thresholds</summary>\n\n"
+        "# Thresholds\n\nEvery number the rules compare against "
+        "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`), with its source.\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
             [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],
         )
-        + "\n</details>\n"
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.timeline import SampleStore, merge_intervals
+from strata_plugin.formats.atomic import atomic_open
 
 if TYPE_CHECKING:
     import numpy as np
@@ -243,9 +244,59 @@ def build_panels(
             p.lines = builder(store, start, end, t0)
         if p.heat is None and not p.lines:
             omitted.append(f"{title}: no samples in this window")
+        elif p.heat is None and all_zero(p.lines):
+            omitted.append(f"{title}: zero throughout this window")
         else:
             panels.append(p)
     return panels, omitted
+
+
+def all_zero(lines: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> bool:
+    """Every finite value of every line is 0 (or none is finite): a panel that would
+    say nothing but its axis (an idle network on a -0.05..0.05 axis)."""
+    import numpy as np
+
+    for _, _, y in lines:
+        y = np.asarray(y, dtype=np.float64)
+        finite = y[np.isfinite(y)]
+        if finite.size and np.any(finite != 0.0):
+            return False
+    return True
+
+
+def tick_decimals(locs: Sequence[float]) -> int:
+    """Decimals that tell adjacent ticks apart: from the spacing of the ticks, not their
+    size (22.9405 and 22.9410 GiB are both "22.94" at four significant digits)."""
+    xs = sorted({float(x) for x in locs if math.isfinite(x)})
+    steps = [b - a for a, b in pairwise(xs) if b > a]
+    if not steps:
+        return 0
+    step = min(steps)
+    return max(0, min(9, -math.floor(math.log10(step) + 1e-9)))
+
+
+def tick_label(x: float, decimals: int) -> str:
+    text = f"{x:.{decimals}f}"
+    if len(text) > 10:  # a huge value: significant digits instead of a long integer
+        text = f"{x:.6g}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.0"
+
+
+def flat_limits(lines: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> tuple[float, float] | None:
+    """Y limits for lines that vary by less than 0.1% of their level (memory that barely
+    moves): +-1% of the level, so a flat line reads flat, not as noise blown up to fill
+    the panel. None where the lines vary more, or sit at 0."""
+    import numpy as np
+
+    ys = [np.asarray(y, dtype=np.float64) for _, _, y in lines]
+    finite = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
+    if finite.size == 0:
+        return None
+    lo, hi = float(finite.min()), float(finite.max())
+    level = max(abs(lo), abs(hi))
+    if level == 0 or hi - lo >= 1e-3 * level:
+        return None
+    return lo - 0.01 * level, hi + 0.01 * level
 
 
 def render(
@@ -318,11 +369,12 @@ def render(
         axes[-1].set_xlabel("seconds")
         fig.suptitle(title, fontsize=9, y=1 - 0.12 / height)
         # Fixed margins in inches: tight_layout would draw every figure twice.
-        fig.subplots_adjust(
-            left=0.07, right=0.99, bottom=0.45 / height, top=1 - 0.55 / height, hspace=0.55
+        fig.subplots_adjust(  # right: room for the CPU heatmap's colour bar
+            left=0.07, right=0.955, bottom=0.45 / height, top=1 - 0.55 / height, hspace=0.55
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None})
 
 
 def _draw_panel(ax, p: Panel) -> None:
@@ -331,7 +383,7 @@ def _draw_panel(ax, p: Panel) -> None:
     ax.grid(True, lw=0.3, alpha=0.5)
     if p.heat is not None:
         labels, edges, values = p.heat
-        ax.pcolormesh(
+        mesh = ax.pcolormesh(
             edges,
             range(len(labels) + 1),
             values,
@@ -343,15 +395,24 @@ def _draw_panel(ax, p: Panel) -> None:
         step = max(1, len(labels) // 8)
         ax.set_yticks([i + 0.5 for i in range(0, len(labels), step)])
         ax.set_yticklabels(labels[::step], fontsize=5)
+        # The colour's scale beside the panel, outside it: the time axis stays shared.
+        cax = ax.inset_axes([1.006, 0.0, 0.008, 1.0])
+        bar = ax.figure.colorbar(mesh, cax=cax, ticks=[0.0, 0.5, 1.0])
+        bar.ax.tick_params(labelsize=5)
+        bar.set_label("busy fraction", fontsize=5)
         return
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FuncFormatter
 
     for label, x, y in p.lines:
-        ax.plot(x, y, lw=0.8, label=label)
+        ax.plot(x, y, lw=0.8, label=label, marker="o" if len(x) == 1 else None, ms=2)
     if p.log_y:
         ax.set_yscale("log")
     else:
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%.4g"))
+        flat = flat_limits(p.lines)
+        if flat is not None:
+            ax.set_ylim(*flat)
+        ax.yaxis.set_major_formatter(FuncFormatter(
+            lambda v, _pos: tick_label(v, tick_decimals(ax.yaxis.get_majorticklocs()))))
     if len(p.lines) <= 12:
         ax.legend(loc="upper left", fontsize=5, ncol=min(4, len(p.lines)), frameon=False)
 

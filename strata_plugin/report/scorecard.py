@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.formats.atomic import atomic_write_text
+
 #: A clean arm expects nothing.
 NONE = "none"
 #: The fault suite's two sets: the scenarios the rules' thresholds were tuned on, and
@@ -319,9 +321,9 @@ def scorecard_main(argv: list[str]) -> int:
     text = scorecard_markdown(arms)
     print(text, end="")
     if args.out:
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
     if args.json:
-        args.json.write_text(json.dumps({
+        atomic_write_text(args.json, json.dumps({
             "arms": [{**a.__dict__, "expected": a.expected, "hit": a.hit, "top1": a.top1,
                       "top3": a.top3} for a in arms],
             "classes": [{**s.__dict__, "precision": s.precision, "recall": s.recall}

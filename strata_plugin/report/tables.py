@@ -26,6 +26,7 @@ from strata_plugin.analysis.sufficiency import (
     supported,
 )
 from strata_plugin.analysis.timeline import HW_COLUMNS, HwStat
+from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.report.fmt import csv_cell, md_cell, md_num
 
 
@@ -45,7 +46,7 @@ def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) 
     w.writerow(header)
     for r in rows:
         w.writerow([csv_cell(c) for c in r])
-    path.write_text(buf.getvalue())
+    atomic_write_text(path, buf.getvalue())
 
 
 # --- case_summary.csv --------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
 case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
-(report/ci_outputs.py), report.md and plots/*.png. Nothing written depends on the time
-of writing, dict order or the machine's matplotlib settings, so the same raw files give
-the same bytes.
+(report/ci_outputs.py), report.md, thresholds.md and plots/*.png. Nothing written depends
+on the time of writing, dict order or the machine's matplotlib settings, so the same raw
+files give the same bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import (
     ab_plots,
@@ -49,7 +50,14 @@ from strata_plugin.report import (
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
-from strata_plugin.report.markdown import AbGroup, ReportData, render
+from strata_plugin.report.markdown import (
+    RUN_PLOT_ONE_CASE,
+    THRESHOLDS_FILE,
+    AbGroup,
+    ReportData,
+    render,
+    thresholds_md,
+)
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
@@ -68,6 +76,8 @@ def run_limits(
         cold = str(info.raw.get("cold_prefix") or "")
         if cold.startswith(("cold prefix not verifi", "NOT cold")):
             out.append(f"case {cid}: {cold}")
+        if info.raw.get("isl_exact") is False:  # chat without a tokenizer endpoint, or texts
+            out.append(f"case {cid}: {info.raw.get('isl_note') or 'ISL not exact'}")
     if not ctx.gpu_present:
         why = "; ".join(
             f"{n}: {r}"
@@ -182,6 +192,10 @@ def _run_plot(
     runs = [w for w in bundle.windows() if w.kind == "run"]
     if not runs:
         return None
+    if len([a for a in analyses if a.window is not None]) == 1:
+        # One case: its own timeline (with the requests panel) already shows the run, but
+        # for the idle baseline and cooldown seconds; drawing it twice cost a second figure.
+        return "", [RUN_PLOT_ONE_CASE]
     run = runs[0]
     panels, omitted = plots.build_panels(store, run.start_ns, run.end_ns, run.start_ns)
     if not panels:
@@ -353,8 +367,9 @@ def write_report(run_dir: Path | str) -> Path:
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
-    for old in plot_dir.glob("*.png"):
-        old.unlink()
+    # Plots of the last report that this one does not redraw go once it is written, so
+    # a report that fails part way leaves the previous one whole, its plots included.
+    earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
     used: set[str] = set()
     for a in analyses:
         if a.window is None:
@@ -396,7 +411,7 @@ def write_report(run_dir: Path | str) -> Path:
         for s in hw_by_window[name]
     ]
     write_csv(run_dir / "case_hw_summary.csv", HW_COLUMNS, hw_rows(all_hw))
-    (run_dir / "summary.json").write_text(json_text(_summary_json(data, windows)))
+    atomic_write_text(run_dir / "summary.json", json_text(_summary_json(data, windows)))
     extra = {
         a.case_id: {
             "verdict": a.verdict.summary(),
@@ -409,15 +424,28 @@ def write_report(run_dir: Path | str) -> Path:
         }
         for a in analyses
     }
-    (run_dir / "benchmark.json").write_text(
-        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra))
+    atomic_write_text(
+        run_dir / "benchmark.json",
+        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra)),
     )
     ci_cases = [
         CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
         for a in analyses
     ]
     for name, text in ci_files(ci_cases).items():
-        (run_dir / name).write_text(text)
+        atomic_write_text(run_dir / name, text)
+    atomic_write_text(run_dir / THRESHOLDS_FILE, thresholds_md())
     report = run_dir / "report.md"
-    report.write_text(render(data))
+    atomic_write_text(report, render(data))
+    for p, was in earlier.items():
+        if _file_id(p) == was:  # not rewritten (an atomic write is a new inode)
+            p.unlink(missing_ok=True)
     return report
+
+
+def _file_id(p: Path) -> tuple[int, int, int] | None:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns

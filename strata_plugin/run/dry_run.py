@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
+from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.load.case_runner import Injection, PlanEnds
 from strata_plugin.run.nodes import agent_commands
 from strata_plugin.run.server import write_command
@@ -174,9 +175,9 @@ class DryRunPlan:
 
     def write(self) -> None:
         data = self.as_json()
-        (self.run_dir / "dry_run.json").write_text(
-            json.dumps(data, indent=2, sort_keys=True) + "\n")
-        (self.run_dir / "dry_run.md").write_text(checklist_markdown(data))
+        atomic_write_text(self.run_dir / "dry_run.json",
+                          json.dumps(data, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(self.run_dir / "dry_run.md", checklist_markdown(data))
 
 
 def _params(p: dict | None) -> str:
@@ -196,7 +197,7 @@ def checklist_markdown(d: dict) -> str:
     for tool in pf.get("tools", []):
         lines.append(f"- [ ] `{tool}` found (on PATH, or the file exists and is executable)")
     for name, host in pf.get("nodes", {}).items():
-        lines.append(f"- [ ] node {name}: `ssh -o BatchMode=yes {host} true` succeeds")
+        lines.append(f"- [ ] node {name}: `ssh -o BatchMode=yes -- {host} true` succeeds")
     if pf.get("gpus"):
         lines.append("- [ ] every GPU idle (no compute process, memory near zero) via NVML")
     lines += ["", "## Commands per node", ""]

@@ -43,6 +43,11 @@ def agent_commands(sess: StrataSession, server_pid: int | None,
                    server: Server | None = None) -> dict[str, list[str]]:
     """The agent command for every node of the profile (ssh-prefixed for remote ones)."""
     out = {}
+    if server_pid is None and server is not None and sess.cfg.server_url:
+        # An attached server on this machine: follow the process listening on its port.
+        from strata_plugin.run.listener import attached_server_pid
+
+        server_pid = attached_server_pid(server.base_url)
     log_file = str(server.log_path) if server is not None and server.log_path else None
     prom_url = f"{server.base_url}/metrics" if server is not None else None
     for node in sess.cfg.profile.nodes:

@@ -239,10 +239,41 @@ class ServerClock:
 # --- the HTTP client ---------------------------------------------------------------------
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the port filled in from the scheme."""
+    u = urllib.parse.urlsplit(url)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    return scheme, (u.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+class _SameOriginHeaders(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect, but carry the caller's headers (the bearer token) only to the
+    same scheme, host and port: urllib's own handler resends every header to wherever
+    the server points (a token sent to another host, or over plain http, is leaked)."""
+
+    def __init__(self, private: Iterable[str]) -> None:
+        self.private = {h.lower() for h in private}
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in [k for k in new.headers if k.lower() in self.private]:
+                del new.headers[name]
+            for name in [k for k in new.unredirected_hdrs if k.lower() in self.private]:
+                del new.unredirected_hdrs[name]
+        return new
+
+
 class PromClient:
     """The few Prometheus HTTP API calls this module needs (standard library only).
 
-    ``headers`` may carry an Authorization header; it is sent, never written anywhere.
+    ``headers`` may carry an Authorization header; it is sent, never written anywhere,
+    and not sent on when the server redirects to another scheme, host or port (the
+    redirect is followed without it).
     """
 
     def __init__(
@@ -252,12 +283,13 @@ class PromClient:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self.queries: list[dict[str, object]] = []  # what was asked, for the run folder
+        self._opener = urllib.request.build_opener(_SameOriginHeaders(self.headers))
 
     def _get(self, path: str, params: Mapping[str, str]) -> object:
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
         req = urllib.request.Request(url, headers={"Accept": "application/json", **self.headers})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
                 body = json.loads(resp.read())
         except urllib.error.HTTPError as e:
             try:

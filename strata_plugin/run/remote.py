@@ -57,7 +57,6 @@ SSH_BASE_OPTIONS: tuple[str, ...] = (
 SSH_CONFIG_ENV = "STRATA_SSH_CONFIG"
 REMOTE_MODULE = "strata_remote"
 AGENT_MODULE = "strata_agent"
-_HOST_RX = re.compile(r"^[A-Za-z0-9_.@:\[\]%-]+$")
 _ENV_RX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
 
@@ -120,14 +119,28 @@ def ssh_argv(
     ssh_options: Sequence[str] = (),
     ssh: str = "ssh",
 ) -> list[str]:
-    """``ssh <options> HOST -- '<quoted remote argv>'``.
+    """``ssh <options> -- HOST '<quoted remote argv>'``.
 
-    ssh joins its trailing arguments into one line for the remote shell, so the remote
-    argv is quoted here, element by element (regexes and code contain shell characters).
+    ``--`` ends ssh's options right before the host: OpenSSH parses options again after
+    the host unless ``--`` came first (``ssh HOST -p 99`` sets the port). ssh joins its
+    trailing arguments into one line for the remote shell, so the remote argv is quoted
+    here, element by element (regexes and code contain shell characters).
     """
-    if not ssh_host or ssh_host.startswith("-") or not _HOST_RX.match(ssh_host):
-        raise ValueError(f"not an ssh host name: {ssh_host!r}")
-    return [ssh, *SSH_BASE_OPTIONS, *ssh_options, ssh_host, "--", shlex.join(remote_argv)]
+    from strata_plugin.configure.names import valid_ssh_host  # the local side only
+
+    if not valid_ssh_host(ssh_host):
+        raise ValueError(f"not an ssh host (a host name, an address or user@host): "
+                         f"{ssh_host!r}")
+    return [ssh, *SSH_BASE_OPTIONS, *ssh_options, "--", ssh_host, shlex.join(remote_argv)]
+
+
+def probe_argv(
+    ssh_host: str, ssh_options: Sequence[str] | None = None, ssh: str = "ssh"
+) -> list[str]:
+    """The preflight's reachability probe, ``ssh ... -- HOST true``: the same options and
+    ssh config (``STRATA_SSH_CONFIG``) the agents and workers will use."""
+    opts = ssh_options_from_env() if ssh_options is None else tuple(ssh_options)
+    return ssh_argv(ssh_host, ["true"], opts, ssh)
 
 
 def _agent_args(local_agent_argv: Sequence[str]) -> list[str]:

@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 from strata_plugin.formats.windows import Marker, write_markers
 
@@ -37,15 +38,34 @@ def new_run_id(now: _dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def create_run_dir(reports_dir: Path, run_id: str) -> Path:
-    """Make the run folder; refuse to reuse one (two runs never share a folder)."""
+#: The umask of a private run folder: nothing for the group or others.
+PRIVATE_UMASK = 0o077
+
+
+def private_umask() -> int:
+    """Set :data:`PRIVATE_UMASK` for this process (and the processes it starts from now
+    on); returns the previous umask, for the caller to restore."""
+    return os.umask(PRIVATE_UMASK)
+
+
+def create_run_dir(reports_dir: Path, run_id: str, *, private: bool = False) -> Path:
+    """Make the run folder; refuse to reuse one (two runs never share a folder).
+
+    ``run_id`` is one path component (``configure.profile.is_name``): the option is checked
+    where it is read, and again here, so no id makes a folder outside ``reports_dir``.
+    ``private``: the folder is mode 0700 whatever the umask (files in it follow the
+    caller's umask, :func:`private_umask`)."""
+    if not is_name(run_id):
+        raise ValueError(f"run id {run_id!r}: expected {NAME_RULE}")
     reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / run_id
     try:
-        path.mkdir(exist_ok=False)
+        path.mkdir(mode=0o700 if private else 0o777, exist_ok=False)
     except FileExistsError:
         raise FileExistsError(errno.EEXIST, "run folder already exists (a run never reuses "
                               "another's folder: pass a new --strata-run-id)", str(path)) from None
+    if private:
+        path.chmod(0o700)
     return path
 
 
@@ -64,10 +84,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _git_sha(root: Path) -> str:
+    """HEAD's sha; "no commits" in a repository without one (``rev-parse HEAD`` then
+    prints "HEAD" and fails); "unknown" outside a repository or without git."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "-q",
+                              "HEAD^{commit}"], capture_output=True, text=True, timeout=5,
+                             check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+        repo = subprocess.run(["git", "-C", str(root), "rev-parse", "--git-dir"],
+                              capture_output=True, text=True, timeout=5, check=False)
+        return "no commits" if repo.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 

@@ -12,6 +12,7 @@ container's main process from ``inspect``, and a stop removes the container too.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -31,6 +32,40 @@ if TYPE_CHECKING:
 
 class ServerStartError(RuntimeError):
     """The server exited or never became healthy; carries its log tail."""
+
+
+class ServerUnreachable(ServerStartError):
+    """An attached server (``--strata-server-url``) refused the connection, or its host
+    does not resolve: nothing is starting there, so there is nothing to wait for. The
+    message is one paragraph for the user: what was tried, what answered, what to check."""
+
+
+def check_server_url(url: str) -> str:
+    """``url`` as a server's base URL, or ValueError saying what is wrong with it, in the
+    terms of the option that gave it (scheme, host, port)."""
+    from urllib.parse import urlsplit
+
+    text = url.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL (expected e.g. "
+                         "http://127.0.0.1:8000)")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host (expected e.g. http://127.0.0.1:8000)")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: the port is not a number from 1 to 65535 ({exc})") from None
+    if parts.netloc.endswith(":") or port == 0:
+        raise ValueError(f"{url!r} has no port after ':' (expected e.g. "
+                         f"{parts.scheme}://{parts.hostname}:8000)")
+    if parts.path.rstrip("/").endswith("/v1"):
+        raise ValueError(f"{url!r} ends in /v1: give the server's root URL "
+                         f"({text[: text.rstrip('/').rfind('/v1')]}); Strata adds the API's "
+                         "path (/v1/completions, /v1/chat/completions, ...) itself")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r} has a query or fragment; give the server's root URL")
+    return text.rstrip("/")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -162,10 +197,17 @@ class Server:
                                    f"(state {self.container_facts['status']!r})")
 
     def wait_healthy(self, timeout_s: float) -> None:
-        """Poll the health URL, failing fast when the process exits."""
+        """Poll the health URL, failing fast when the process exits.
+
+        The timeout is for a server that is starting: one we launched, or an attached one
+        that answers but is not ready yet (HTTP 503 while it loads). An attached server
+        that refuses the connection, or whose host does not resolve, fails at once
+        (:class:`ServerUnreachable`): nothing there is starting.
+        """
         path = self.spec.health_path if self.spec else "/health"
         url = self.base_url + path
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
         last = "no answer yet"
         while True:
             if not self.alive():
@@ -179,7 +221,17 @@ class Server:
                 last = f"HTTP {r.status_code}"
             except requests.RequestException as exc:
                 last = type(exc).__name__
+                why = _nothing_there(exc) if self.spec is None else None
+                if why is not None:
+                    raise ServerUnreachable(unreachable_text(
+                        self.base_url, url, why, time.monotonic() - t0)) from None
             if time.monotonic() > deadline:
+                if self.spec is None:  # attached: no log of ours to show
+                    raise ServerStartError(
+                        f"the server at {self.base_url} answered GET {url} but was not "
+                        f"healthy within {timeout_s:.0f} s (server.health_timeout_s; last "
+                        f"answer: {last}). Check that it has finished loading, and the "
+                        "profile's server.health_path.")
                 raise ServerStartError(
                     f"server not healthy at {url} after {timeout_s:.0f} s (last: {last})\n"
                     f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}")
@@ -232,6 +284,58 @@ class Server:
         return code
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what it wraps (requests -> urllib3 -> the socket's OSError)."""
+    out: list[BaseException] = []
+    stack: list[object] = [exc]
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, BaseException) or any(x is y for y in out):
+            continue
+        out.append(x)
+        stack += [getattr(x, "reason", None), x.__cause__, x.__context__, *x.args]
+    return out
+
+
+_NOTHING_THERE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+def _nothing_there(exc: requests.RequestException) -> str | None:
+    """Why nothing is starting at that address (refused, a host that does not resolve,
+    no answer to the connect), or None: a reset after connecting is something that
+    answers, and may be a server still starting."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return "timeout"
+    for x in _causes(exc):
+        if isinstance(x, socket.gaierror):
+            return "dns"
+        if isinstance(x, OSError) and x.errno in _NOTHING_THERE:
+            return "refused" if x.errno == errno.ECONNREFUSED else "route"
+    return None
+
+
+def unreachable_text(base_url: str, url: str, why: str, waited_s: float) -> str:
+    """One paragraph: what was tried, what answered, what to check."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    answer, check = {
+        "dns": (f"the host name {host!r} does not resolve",
+                "the host name in --strata-server-url (or pytest.ini's strata_server_url)"),
+        "refused": (f"the connection to {host}:{port} was refused: nothing listens on that "
+                    "port",
+                    f"that the server is running and listening on {host}:{port} (its --host "
+                    "and --port options), or drop --strata-server-url to let Strata launch "
+                    "the profile's server"),
+        "timeout": (f"{host}:{port} did not answer the connection (connect timed out)",
+                    "that the host is up and that no firewall drops the connection"),
+    }.get(why, (f"there is no route to {host}", "the address and this machine's network"))
+    return (f"Strata could not reach the server at {base_url}: it tried GET {url} and "
+            f"{answer} (after {waited_s:.1f} s). Check {check}. No case ran against it; "
+            "the run folder's report.md and manifest.json say so.")
+
+
 def terminate_group(proc: subprocess.Popen, grace_s: float) -> int | None:
     """Stop a process started with start_new_session=True, and its whole group."""
     pgid = proc.pid  # a session leader's pgid is its pid
@@ -268,17 +372,6 @@ def process_counters(server: Server) -> Callable[[], tuple[float, int, int]] | N
     """Per-request counters of the server's process tree (launched servers only)."""
     if server.pid is None:
         return None
-    from strata_plugin.agent.procfs import process_tree, read_process_counters
+    from strata_plugin.agent.procfs import TreeCounters
 
-    root = server.pid
-    # Scanning /proc for the tree costs milliseconds; do it once, again only if it changes.
-    tree = [process_tree(root)]
-
-    def read() -> tuple[float, int, int]:
-        c = read_process_counters(tree[0])
-        if c.n_missing:
-            tree[0] = process_tree(root)
-            c = read_process_counters(tree[0])
-        return (c.cpu_s, c.major_faults, c.read_bytes)
-
-    return read
+    return TreeCounters(server.pid)  # pickles: the pool's workers read it per request

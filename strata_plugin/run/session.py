@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata_plugin.configure.profile import StrataConfig, expand_placeholders
+from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
@@ -26,7 +26,12 @@ from strata_plugin.run.nodes import (
     start_agents,
     stop_agents,
 )
-from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir
+from strata_plugin.run.run_folder import (
+    RunRecorder,
+    base_manifest,
+    create_run_dir,
+    private_umask,
+)
 from strata_plugin.run.server import (
     LaunchSpec,
     Server,
@@ -82,14 +87,13 @@ def _ssh_probe(host: str):
     def probe() -> bool | str:
         import subprocess
 
-        from strata_plugin.run.remote import ssh_options_from_env
+        from strata_plugin.run.remote import probe_argv
 
-        # The same ssh config (STRATA_SSH_CONFIG) the agents and workers will use.
-        argv = ["ssh", *ssh_options_from_env(), "-o", "BatchMode=yes", "-o",
-                "ConnectTimeout=5", host, "true"]
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        try:  # a host that is not one is refused here too, before ssh sees it
+            argv = probe_argv(host)
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False,
+                                 stdin=subprocess.DEVNULL)
+        except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
             return f"{type(exc).__name__}: {exc}"
         return True if out.returncode == 0 else (out.stderr.strip() or f"exit {out.returncode}")
 
@@ -97,14 +101,23 @@ def _ssh_probe(host: str):
 
 
 def public_profile(cfg: StrataConfig) -> dict:
-    """The profile as recorded in the manifest: names of secret env vars, never values."""
-    return dict(cfg.profile.raw, _path=str(cfg.profile.path))
+    """The profile as recorded in the manifest (and summary.json): every env table cut to
+    its variable names (``Profile.recorded``), so a literal value is never written."""
+    return dict(cfg.profile.recorded(), _path=str(cfg.profile.path))
 
 
 class StrataSession:
     def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
         self.cfg = cfg
-        self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id)
+        # A profile with env values (a token, perhaps): everything this run writes (and its
+        # agents, which inherit the umask) stays readable by the owner alone.
+        self._umask = private_umask() if cfg.profile.has_env_values else None
+        try:
+            self.run_dir = create_run_dir(cfg.reports_dir, cfg.run_id,
+                                          private=self._umask is not None)
+        except BaseException:
+            self.restore_umask()
+            raise
         self.anchor = ClockAnchor.now()
         self.recorder = RunRecorder(self.run_dir, self.anchor, base_manifest(
             run_id=cfg.run_id, profile=public_profile(cfg), argv=argv, root=cfg.rootdir))
@@ -123,6 +136,11 @@ class StrataSession:
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
         self.containers_left: list[str] = []  # containers a stop could not remove
+        #: each case's requests counted as they are recorded (analysis/failures.py): a case
+        #: whose requests mostly failed makes the run incomplete, with its counts
+        self.failures: dict[str, object] = {}
+        self.allowed_errors: dict[str, object] = {}  # case id -> its allow_errors, if any
+        self.failed_to_start: list[str] = []  # servers that could not be started or reached
 
     # --- servers -------------------------------------------------------------------------
 
@@ -135,7 +153,7 @@ class StrataSession:
         builtins = dict(host=p.server.host, port=str(port), run_dir=str(self.run_dir),
                         python=sys.executable, root=str(self.cfg.rootdir),
                         strata_cache=str(cache_root()))
-        values = {k: os.path.expanduser(v.format_map(builtins) if "{" in v else v)
+        values = {k: os.path.expanduser(expand_value(v, builtins) if "{" in v else v)
                   for k, v in p.vars}
         values.update(builtins)
         return values
@@ -146,11 +164,11 @@ class StrataSession:
         port = p.server.port or free_port(p.server.host)
         values = self.placeholder_values(port)
         argv = expand_placeholders(conf.argv, values)
-        env = tuple((k, v.format_map(values)) for k, v in conf.env)
+        env = tuple((k, expand_value(v, values)) for k, v in conf.env)
         container = None
         if p.server.container is not None:
             container = self.container_launch(argv, env, block_id or config_id, port, values)
-            env = env + tuple((k, v.format_map(values)) for k, v in p.server.container.env)
+            env = env + tuple((k, expand_value(v, values)) for k, v in p.server.container.env)
             argv = list(container.run_argv)
         return LaunchSpec(
             config_id=config_id, argv=tuple(argv), env=env, container=container,
@@ -260,9 +278,9 @@ class StrataSession:
                         x for x in (self.incomplete_reason, why) if x)
                     self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
                 raise ContainerLeft(why)
-        if ("nvml" not in self.cfg.profile.telemetry.collectors
+        if ("nvml" not in self.cfg.profile.telemetry.collectors or server.spec is None
                 or server.block_key in self.gpu_checked):
-            return
+            return  # an attached server was not stopped: its GPU memory stays, rightly
         self.gpu_checked.add(server.block_key)  # once per block: its agents' answer stands
         from strata_plugin.run.gpu_release import (
             release_on_nodes,
@@ -475,12 +493,12 @@ class StrataSession:
             token_space=TokenSpace(lo, hi),
             timeouts=Timeouts(read_s=p.server.request_timeout_s), headers=headers,
             salt=self.cfg.run_id, model=p.server.model_name or None, scale=p.scale,
-            engine=p.server.engine)
+            engine=p.server.engine, load=p.load)
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
-        kw = dict(record=self.recorder.record, mark=self.recorder.mark,
-                  add_case=self.recorder.add_case, counters=process_counters(server),
+        kw = dict(record=self.record, mark=self.recorder.mark,
+                  add_case=self.add_case, counters=process_counters(server),
                   progress_line=progress, default_case_id=case_id_from(nodeid),
                   history=self.history, repetitions=self.repetitions)
         if self.cfg.escalate:
@@ -490,6 +508,48 @@ class StrataSession:
                                     server_pid=server.pid if server.spec else None,
                                     settle_s=p.telemetry.interval_s + 0.3, **kw)
         return CaseRunner(setup, **kw)
+
+    def record(self, rec) -> None:
+        """A request record to requests.jsonl, counted for its case's failures."""
+        from strata_plugin.analysis.failures import FailureTally
+
+        self.recorder.record(rec)
+        tally = self.failures.get(rec.case_id)
+        if tally is None:
+            tally = self.failures[rec.case_id] = FailureTally()
+        tally.add(rec)  # type: ignore[attr-defined]
+
+    def add_case(self, line: dict) -> None:
+        """A case line to cases.jsonl; the failures it allows are kept for the end."""
+        self.recorder.add_case(line)
+        if line.get("allow_errors") and line.get("case_id"):
+            self.allowed_errors[str(line["case_id"])] = line["allow_errors"]
+
+    def server_failed(self, why: str) -> None:
+        """A server that could not be started or reached: the run is incomplete, and the
+        manifest says why at once (the report repeats it in its first lines)."""
+        self.failed_to_start.append(why)
+        self._incomplete(why)
+
+    def _incomplete(self, why: str) -> None:
+        if why and why not in self.incomplete_reason:
+            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, why) if x)
+            with contextlib.suppress(OSError):
+                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+
+    def failed_cases(self) -> list[str]:
+        """``case X: requests_failed: 4 of 4 requests failed (...)`` per case whose
+        requests mostly failed in ways it did not allow (``allow_errors``)."""
+        out = []
+        for case_id, tally in self.failures.items():
+            f = tally.summary()  # type: ignore[attr-defined]
+            if f is None or not f.mostly_failed:
+                continue
+            allowed = self.allowed_errors.get(case_id)
+            if allowed is True or (allowed and {c for c, _ in f.by_class} <= set(allowed)):
+                continue  # a case that expects these failures (a fault case) measured them
+            out.append(f"case {case_id}: requests_failed: {f.line()}")
+        return out
 
     # --- end -----------------------------------------------------------------------------
 
@@ -530,6 +590,8 @@ class StrataSession:
                 self.pull_prometheus()
             if interrupted:
                 self.incomplete_reason = self.incomplete_reason or "interrupted"
+            for line in self.failed_cases():
+                self._incomplete(line)
             self.recorder.update_manifest(
                 incomplete_reason=self.incomplete_reason,
                 finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -542,13 +604,24 @@ class StrataSession:
             self.incomplete_reason = f"could not write the run folder {self.run_dir}: {exc}"
             with contextlib.suppress(OSError):
                 self.recorder.close()
+            self.restore_umask()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
             return self._write_report(complete=not interrupted and not self.agents_lost
-                                      and not self.containers_left)
+                                      and not self.containers_left
+                                      and not self.failed_to_start
+                                      and not self.failed_cases())
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
+            self.restore_umask()
+
+    def restore_umask(self) -> None:
+        """The process's own umask again, once the run folder is written (pytest and the
+        user's tests go on in this process)."""
+        if self._umask is not None:
+            os.umask(self._umask)
+            self._umask = None
 
     def _write_report(self, *, complete: bool) -> Path | None:
         from strata_plugin.report import write_report

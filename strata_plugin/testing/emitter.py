@@ -274,10 +274,10 @@ class Emitter:
 
 
 @contextlib.contextmanager
-def emitter_process() -> Iterator[EmitterProcess]:
-    """Start the emitter in a child process; yields its URL and pid."""
+def emitter_process(host: str = "127.0.0.1") -> Iterator[EmitterProcess]:
+    """Start the emitter in a child process, listening on ``host``; yields its URL and pid."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "strata_plugin.testing.emitter"],
+        [sys.executable, "-m", "strata_plugin.testing.emitter", host],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parents[2],  # where strata_plugin is importable
@@ -286,7 +286,7 @@ def emitter_process() -> Iterator[EmitterProcess]:
         line = proc.stdout.readline() if proc.stdout else ""
         if not line.strip().isdigit():
             raise RuntimeError(f"emitter did not start (said {line!r})")
-        yield EmitterProcess(f"http://127.0.0.1:{int(line)}", proc.pid)
+        yield EmitterProcess(f"http://{host}:{int(line)}", proc.pid)
     finally:
         proc.terminate()
         try:
@@ -297,7 +297,7 @@ def emitter_process() -> Iterator[EmitterProcess]:
 
 
 def main() -> None:
-    em = Emitter()
+    em = Emitter(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1")
     print(em.port, flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         em.serve_forever()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import re
 import time
@@ -20,6 +21,7 @@ from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client.core import StreamCore
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.flavours import flavour, merge_body
+from strata_plugin.load.client.http1 import head_problem
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 _ERROR_BODY_BYTES = 64 * 1024  # how much of a non-2xx body is read
@@ -73,6 +75,7 @@ class Attempt:
         self.deadline_ns: int | None = None
         self.first_byte_ns: int | None = None
         self.http_status: int | None = None
+        self.content_type: str | None = None  # the response's, to name a non-stream reply
         self.error: StreamError | None = None
 
     def open(self) -> requests.Response | None:
@@ -94,6 +97,7 @@ class Attempt:
             return None
         self.first_byte_ns = time.monotonic_ns()
         self.http_status = resp.status_code
+        self.content_type = resp.headers.get("Content-Type")
         if not 200 <= resp.status_code < 300:
             self.error = StreamError(
                 "http_status",
@@ -102,9 +106,37 @@ class Attempt:
             )
             resp.close()
             return None
+        problem = head_problem(resp.headers, _defects(resp))
+        if problem is not None:
+            self.error = StreamError("malformed_response", problem)
+            resp.close()
+            return None
         return resp
 
     def record(self) -> RequestRecord:
+        """The record of this attempt; never raises (a bug here is a ``client`` error record,
+        so that no driver is left without a record to hand back)."""
+        try:
+            return self._record()
+        except Exception as e:
+            self.error = StreamError("client", f"building the record: {type(e).__name__}: {e}")
+        try:
+            return self._record()
+        except Exception:
+            return RequestRecord(
+                request_id=self.spec.request_id,
+                case_id=self.spec.case_id,
+                phase=self.spec.phase,
+                api=self.api,
+                scheduled_ns=self.scheduled_ns,
+                dispatched_ns=self.dispatched_ns,
+                first_byte_ns=self.first_byte_ns,
+                error=self.error.to_record(),
+                isl=self.spec.isl,
+                osl=self.spec.max_tokens,
+            )
+
+    def _record(self) -> RequestRecord:
         core, p = self.core, self.core.parser
         text = p.output_text
         extra = dict(p.extra)
@@ -125,6 +157,10 @@ class Attempt:
             and (self.error is None or self.error.cls == "truncated_stream")
         ):
             self.error = no_tokens_error(p.n_events, self.api, core.first_event)
+        if (self.error is not None and self.error.cls == "truncated_stream"
+                and not p.n_events and self.content_type is not None
+                and "event-stream" not in self.content_type.lower()):
+            self.error = not_streaming_error(self.http_status, self.content_type, core)
         err = None
         if self.error is not None:
             self.error.message = scrub(self.error.message, self.secrets)
@@ -161,6 +197,25 @@ def no_tokens_error(n_events: int, api: str, first_event: str | None) -> StreamE
     )
 
 
+def not_streaming_error(status: int | None, content_type: str, core: StreamCore) -> StreamError:
+    """A whole reply that is not an event stream: the server ignored ``"stream": true``
+    (or a proxy buffered it into one body), so there are no token times to measure."""
+    start = " ".join(core.held.decode("utf-8", "replace").split())[:300]
+    return StreamError(
+        "not_streaming",
+        f"HTTP {status} with Content-Type {content_type}: a complete reply of {core.n_bytes} "
+        f"bytes and 0 SSE events, not a stream (does the server or a proxy ignore "
+        f"\"stream\": true?); it starts: {start}",
+    )
+
+
+def _defects(resp: requests.Response) -> list[str]:
+    """What http.client found wrong in the header lines (it keeps going: a line without a
+    colon ends the headers, and the lines after it are lost, framing included)."""
+    msg = getattr(getattr(resp.raw, "_original_response", None), "msg", None)
+    return [type(d).__name__ for d in getattr(msg, "defects", None) or ()]
+
+
 def send_error(e: requests.exceptions.RequestException, t: Timeouts) -> StreamError:
     """Map what requests raised before any response into an error class."""
     if isinstance(e, requests.exceptions.ConnectTimeout):
@@ -176,9 +231,29 @@ def send_error(e: requests.exceptions.RequestException, t: Timeouts) -> StreamEr
         if isinstance(reason, ConnectTimeoutError):
             return StreamError("timeout", f"connect timed out after {t.connect_s:g} s")
         if isinstance(reason, ProtocolError):
+            if _malformed_head(reason):
+                return StreamError("malformed_response", f"malformed response: {_short(reason)}")
             return StreamError("reset", f"connection closed before a response: {_short(reason)}")
         return StreamError("connect", f"connection failed: {_short(e)}")
     return StreamError("client", f"{type(e).__name__}: {_short(e)}")
+
+
+def _malformed_head(e: ProtocolError) -> bool:
+    """http.client rejected the head itself (not an EOF inside it): a whole status line
+    that is not HTTP/1.x, a header line or a head too long, too many headers.
+
+    An EOF inside the status line reads as a BadStatusLine too, of a line without its
+    end; like an EOF anywhere in the head (and like the loop), that is a ``reset``.
+    """
+    inner = e.args[-1] if e.args else None
+    if isinstance(inner, http.client.RemoteDisconnected):
+        return False
+    if isinstance(inner, http.client.BadStatusLine):
+        line = inner.args[0] if inner.args else ""
+        return isinstance(line, str) and line.endswith("\n")
+    return isinstance(inner, http.client.HTTPException) and not isinstance(
+        inner, http.client.IncompleteRead
+    )
 
 
 def _short(e: object) -> str:

@@ -15,6 +15,22 @@ class ChunkError(ValueError):
     """The chunked framing is broken."""
 
 
+_HEX = b"0123456789abcdefABCDEF"
+
+
+def chunk_size(line: bytes) -> int:
+    """The size in a chunk-size line (its CRLF cut off); ChunkError unless it is hex.
+
+    RFC 9112 section 7.1: ``chunk-size = 1*HEXDIG``, then optional extensions after
+    ``;`` (with optional whitespace before it). ``int(x, 16)`` alone also takes
+    ``+1a``, `` 1a``, ``0x1a`` and ``1_a``.
+    """
+    size = line.split(b";", 1)[0].rstrip(b" \t")
+    if not size or size.lstrip(_HEX):
+        raise ChunkError(f"bad chunk size line {line[:40]!r}")
+    return int(size, 16)
+
+
 class ChunkedDecoder:
     def __init__(self) -> None:
         self._state = _SIZE
@@ -31,7 +47,9 @@ class ChunkedDecoder:
             # of its time; anything else (extensions, partial or several chunks,
             # the last chunk) takes the general path.
             j = data.find(b"\r\n", 0, 10)
-            if j > 0 and data[:j].isalnum():
+            # bytes.isalnum is ASCII-only; of the alphanumeric strings int(x, 16) takes,
+            # only hex digits are a chunk size, not a "0x" prefix.
+            if j > 0 and data[:j].isalnum() and (j < 2 or data[1] not in b"xX"):
                 try:
                     size = int(data[:j], 16)
                 except ValueError:
@@ -70,12 +88,7 @@ class ChunkedDecoder:
                         self._state = _DONE
                         self.complete = True
                     continue
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise ChunkError(f"bad chunk size line {line[:40]!r}") from None
-                if size < 0:
-                    raise ChunkError("negative chunk size")
+                size = chunk_size(line)
                 if size == 0:
                     self._state = _TRAILER
                 else:

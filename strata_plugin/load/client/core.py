@@ -88,6 +88,11 @@ class StreamCore:
     def done(self) -> bool:
         return self.done_ns is not None
 
+    @property
+    def held(self) -> bytes:
+        """The body bytes not yet parsed as events (a reply that is not a stream)."""
+        return b"".join(self._parts)
+
     def feed(self, chunk: bytes, t_ns: int) -> None:
         """One read of body bytes that arrived at ``t_ns``."""
         if self.first_ns is None:
@@ -134,18 +139,29 @@ class StreamCore:
             )
 
     def _parse(self, block: bytes, t_ns: int) -> None:
-        """The hot path: parse, stamp, append. Nothing else happens per event."""
-        datas = single_line_events(block)
-        if datas is not None:
-            for d in datas:
-                self._event("message", d.decode(), t_ns)
+        """The hot path: parse, stamp, append. Nothing else happens per event.
+
+        (The ``try`` costs nothing until it catches: Python 3.11's exceptions are
+        zero-cost. Bytes that are not UTF-8 are the server's error, like bad JSON.)
+        """
+        try:
+            datas = single_line_events(block)
+            if datas is not None:
+                for d in datas:
+                    self._event("message", d.decode(), t_ns)
+                    if self.done_ns is not None:
+                        return
+                return
+            for ev in SSEClient((block,)).events():
+                self._event(ev.event, ev.data, t_ns)
                 if self.done_ns is not None:
                     return
-            return
-        for ev in SSEClient((block,)).events():
-            self._event(ev.event, ev.data, t_ns)
-            if self.done_ns is not None:
-                return
+        except UnicodeDecodeError as e:
+            raise StreamError(
+                "malformed_event",
+                f"an event is not UTF-8 ({e.reason} at byte {e.start} of "
+                f"{e.object[max(0, e.start - 20) : e.start + 20]!r})",
+            ) from None
 
     def _event(self, kind: str, data: str, t_ns: int) -> None:
         if kind == "error":

@@ -8,6 +8,7 @@ as urllib3 would and reads back the status line and headers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import requests
@@ -75,7 +76,9 @@ def parse_head(buf: bytes) -> tuple[Head | None, int]:
             return None, 0
         lines = buf[pos:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        # RFC 9112 section 4: status-code = 3DIGIT, ASCII digits only ("2\u00b20".isdigit()
+        # is True, int() of it a ValueError).
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _is_digits(parts[1], 3):
             raise HeadError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         status = int(parts[1])
         pos = end + 4
@@ -86,20 +89,60 @@ def parse_head(buf: bytes) -> tuple[Head | None, int]:
             k, sep, v = line.partition(":")
             if not sep:
                 raise HeadError(f"bad header line {line[:80]!r}")
-            headers[k.strip().lower()] = v.strip()
+            name, v = k.strip().lower(), v.strip()
+            if name == "content-length" and name in headers:  # as http.client joins them
+                v = f"{headers[name]}, {v}"
+            headers[name] = v
         conn = headers.get("connection", "").lower()
         keep = parts[0] == "HTTP/1.1" and "close" not in conn
         te = headers.get("transfer-encoding", "").lower()
         if "chunked" in te:
             return Head(status, headers, "chunked", None, keep), pos
         if "content-length" in headers and status not in (204, 304):
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise HeadError("bad Content-Length") from None
-            if length < 0:
-                raise HeadError("negative Content-Length")
+            length = content_length(headers["content-length"])
+            if length is None:
+                raise HeadError(f"bad Content-Length {headers['content-length'][:40]!r}")
             return Head(status, headers, "length", length, keep), pos
         if status in (204, 304):
             return Head(status, headers, "length", 0, keep), pos
         return Head(status, headers, "close", None, False), pos
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def _is_digits(s: str, n: int | None = None) -> bool:
+    """``s`` is ASCII digits only (``n`` of them, when given)."""
+    return bool(s) and (n is None or len(s) == n) and _DIGITS.issuperset(s)
+
+
+def content_length(value: str) -> int | None:
+    """A Content-Length value, or None if it is not one: RFC 9110 section 8.6, ``1*DIGIT``
+    (``int()`` also takes ``+5``, `` 5``, ``5_0``), or a list of one number repeated."""
+    values = {v.strip() for v in value.split(",")}
+    if len(values) != 1:
+        return None
+    v = values.pop()
+    return int(v) if _is_digits(v) else None
+
+
+def head_problem(headers: Mapping[str, str], defects: Sequence[str] = ()) -> str | None:
+    """Why a 2xx head cannot carry the stream we asked for, or None; both drivers ask.
+
+    A ``Content-Encoding`` other than identity was not asked for (every request sends
+    ``Accept-Encoding: identity``: a compressed stream is decoded in blocks, which would
+    delay events); it is refused, not decoded. A header line http.client could not read
+    (``defects``; the loop's :func:`parse_head` raises instead) and a Content-Length that
+    is not digits (http.client would read such a body to EOF) are malformed too.
+    """
+    if defects:
+        return f"a response header line is not a header ({', '.join(defects)})"
+    enc = (headers.get("content-encoding") or "identity").strip().lower()
+    if enc != "identity":
+        return (f"Content-Encoding {enc[:40]} not requested (the request sent "
+                "Accept-Encoding: identity)")
+    cl = headers.get("content-length")
+    te = (headers.get("transfer-encoding") or "").lower()
+    if cl is not None and "chunked" not in te and content_length(cl) is None:
+        return f"bad Content-Length {cl[:40]!r}"
+    return None

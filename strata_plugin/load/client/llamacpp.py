@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from strata_plugin.formats.records import Usage
-from strata_plugin.load.client.parse_base import NO_TOKENS, BaseParser, as_int, timings_of
+from strata_plugin.load.client.parse_base import (
+    NO_TOKENS,
+    BaseParser,
+    as_int,
+    timings_of,
+    wrong_type,
+)
 from strata_plugin.load.client.spec import RequestSpec
 
 PATH = "/completion"
@@ -43,8 +49,12 @@ class LlamaCppParser(BaseParser):
             self.done = True
             return NO_TOKENS
         obj = self.load(data)
-        content = obj.get("content") or ""
+        content = obj.get("content", "")
+        if type(content) is not str:  # llama.cpp always sends a string
+            raise wrong_type("content", content, data)
         toks = obj.get("tokens")
+        if toks is not None and type(toks) is not list:
+            raise wrong_type("tokens", toks, data, "a list")
         stop = obj.get("stop") is True
         if stop and content and content == self.output_text:
             content, toks = "", None  # a final event repeating the whole text
@@ -52,13 +62,15 @@ class LlamaCppParser(BaseParser):
             self.text_parts.append(content)
         n = len(toks) if isinstance(toks, list) and toks else (1 if content else 0)
         if stop:
-            self._finish(obj)
+            self._finish(obj, data)
         return ((n, "content"),) if n else NO_TOKENS
 
-    def _finish(self, obj: dict[str, Any]) -> None:
+    def _finish(self, obj: dict[str, Any], data: str) -> None:
         self.done = True
         self.saw_finish = True
         st = obj.get("stop_type")
+        if st is not None and type(st) is not str:
+            raise wrong_type("stop_type", st, data)
         if st is None:
             if obj.get("stopped_limit"):
                 st = "limit"

@@ -51,16 +51,47 @@ from strata_plugin.load.client import gcpause
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.http1 import HeadError, Target, parse_head, request_bytes, target_of
+from strata_plugin.load.client.http1 import (
+    HeadError,
+    Target,
+    head_problem,
+    parse_head,
+    request_bytes,
+    target_of,
+)
 from strata_plugin.load.client.loopstats import PROBE_S, LoopProbe, LoopStats
-from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, READ_SIZE
+from strata_plugin.load.client.reader import DRAIN_BYTES, DRAIN_S, NO_BODY, READ_SIZE
 from strata_plugin.load.client.send import send_streaming as send_in_thread
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 _NS = 1_000_000_000
 _PROBE_NS = int(PROBE_S * _NS)
 _ERROR_BODY_BYTES = 64 * 1024
-_ERROR_BODY_NS = 5 * _NS
+ERROR_BODY_S = 5.0  # how long the start of a non-2xx body is read, at most
+_ERROR_BODY_NS = int(ERROR_BODY_S * _NS)
+#: Added to a request's bound before the caller gives up on the loop's record: the
+#: loop's own rounds (it admits 16 requests a round), a slow ``on_record`` in the
+#: caller, a host that preempts the client for a while. A backstop, far from any
+#: timeout a working request meets first.
+DEADLINE_SLACK_S = 5.0
+#: Without ``total_s`` only ``read_s`` bounds a stream, between any two reads; a working
+#: server's stream is then taken to need at most ``read_s`` per requested token plus
+#: this many more (the role chunk, usage, the terminal event, pings).
+EXTRA_EVENTS = 16
+
+
+def request_bound_s(t: Timeouts, max_tokens: int) -> float:
+    """The longest one request can take in the loop while the client works.
+
+    Two connects (a reused connection that closed is retried once on a fresh one), the
+    wait for the head, then ``total_s`` (or, without it, ``read_s`` per token and
+    :data:`EXTRA_EVENTS` more), then the longer of the drain after the terminal event
+    and the read of a non-2xx body.
+    """
+    body = t.total_s if t.total_s is not None else t.read_s * (max_tokens + EXTRA_EVENTS)
+    return 2 * t.connect_s + t.read_s + body + max(DRAIN_S, ERROR_BODY_S)
+
+
 _FIONREAD = termios.FIONREAD  # == SIOCINQ on a TCP socket
 _ZERO4 = bytes(4)
 _BACKLOG_EVERY = 7  # bytes waiting are asked for at one read in 8
@@ -166,10 +197,11 @@ class _Req:
         if ph == _ERRBODY:
             return self.err_until
         if ph in (_SEND, _HEAD):
-            return self.last_ns + self.head_ns
-        due = self.last_ns + self.read_ns
-        if self.drain_until is not None:
-            return min(due, self.drain_until)
+            due = self.last_ns + self.head_ns
+        else:
+            due = self.last_ns + self.read_ns
+            if self.drain_until is not None:
+                return min(due, self.drain_until)
         dl = self.a.deadline_ns
         return due if dl is None else min(due, dl)
 
@@ -202,6 +234,7 @@ class StreamMux:
         self._nread = 0
         self._probe_due = 0  # when the lag probe fires next; 0: not armed (nothing in flight)
         self._gc_held = False  # this loop holds the collector's full passes off (gcpause)
+        self._shut_cls = "client"  # the error class of requests open when it stops
         self.probe = LoopProbe()
         self._thread = threading.Thread(target=self._loop, name="strata-mux", daemon=True)
 
@@ -210,6 +243,13 @@ class StreamMux:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def interrupt(self) -> None:
+        """Stop now (Ctrl-C, SIGTERM): the requests still open end with the error class
+        ``interrupted`` and the events they received so far (their records are made
+        before this returns)."""
+        self._shut_cls = "interrupted"
         self.close()
 
     def close(self) -> None:
@@ -302,13 +342,18 @@ class StreamMux:
             box.append(rec)
             done.set()
 
+        bound_s = request_bound_s(timeouts, spec.max_tokens)
+        deadline = time.monotonic() + bound_s + DEADLINE_SLACK_S
         if not self.submit(a, on_done):
             return a.record()
         # The loop always finishes a request, even when it dies of a bug (_loop);
-        # the liveness check is a second guard against a hang.
+        # the liveness check and the deadline are guards against a hang.
         while not done.wait(1.0):
             if not self._thread.is_alive():
                 a.error = StreamError("client", "the stream multiplexer stopped")
+                return a.record()
+            if time.monotonic() > deadline:
+                a.error = StreamError("client", deadline_message(bound_s, DEADLINE_SLACK_S))
                 return a.record()
         return box[0]
 
@@ -383,7 +428,9 @@ class StreamMux:
             if admit or self._incoming:
                 self._admit(admit)
             if self._closing:
-                self._shut("the stream multiplexer was closed")
+                self._shut("interrupted (Ctrl-C or SIGTERM) while in flight"
+                           if self._shut_cls == "interrupted"
+                           else "the stream multiplexer was closed", self._shut_cls)
                 return
 
     def _admit(self, drain_wake: bool) -> None:
@@ -577,7 +624,7 @@ class StreamMux:
         try:
             head, used = parse_head(r.inbuf)
         except HeadError as e:
-            raise StreamError("reset", f"malformed response: {e}") from None
+            raise StreamError("malformed_response", f"malformed response: {e}") from None
         if head is None:
             return
         a = r.a
@@ -585,6 +632,7 @@ class StreamMux:
         r.head = head
         a.first_byte_ns = now
         a.http_status = head.status
+        a.content_type = head.headers.get("content-type")
         r.keep_alive = r.keep_alive and head.keep_alive
         if head.framing == "chunked":
             r.decoder = ChunkedDecoder()
@@ -597,9 +645,9 @@ class StreamMux:
             if rest or r.left == 0:  # b"" here is "nothing yet", not EOF
                 self._take_error_body(r, rest, eof=False)
             return
-        enc = head.headers.get("content-encoding", "identity").lower()
-        if enc != "identity":
-            raise StreamError("client", f"a compressed stream (Content-Encoding: {enc})")
+        problem = head_problem(head.headers)
+        if problem is not None:
+            raise StreamError("malformed_response", problem)
         r.phase = _BODY
         self._arm(r)
         if rest or r.left == 0:
@@ -612,6 +660,8 @@ class StreamMux:
                 raise StreamError("reset", "connection closed before the body's last chunk")
             if r.left is not None and r.left > 0 and not core.done:
                 raise StreamError("reset", "connection closed before the end of the body")
+            if dec is None and r.left is None and not core.n_bytes:
+                raise StreamError("reset", NO_BODY)
             core.end_of_body(now)
             self._finish(r, None)
             return
@@ -707,7 +757,11 @@ class StreamMux:
         elif ph == _CONNECT:
             self._finish(r, StreamError("timeout", f"connect timed out after {a.t.connect_s:g} s"))
         elif ph in (_SEND, _HEAD):
-            self._finish(r, StreamError("timeout", "no response headers within the read timeout"))
+            if a.deadline_ns is not None and now >= a.deadline_ns:
+                self._finish(r, StreamError("timeout", "the request ran past total_s"))
+            else:
+                self._finish(r, StreamError("timeout",
+                                            "no response headers within the read timeout"))
         elif ph == _ERRBODY:
             self._finish(r, self._status_error(r))
         elif a.core.done:
@@ -725,13 +779,18 @@ class StreamMux:
             sock.close()
 
     def _finish(self, r: _Req, error: StreamError | None) -> None:
+        """End ``r``: its record first (``Attempt.record`` never raises), then it counts
+        as over, so that nothing raised on the way can end a request without a record."""
         if r.over:
             return
-        r.over = True
-        self._live -= 1
         a = r.a
         if error is not None:
             a.error = error
+        # The record is made here, in the loop: when hundreds of streams end
+        # together, their callers then only pick it up.
+        self._ended.append((r, a.record()))
+        r.over = True
+        self._live -= 1
         sock = r.sock
         if sock is not None and error is None and r.reusable and r.keep_alive:
             with contextlib.suppress(KeyError, ValueError, OSError):
@@ -740,9 +799,6 @@ class StreamMux:
             r.sock = None
         else:
             self._drop_sock(r)
-        # The record is made here, in the loop: when hundreds of streams end
-        # together, their callers then only pick it up.
-        self._ended.append((r, a.record()))
         # Finished requests leave the heap lazily (when their time comes up);
         # compact it so thousands of short requests cannot pile up in it.
         heap = self._heap
@@ -762,22 +818,28 @@ class StreamMux:
                 except Exception:
                     continue
 
-    def _shut(self, why: str) -> None:
+    def _shut(self, why: str, cls: str = "client") -> None:
         with self._lock:
             pending = list(self._incoming)
             self._incoming.clear()
         for r in pending:
             self._live += 1
-            self._finish(r, StreamError("client", why))
+            self._finish(r, StreamError(cls, why))
         for _, _, r in self._heap:
             if isinstance(r, _Req):
-                self._finish(r, StreamError("client", why))
+                self._finish(r, StreamError(cls, why))
         for key in list(self._sel.get_map().values()):
             r = key.data
             if isinstance(r, _Req):
-                self._finish(r, StreamError("client", why))
+                self._finish(r, StreamError(cls, why))
         self._heap.clear()
         self._wake_callers()
+
+
+def deadline_message(bound_s: float, slack_s: float) -> str:
+    """The ``client`` error of a request whose record never came (run_slots, send_streaming)."""
+    return (f"no record from the stream loop by the request's deadline: {bound_s:g} s "
+            f"(from connect_s, read_s, total_s, max_tokens) + {slack_s:g} s slack after its start")
 
 
 def _alive(sock: socket.socket) -> bool:

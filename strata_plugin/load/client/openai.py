@@ -11,6 +11,7 @@ from strata_plugin.load.client.parse_base import (
     as_int,
     split_tokens,
     timings_of,
+    wrong_type,
 )
 from strata_plugin.load.client.spec import RequestSpec
 
@@ -38,14 +39,19 @@ def _common(spec: RequestSpec) -> dict[str, Any]:
 
 
 def chat_body(spec: RequestSpec) -> dict[str, Any]:
-    if spec.prompt is None:
-        raise ValueError("the chat API takes a text prompt, not prompt_token_ids")
     body = _common(spec)
-    body["messages"] = [{"role": "user", "content": spec.prompt}]
+    if spec.messages is not None:
+        body["messages"] = [{"role": r, "content": c} for r, c in spec.messages]
+    elif spec.prompt is not None:
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        raise ValueError("the chat API takes a text prompt or messages, not prompt_token_ids")
     return body
 
 
 def completions_body(spec: RequestSpec) -> dict[str, Any]:
+    if spec.messages is not None:
+        raise ValueError("the completions API takes a prompt, not chat messages")
     body = _common(spec)
     body["prompt"] = spec.prompt if spec.prompt is not None else list(spec.prompt_token_ids or ())
     return body
@@ -73,23 +79,42 @@ class OpenAIParser(BaseParser):
             return NO_TOKENS
         obj = self.load(data)
         has_r = has_c = False
-        for ch in obj.get("choices") or ():
+        choices = obj.get("choices")
+        if choices is None:
+            choices = ()
+        elif type(choices) is not list:
+            raise wrong_type("choices", choices, data, "a list")
+        # One type check per field kept (OpenAI's schema: content is a string or null).
+        for ch in choices:
+            if type(ch) is not dict:
+                raise wrong_type("a choice", ch, data, "an object")
             delta = ch.get("delta")
             if delta is not None:
+                if type(delta) is not dict:
+                    raise wrong_type("delta", delta, data, "an object")
                 r = delta.get("reasoning_content") or delta.get("reasoning")
                 c = delta.get("content")
             else:
                 r, c = None, ch.get("text")
-            if r:
-                self.reasoning_parts.append(r)
-                has_r = True
-            if c:
-                self.text_parts.append(c)
-                has_c = True
+            if r is not None:
+                if type(r) is not str:
+                    raise wrong_type("delta.reasoning", r, data)
+                if r:
+                    self.reasoning_parts.append(r)
+                    has_r = True
+            if c is not None:
+                if type(c) is not str:
+                    raise wrong_type("text" if delta is None else "delta.content", c, data)
+                if c:
+                    self.text_parts.append(c)
+                    has_c = True
             fr = ch.get("finish_reason")
-            if fr:
-                self.finish_reason = fr
-                self.saw_finish = True
+            if fr is not None:
+                if type(fr) is not str:
+                    raise wrong_type("finish_reason", fr, data)
+                if fr:
+                    self.finish_reason = fr
+                    self.saw_finish = True
         if "timings" in obj:  # llama.cpp adds its timings to the last chunk
             self.timings = timings_of(obj["timings"])
         fallback = self._kind

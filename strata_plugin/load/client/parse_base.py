@@ -76,11 +76,44 @@ def server_error(obj: dict[str, Any]) -> StreamError:
     return StreamError("http_status", f"server error event: {msg}", http_status=status)
 
 
+def wrong_type(field: str, value: Any, data: str, expected: str = "a string") -> StreamError:
+    """A field of the server's event with the wrong JSON type: the server's error.
+
+    The parsers check the type of every field whose value they keep or iterate (one
+    ``isinstance`` per field), so a number for a text never reaches the record.
+    """
+    return StreamError(
+        "malformed_event", f"{field} is {json_type(value)}, not {expected}: {data[:200]!r}"
+    )
+
+
+def json_type(v: Any) -> str:
+    """The JSON name of a parsed value's type, for error messages."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    return "a list" if isinstance(v, list) else "an object"
+
+
 def timings_of(d: Any) -> Timings | None:
-    """llama.cpp ``timings``; unknown keys ignored, missing ones left None."""
+    """llama.cpp ``timings``; unknown keys ignored, missing ones (and values that are not
+    numbers) left None, so nothing but numbers reaches the report's arithmetic."""
     if not isinstance(d, dict):
         return None
-    return Timings(**{k: d.get(k) for k in _TIMING_KEYS})
+    return Timings(**{k: _number(d.get(k), k.endswith("_ms")) for k in _TIMING_KEYS})
+
+
+def _number(v: Any, real: bool) -> int | float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int) or (real and isinstance(v, float) and v == v):
+        return v
+    return None
 
 
 def as_int(v: Any) -> int | None:

@@ -21,6 +21,10 @@ from strata_plugin.load.client.errors import StreamError
 READ_SIZE = 64 * 1024
 DRAIN_S = 1.0  # after the terminal event: wait this long for the end of the body
 DRAIN_BYTES = 64 * 1024  # and read at most this much of it
+#: An unframed body (no length, no chunks: it ends at the close) that ended before its
+#: first byte. http.client takes a head cut short by EOF as complete, so the thread
+#: driver cannot tell this from an EOF inside the head: both are a ``reset`` in both drivers.
+NO_BODY = "the connection closed before the first body byte (or inside the response head)"
 
 
 def socket_of(raw: Any) -> socket.socket | None:
@@ -30,7 +34,8 @@ def socket_of(raw: Any) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-def read_blocking(raw: Any, core: StreamCore, read_s: float, deadline_ns: int | None) -> None:
+def read_blocking(raw: Any, core: StreamCore, read_s: float, deadline_ns: int | None,
+                  unframed: bool = False) -> None:
     """Read ``raw`` (a urllib3 response) to its end into ``core``; raises StreamError.
 
     Every read waits at most ``read_s`` (the socket timeout requests set), and
@@ -77,6 +82,8 @@ def read_blocking(raw: Any, core: StreamCore, read_s: float, deadline_ns: int | 
             raise StreamError("reset", f"connection error mid-stream: {_cause(e)}") from None
         now = mono()
         if not chunk:
+            if unframed and not core.n_bytes:
+                raise StreamError("reset", NO_BODY)
             core.end_of_body(now)
             return
         if core.done:

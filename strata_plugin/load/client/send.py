@@ -42,7 +42,10 @@ def send_streaming(
 def read_here(a: Attempt, resp: requests.Response) -> None:
     """Read the body in this thread; errors land in ``a.error``; the response is closed."""
     try:
-        read_blocking(resp.raw, a.core, a.t.read_s, a.deadline_ns)
+        raw = resp.raw
+        unframed = (not getattr(raw, "chunked", False)
+                    and getattr(raw, "length_remaining", 0) is None)
+        read_blocking(raw, a.core, a.t.read_s, a.deadline_ns, unframed)
     except StreamError as e:
         a.error = e
     except Exception as e:  # a client bug must still come back as a record

@@ -6,7 +6,7 @@ from typing import Any
 
 from strata_plugin.formats.records import Usage
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.parse_base import NO_TOKENS, BaseParser, as_int
+from strata_plugin.load.client.parse_base import NO_TOKENS, BaseParser, as_int, wrong_type
 from strata_plugin.load.client.spec import RequestSpec
 
 PATH = "/generate"
@@ -48,9 +48,11 @@ class SGLangParser(BaseParser):
             self.done = True
             return NO_TOKENS
         obj = self.load(data)
-        text = obj.get("text")
+        text = obj.get("text", "")
+        if type(text) is not str:  # SGLang always sends a string
+            raise wrong_type("text", text, data)
         new = ""
-        if isinstance(text, str) and text:
+        if text:
             if not self._incremental and text.startswith(self._so_far):
                 new = text[len(self._so_far) :]
             else:
@@ -59,14 +61,18 @@ class SGLangParser(BaseParser):
             if new:
                 self.text_parts.append(new)
                 self._so_far += new
-        meta = obj.get("meta_info") or {}
+        meta = obj.get("meta_info")
+        if meta is None:
+            meta = {}
+        elif type(meta) is not dict:
+            raise wrong_type("meta_info", meta, data, "an object")
         total = as_int(meta.get("completion_tokens"))
         if total is not None:
             n, self._count = total - self._count, max(total, self._count)
             self._take_meta(meta)
         else:
             n = 1 if new else 0
-        self._take_finish(meta.get("finish_reason"))
+        self._take_finish(meta.get("finish_reason"), data)
         return ((n, "content"),) if n > 0 else NO_TOKENS
 
     def _take_meta(self, meta: dict[str, Any]) -> None:
@@ -79,10 +85,12 @@ class SGLangParser(BaseParser):
         if as_int(meta.get("spec_verify_ct")) is not None:
             self.extra["spec_verify_ct"] = meta["spec_verify_ct"]
 
-    def _take_finish(self, fr: Any) -> None:
+    def _take_finish(self, fr: Any, data: str) -> None:
         if not fr:
             return
-        kind = fr.get("type") if isinstance(fr, dict) else str(fr)
+        kind = fr.get("type") if isinstance(fr, dict) else fr
+        if type(kind) is not str:
+            raise wrong_type("meta_info.finish_reason", kind, data, "a string (or {type})")
         if kind == "abort":
             msg = str(fr.get("message") if isinstance(fr, dict) else fr)[:300]
             status = as_int(fr.get("status_code")) if isinstance(fr, dict) else None

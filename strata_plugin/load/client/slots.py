@@ -6,10 +6,17 @@ reading the open ones. A request with a scheduled time (an open loop) waits on
 the loop's timer heap, not in a sleeping thread. Records reach the caller's
 thread through a queue, where ``on_record`` runs (file writes, progress lines
 stay out of the loop).
+
+Every request also has a deadline, derived from its timeouts
+(:func:`request_bound_s`) plus :data:`DEADLINE_SLACK_S`: the loop ends each request
+well before it (a timeout, a record), so only a client bug that loses a request can
+reach it. Then the caller's thread records it as a ``client`` error naming the
+deadline and gives its slot to the next request, so no bug can make a run wait forever.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +26,13 @@ from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import fdtable
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.errors import StreamError
-from strata_plugin.load.client.mux import StreamMux
+from strata_plugin.load.client.mux import (  # noqa: F401 (EXTRA_EVENTS: part of this API)
+    DEADLINE_SLACK_S,
+    EXTRA_EVENTS,
+    StreamMux,
+    deadline_message,
+    request_bound_s,
+)
 
 #: Hooks run in the loop thread around each request (per-request counters):
 #: ``before()`` just before it is sent, ``after(record, before_value)`` as it ends.
@@ -37,14 +50,17 @@ def run_slots(
     tick_s: float = 0.25,
     before: Before | None = None,
     after: After | None = None,
+    slack_s: float = DEADLINE_SLACK_S,
 ) -> list[RequestRecord]:
     """Run every ``(attempt, scheduled_ns)`` in order, ``slots`` at a time; records in order.
 
     ``scheduled_ns`` None: the request is sent as soon as a slot takes it (and
     that is its scheduled time); otherwise not before ``scheduled_ns``.
     ``on_record(index, record)`` and ``on_tick()`` run in the calling thread.
+    A request whose record has not come ``request_bound_s + slack_s`` after it was
+    due to start is recorded as a ``client`` error naming that deadline.
     """
-    run = _SlotRun(mux, attempts, before, after)
+    run = _SlotRun(mux, attempts, before, after, slack_s)
     n = len(attempts)
     fdtable.reserve(min(max(1, slots), n))  # the ramp never waits for the kernel's file table
     for _ in range(min(max(1, slots), n)):
@@ -63,6 +79,7 @@ def run_slots(
         run.all_done.set()
     while not run.all_done.wait(tick_s):
         take()
+        run.expire(time.monotonic_ns())
         if not mux.running:  # the loop died without finishing them (a bug)
             break
     take()
@@ -88,8 +105,12 @@ class _SlotRun:
         attempts: Sequence[tuple[Attempt, int | None]],
         before: Before | None,
         after: After | None,
+        slack_s: float = DEADLINE_SLACK_S,
     ) -> None:
         self.mux, self.attempts = mux, attempts
+        self.slack_s = slack_s
+        self.deadlines: list[tuple[int, int]] = []  # (deadline_ns, index) of submitted ones
+        self.over = bytearray(len(attempts))  # 1: its record is in (a second one is dropped)
         self.before, self.after = before, after
         self.n = len(attempts)
         self.finished: list[tuple[int, RequestRecord]] = []  # by the loop, for the caller
@@ -104,11 +125,16 @@ class _SlotRun:
             batch, self.finished = self.finished, []
         return batch
 
-    def _put(self, i: int, rec: RequestRecord) -> None:
+    def _put(self, i: int, rec: RequestRecord) -> bool:
+        """Keep ``rec`` as request ``i``'s record (under the lock); False if it has one."""
+        if self.over[i]:
+            return False
+        self.over[i] = 1
         self.finished.append((i, rec))
         self.ended += 1
         if self.ended == self.n:
             self.all_done.set()
+        return True
 
     def start_next(self) -> None:
         while True:  # a loop, not recursion: refused requests are recorded here
@@ -120,10 +146,38 @@ class _SlotRun:
             if at is not None:
                 a.scheduled_ns = at
             on_done = _OnDone(self, i, a)
-            if self.mux.submit(a, on_done, at_ns=at, on_start=_OnStart(self, a, at)):
-                return
+            now = time.monotonic_ns()
+            bound_s = request_bound_s(a.t, a.spec.max_tokens) + self.slack_s
             with self.lock:
-                self._put(i, a.record())
+                heapq.heappush(self.deadlines, (max(now, at or now) + int(bound_s * 1e9), i))
+            try:
+                if self.mux.submit(a, on_done, at_ns=at, on_start=_OnStart(self, a, at)):
+                    return
+            except Exception as e:  # a client bug: a record, and the slot goes on
+                a.error = StreamError("client", f"submit: {type(e).__name__}: {e}")
+            rec = a.record()
+            with self.lock:
+                self._put(i, rec)
+
+    def expire(self, now: int) -> None:
+        """Record every request past its deadline as a ``client`` error and start the next
+        in its slot (the caller's thread; only a request the loop lost gets here)."""
+        late = []
+        with self.lock:
+            while self.deadlines and self.deadlines[0][0] <= now:
+                _, i = heapq.heappop(self.deadlines)
+                if not self.over[i]:
+                    late.append(i)
+        for i in late:
+            a = self.attempts[i][0]
+            bound_s = request_bound_s(a.t, a.spec.max_tokens)
+            a.error = StreamError("client", deadline_message(bound_s, self.slack_s))
+            rec = a.record()  # never raises; the loop may still hold the attempt
+            self.counted.pop(id(a), None)
+            with self.lock:
+                fresh = self._put(i, rec)
+            if fresh:
+                self.start_next()
 
     def started(self, a: Attempt, at: int | None) -> None:
         if at is None:
@@ -138,8 +192,9 @@ class _SlotRun:
             except Exception:
                 pass
         with self.lock:
-            self._put(i, rec)
-        self.start_next()
+            fresh = self._put(i, rec)
+        if fresh:  # not a late record of a request already given up on
+            self.start_next()
 
 
 class _OnStart:

@@ -25,10 +25,15 @@ class RequestSpec:
     isl: int | None = None  # requested input length, copied onto the record
     model: str | None = None
     extra_body: tuple[tuple[str, object], ...] = ()  # merged into the JSON body
+    #: chat: the conversation as (role, content) pairs (load/chat_prompts.py), instead of
+    #: ``prompt`` as one user message
+    messages: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
-        if (self.prompt is None) == (self.prompt_token_ids is None):
-            raise ValueError("RequestSpec needs exactly one of prompt or prompt_token_ids")
+        given = [x is not None for x in (self.prompt, self.prompt_token_ids, self.messages)]
+        if sum(given) != 1:
+            raise ValueError("RequestSpec needs exactly one of prompt, prompt_token_ids or "
+                             "messages")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 

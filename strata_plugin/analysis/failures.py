@@ -1,0 +1,137 @@
+"""A case whose requests mostly failed: ``requests_failed``, before any resource rule.
+
+Why first: the rules read a window's hardware and its requests' timing as the load the
+case asked for. When most requests failed (HTTP 500, refused, a reply that was not a
+stream), the server never had that load; a window of error replies looks idle, and the
+rules then name ``input_starved`` or ``headroom`` for a server that did not serve. The
+failures are the finding: their share, their error classes with counts, and the first
+message the server sent, so the reader sees the cause without opening requests.jsonl.
+
+The share that makes a case "mostly failed" is ``requests_failed_share`` in the one
+threshold table (``analysis/thresholds.py``). The requests counted are the measured
+ones (and the injected one); a case with no measured request (its warm-ups already
+failed and stopped it) is judged by its warm-ups. Requests cut short by an interrupt
+(``interrupted``) are the user's doing, not the server's, and are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from strata_plugin.analysis.rules import Evidence, Verdict
+from strata_plugin.analysis.thresholds import threshold
+from strata_plugin.formats.records import RequestRecord
+
+VERDICT_CLASS = "requests_failed"
+#: The evidence's metric name (the failed share of the case's requests).
+FAILED_SHARE = "failed_share"
+
+
+@dataclass(frozen=True)
+class RequestsFailed:
+    """How a case's requests failed: counts by error class and the first message."""
+
+    n_failed: int
+    n_total: int
+    by_class: tuple[tuple[str, int], ...]  # (error class, count), most frequent first
+    first_message: str  # the earliest failed request's message (what the server said)
+    phase: str = "measured"  # which requests were counted: "measured" or "warmup"
+
+    @property
+    def share(self) -> float:
+        return self.n_failed / self.n_total if self.n_total else 0.0
+
+    @property
+    def mostly_failed(self) -> bool:
+        return self.n_total > 0 and self.share >= threshold("requests_failed_share").value
+
+    def line(self) -> str:
+        """``4 of 4 requests failed (http_status: 4); first: HTTP 500: ...``"""
+        counts = ", ".join(f"{cls}: {n}" for cls, n in self.by_class)
+        what = "warm-up requests" if self.phase == "warmup" else "requests"
+        first = " ".join(self.first_message.split())[:300]
+        return (f"{self.n_failed} of {self.n_total} {what} failed ({counts})"
+                + (f"; first: {first}" if first else ""))
+
+
+@dataclass
+class FailureTally:
+    """Counts records as they arrive (the live run keeps one per case; cheap)."""
+
+    n_total: int = 0
+    n_failed: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
+    first: tuple[int, str] | None = None  # (dispatched_ns, message) of the earliest failure
+    warm_total: int = 0
+    warm_failed: int = 0
+    warm_by_class: dict[str, int] = field(default_factory=dict)
+    warm_first: tuple[int, str] | None = None
+
+    def add(self, rec: RequestRecord) -> None:
+        if rec.error is not None and rec.error.cls == "interrupted":
+            return  # cut short by the user (Ctrl-C), not failed by the server
+        warm = rec.phase == "warmup"
+        if warm:
+            self.warm_total += 1
+        else:
+            self.n_total += 1
+        if rec.error is None:
+            return
+        counts = self.warm_by_class if warm else self.by_class
+        counts[rec.error.cls] = counts.get(rec.error.cls, 0) + 1
+        here = (rec.dispatched_ns, rec.error.message)
+        if warm:
+            self.warm_failed += 1
+            if self.warm_first is None or here < self.warm_first:
+                self.warm_first = here
+        else:
+            self.n_failed += 1
+            if self.first is None or here < self.first:
+                self.first = here
+
+    def summary(self) -> RequestsFailed | None:
+        """The measured requests' failures; the warm-ups' when none was measured; None
+        when there was no request at all."""
+        if self.n_total:
+            return RequestsFailed(self.n_failed, self.n_total, _ranked(self.by_class),
+                                  self.first[1] if self.first else "")
+        if self.warm_total:
+            return RequestsFailed(self.warm_failed, self.warm_total,
+                                  _ranked(self.warm_by_class),
+                                  self.warm_first[1] if self.warm_first else "", "warmup")
+        return None
+
+
+def _ranked(counts: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def failures_of(records: Iterable[RequestRecord]) -> RequestsFailed | None:
+    """The failures of one case's records (every phase; see :class:`FailureTally`)."""
+    tally = FailureTally()
+    for r in records:
+        tally.add(r)
+    return tally.summary()
+
+
+def mostly_failed(records: Iterable[RequestRecord]) -> RequestsFailed | None:
+    """The case's failures when they reach ``requests_failed_share``, else None."""
+    f = failures_of(records)
+    return f if f is not None and f.mostly_failed else None
+
+
+def failed_verdict(f: RequestsFailed) -> Verdict:
+    """The ``requests_failed`` verdict: no resource class, the failures as its evidence.
+
+    Confident (1.0) and conclusive: the failures were counted, not inferred. The
+    resource rules are not consulted, so nothing is "missing" for them.
+    """
+    t = threshold("requests_failed_share")
+    ev = Evidence(cls=VERDICT_CLASS, metric=FAILED_SHARE, value=round(f.share, 4), op=">=",
+                  threshold=t.name, threshold_value=t.value, unit=t.unit, source=t.source,
+                  met=True)
+    return Verdict(classes=(VERDICT_CLASS,), evidence=(ev,), confidence=1.0,
+                   inconclusive=False, finer_trace=(), missing_signals=(),
+                   notes=(f.line(), "the resource rules were not consulted: the server did "
+                          "not serve the load the case asked for"))

@@ -1,0 +1,342 @@
+"""The load over hosts: the pool's worker loop as Ray actors on the user's cluster.
+
+``[load] engine = "ray"`` (configure/load_spec.py). Strata is a driver on a cluster
+that is the user's (``ray start`` on each host, or KubeRay): it connects with
+``ray.init(address=...)`` (``ray://head:10001`` is Ray Client, Ray's way in from outside
+the cluster), reserves one bundle per actor in a placement group spread over the nodes
+(``strategy="SPREAD"``), starts :class:`strata_plugin.load.ray_actor.LoadActor` in each,
+and on every path kills its actors, removes its placement group and, if it connected,
+disconnects: the cluster is left as it was found. Nothing is shipped by hand: the nodes
+have the package, or ``ship_package = true`` lets Ray's runtime_env carry it.
+
+Time. Each host has its own CLOCK_MONOTONIC, so each actor's offset to this process's is
+measured as the agents' are (agent/handle.py: round trips, the midpoint of the shortest
+wins, its half round trip the uncertainty), before the load and after it. Open-loop
+arrivals are dealt out round-robin as offsets from one start, which each actor is told on
+its own clock, so the offered rate is the sum across actors and keeps the arrival
+process's times; records, token marks and windows are moved onto this host's timeline
+before anything reads them, and the self-check states the alignment error (the worst
+actor's uncertainty plus how far its offset moved during the load).
+
+Ctrl-C. The actors stop at once and their requests in flight are recorded with the
+error class ``interrupted`` and the events they had (for up to INTERRUPT_GRACE_S), as
+one loop's are; then the actors and the placement group are removed as on every path.
+
+Loss. An actor that dies, or whose node is lost, or that does not answer a poll for
+LOST_AFTER_S: its unfinished requests become ``client`` errors naming it and the reason,
+the self-check says the load was incomplete, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from strata_plugin.configure.load_spec import LoadSpec
+from strata_plugin.formats.records import RequestRecord, TokenEvent
+from strata_plugin.load import pool
+from strata_plugin.load.client.spec import Timeouts
+from strata_plugin.load.generator import (
+    Counters,
+    Job,
+    LoadResult,
+    Progress,
+    _ShardView,
+    sharded_check,
+)
+from strata_plugin.load.pool_worker import Batch, ShardReport
+
+INSTALL = 'pip install "strata[ray]" (Ray core and its client, ray[client])'
+#: An actor whose poll (answered within 0.25 s by a live one) is this late is lost.
+LOST_AFTER_S = 15.0
+#: Placement group and actors must be up within this (a cluster short of the bundle's
+#: resources never gets there: the error names what it asked and what the cluster has).
+PLACE_TIMEOUT_S = 120.0
+#: The actors are told to start this long after the driver's start, so that the go
+#: message (one RPC) reaches every one before the first arrival is due.
+LEAD_S = 0.2
+CLOCK_ROUNDS = 8
+#: How long a Ctrl-C waits for the actors' records of their requests in flight.
+INTERRUPT_GRACE_S = 5.0
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or the cluster cannot take the load (with what to do)."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable(f'[load] engine = "ray" needs Ray installed: {INSTALL}') from None
+    return ray
+
+
+@dataclass(frozen=True)
+class ActorClock:
+    """``actor_monotonic - driver_monotonic`` (ns), within ``± error_ns``."""
+
+    offset_ns: int
+    error_ns: int
+
+
+def measure_clock(ray: Any, actor: Any, rounds: int = CLOCK_ROUNDS) -> ActorClock:
+    best: tuple[int, int] | None = None  # (rtt, offset)
+    for _ in range(rounds):
+        t0 = time.monotonic_ns()
+        remote = ray.get(actor.clock.remote(), timeout=30)
+        t1 = time.monotonic_ns()
+        if best is None or t1 - t0 < best[0]:
+            best = (t1 - t0, remote - (t0 + t1) // 2)
+    assert best is not None
+    return ActorClock(best[1], best[0] // 2)
+
+
+def shift_record(rec: RequestRecord, delta_ns: int) -> RequestRecord:
+    """``rec`` with every CLOCK_MONOTONIC stamp moved by ``delta_ns`` (0 stays 0: unset)."""
+    def s(t: int | None) -> int | None:
+        return t + delta_ns if t else t
+
+    extra = {k: (v + delta_ns if k.endswith("_ns") and isinstance(v, int) and v else v)
+             for k, v in rec.extra.items()}
+    events = tuple(TokenEvent(e.t_ns + delta_ns, e.n_tokens, e.kind,
+                              e.handled_ns + delta_ns if e.handled_ns else 0)
+                   for e in rec.events)
+    return replace(rec, scheduled_ns=s(rec.scheduled_ns), dispatched_ns=s(rec.dispatched_ns),
+                   first_byte_ns=s(rec.first_byte_ns), done_ns=s(rec.done_ns), events=events,
+                   extra=extra)
+
+
+class RayActors:
+    """Connected to the cluster, a placement group and its actors; all undone on exit."""
+
+    def __init__(self, spec: LoadSpec, wanted: int) -> None:
+        self.spec, self.wanted = spec, wanted
+        self.ray = import_ray()
+        self.connected_here = False
+        self.pg: Any = None
+        self.actors: list[Any] = []
+        self.where: list[dict[str, Any]] = []
+        self.nodes = 0
+
+    def __enter__(self) -> RayActors:
+        ray, spec = self.ray, self.spec
+        try:
+            if not ray.is_initialized():
+                env: dict[str, Any] = {}
+                if spec.ship_package:
+                    import strata_plugin
+
+                    env["py_modules"] = [str(Path(strata_plugin.__file__).parent)]
+                try:
+                    ray.init(address=spec.address, namespace=spec.namespace,
+                             runtime_env=env or None, log_to_driver=False,
+                             logging_level="WARNING")
+                except Exception as e:
+                    raise RayUnavailable(
+                        f"[load] address = {spec.address!r}: could not connect to the Ray "
+                        f"cluster ({type(e).__name__}: {e})") from e
+                self.connected_here = True
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            self.nodes = min(spec.nodes or len(alive), len(alive))
+            n = max(1, min(self.wanted, self.nodes * spec.workers_per_node))
+            bundle = {"CPU": spec.num_cpus, **dict(spec.resources)}
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="SPREAD",
+                                      name=f"strata-load-{time.time_ns()}")
+            ready, _ = ray.wait([self.pg.ready()], timeout=PLACE_TIMEOUT_S)
+            if not ready:
+                raise RayUnavailable(
+                    f"[load] the Ray cluster at {spec.address} could not place {n} load "
+                    f"actors of {bundle} each within {PLACE_TIMEOUT_S:.0f} s (it has "
+                    f"{ray.cluster_resources()}); lower workers_per_node or num_cpus, or "
+                    "add nodes")
+            from strata_plugin.load.ray_actor import LoadActor
+
+            cls = ray.remote(max_concurrency=4)(LoadActor)
+            for i in range(n):
+                self.actors.append(cls.options(
+                    num_cpus=spec.num_cpus, resources=dict(spec.resources) or None,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=i)).remote())
+            self.where = ray.get([a.where.remote() for a in self.actors],
+                                 timeout=PLACE_TIMEOUT_S)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ray = self.ray
+        for a in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        self.actors = []
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+            self.pg = None
+        if self.connected_here:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            self.connected_here = False
+
+
+def run_load_on_ray(
+    jobs: Sequence[Job],
+    *,
+    spec: LoadSpec,
+    base_url: str,
+    api: str,
+    concurrency: int,
+    timeouts: Timeouts,
+    headers: dict[str, str] | None = None,
+    counters: Counters | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    progress: Progress | None = None,
+    on_token_mark: Callable[[str, int], None] | None = None,
+    token_mark: int = 1,
+    keep_alive: bool = False,
+) -> LoadResult:
+    """``generator.run_load``'s contract, over Ray actors. ``counters`` (the server's
+    /proc, on this host) are not read: the actors run elsewhere."""
+    hdrs = dict(headers or {})
+    if not keep_alive:
+        hdrs["Connection"] = "close"
+
+    def record(rec: RequestRecord) -> None:
+        if on_record:
+            on_record(rec)
+        if progress:
+            progress.add(rec)
+
+    with RayActors(spec, max(1, min(concurrency, len(jobs)))) as ra:
+        return _run(ra, jobs, base_url, api, concurrency, timeouts, hdrs, record,
+                    on_token_mark, token_mark)
+
+
+def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrency: int,
+         timeouts: Timeouts, headers: dict[str, str], record: Callable[[RequestRecord], None],
+         on_token_mark: Callable[[str, int], None] | None, token_mark: int) -> LoadResult:
+    ray = ra.ray
+    n = len(ra.actors)
+    clocks = [measure_clock(ray, a) for a in ra.actors]
+    offsets = [(j.spec, None if j.offset_s is None else int(j.offset_s * 1e9)) for j in jobs]
+    parts, shares = pool.deal(len(jobs), concurrency, n)
+    lost: dict[int, str] = {}
+    names = [f"actor {k} on {w.get('ip') or w.get('host')}" for k, w in enumerate(ra.where)]
+    for k in range(len(parts)):
+        batch = Batch([offsets[i] for i in parts[k]], base_url, api, shares[k], timeouts,
+                      headers, token_mark if on_token_mark is not None else None, None, True)
+        ra.actors[k].start.remote(batch)
+    polls: dict[Any, int] = {}
+    heard = [time.monotonic() for _ in parts]
+    done: set[int] = set()
+    reports: dict[int, ShardReport] = {}
+    out: list[RequestRecord | None] = [None] * len(jobs)
+    prepared: set[int] = set()
+    start_ns = 0
+    interrupted = [False]
+
+    def handle(k: int, msg: Any) -> None:
+        off = clocks[k].offset_ns
+        if msg == "done":
+            done.add(k)
+        elif msg[0] == "prepared":
+            prepared.add(k)
+        elif msg[0] == "recs":
+            for local_i, rec in msg[1]:
+                if interrupted[0] and not rec.dispatched_ns:
+                    continue  # never sent: not a request the server saw
+                rec = shift_record(rec, -off)
+                out[parts[k][local_i]] = rec
+                record(rec)
+        elif msg[0] == "mark":
+            if on_token_mark is not None:
+                on_token_mark(msg[1], msg[2] - off)
+        elif msg[0] == "stats":
+            rep: ShardReport = msg[1]
+            reports[k] = replace(rep, start_ns=rep.start_ns - off, end_ns=rep.end_ns - off)
+        elif msg[0] == "error":
+            lost[k] = f"{names[k]} failed: {msg[1]}"
+
+    def pump(until: Callable[[], bool]) -> None:
+        for k in range(len(parts)):
+            if k not in done and k not in lost and k not in polls.values():
+                polls[ra.actors[k].poll.remote(0.25)] = k
+        while not until() and polls:
+            ready, _ = ray.wait(list(polls), num_returns=1, timeout=0.5)
+            for ref in ready:
+                k = polls.pop(ref)
+                try:
+                    msgs = ray.get(ref)
+                except Exception as e:  # (RayActorError, node lost, ...)
+                    lost[k] = f"{names[k]} lost mid-case: {type(e).__name__}: " \
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''}"
+                    continue
+                heard[k] = time.monotonic()
+                for m in msgs:
+                    handle(k, m)
+                if k not in done and k not in lost:
+                    polls[ra.actors[k].poll.remote(0.25)] = k
+            now = time.monotonic()
+            for ref, k in list(polls.items()):
+                if now - heard[k] > LOST_AFTER_S:
+                    lost[k] = f"{names[k]} lost mid-case: no answer for {LOST_AFTER_S:.0f} s"
+                    del polls[ref]
+
+    pump(lambda: all(k in prepared or k in lost for k in range(len(parts))))
+    start_ns = time.monotonic_ns() + int(LEAD_S * 1e9)
+    for k in range(len(parts)):
+        if k not in lost:
+            ra.actors[k].go.remote(start_ns + clocks[k].offset_ns)
+    try:
+        pump(lambda: all(k in done or k in lost for k in range(len(parts))))
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what the actors saw, as one loop does
+        interrupted[0] = True
+        for k in range(len(parts)):
+            if k not in done and k not in lost:
+                ra.actors[k].interrupt.remote()
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        with contextlib.suppress(KeyboardInterrupt):
+            pump(lambda: time.monotonic() > deadline
+                 or all(k in done or k in lost for k in range(len(parts))))
+        raise
+    end_ns = time.monotonic_ns()
+    after = {}
+    for k in range(len(parts)):
+        if k not in lost:
+            with contextlib.suppress(Exception):
+                after[k] = measure_clock(ray, ra.actors[k], 4)
+    records = []
+    for i, rec in enumerate(out):
+        if rec is None:
+            k = i % len(parts)
+            rec = pool.lost_record(offsets[i], api, lost.get(k, f"{names[k]} sent no record"),
+                                   start_ns)
+            record(rec)
+        records.append(rec)
+    errors_ns = [c.error_ns + (abs(after[k].offset_ns - c.offset_ns) if k in after else 0)
+                 for k, c in enumerate(clocks)]
+    views = [_ShardView(f"actor {k}", ra.where[k].get("ip") or ra.where[k].get("host", ""),
+                        shares[k], tuple(records[i] for i in parts[k]), reports.get(k),
+                        lost.get(k)) for k in range(len(parts))]
+    node_ids = {w.get("node_id") or w.get("ip") for w in ra.where}
+    check = sharded_check(records, views, engine="ray",
+                          placement=(f"{len(parts)} actors on {len(node_ids)} of {ra.nodes} "
+                                     f"Ray nodes ({ra.spec.workers_per_node} a node at most, "
+                                     f"placement group SPREAD) at {ra.spec.address}"),
+                          hosts=len(node_ids), clock_error_ms=max(errors_ns) / 1e6,
+                          open_loop=any(j.offset_s is not None for j in jobs))
+    for k, p in enumerate(check.per_process):
+        p.update(clock_offset_ms=clocks[k].offset_ns / 1e6, clock_error_ms=errors_ns[k] / 1e6,
+                 node_id=ra.where[k].get("node_id"))
+    return LoadResult(tuple(records), start_ns, end_ns, check)
