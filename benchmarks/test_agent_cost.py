@@ -19,12 +19,20 @@ fail when a target is missed). Run it with::
   ``/proc/stat`` (this host's rows repeated): per-core rows on minus off,
   divided by 192.
 
+* ``runstate`` rows: the same agent tracking the real llama-server of the local
+  profile (``-t 2 -c 16384 -np 5 -kvu``, idle: its threads as it has them), without the
+  ``runstate`` collector and with it at 50, 20 and 10 ms (``--runstate-interval``),
+  side by side; ``runstate`` adds one thread sampling every server thread's stat,
+  schedstat and sched files on its own grid.
+
 Figures are medians over REPEATS runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -126,14 +134,17 @@ def _thread_ns(native_id: int) -> int:
         return int(fh.read().split()[0])
 
 
-def _measure(interval: float, server_pid: int, out: Path) -> Figures:
+def _measure(interval: float, server_pid: int, out: Path,
+             collectors: tuple[str, ...] = CPU_SIDE_COLLECTORS,
+             extra: tuple[str, ...] = ()) -> Figures:
     argv = agent_argv(
         "bench",
         interval,
         pids=[server_pid],
-        collectors=CPU_SIDE_COLLECTORS,
+        collectors=collectors,
         ib_root=IB,
         log_file=LOG,
+        extra=extra,
     )
     h = AgentHandle.start("bench", out, argv)
     try:
@@ -176,6 +187,75 @@ def test_agent_cpu_cost(benchmark, server: int, interval: float, tmp_path: Path)
     print(f"\nagent @ {interval:g} s  {_row(med)}  target < {TARGETS[interval]:.0%}")
     if ASSERT:
         assert med.cpu_frac_ns < TARGETS[interval], med
+
+
+#: The runstate rows: (label, --runstate-interval or None for the agent without it).
+RUNSTATE_ROWS = (("without runstate", None), ("runstate @ 50 ms", 0.05),
+                 ("runstate @ 20 ms", 0.02), ("runstate @ 10 ms", 0.01))
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[int]:
+    """The real llama-server as the local profile starts it, idle; its PID."""
+    import urllib.request
+
+    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup", "--print-paths"],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        pytest.skip("llama-server is not built: run `bash scripts/setup.sh` first")
+    paths = json.loads(out.stdout.strip().splitlines()[-1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([paths["llama_server"], "-m", paths["model"], "--host", "127.0.0.1",
+                          "--port", str(port), "-t", "2", "-c", "16384", "-np", "5", "-kvu",
+                          "--metrics", "--no-webui"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or p.poll() is not None:
+                raise RuntimeError("llama-server did not become healthy")
+            time.sleep(0.2)
+        yield p.pid
+    finally:
+        _print_runstate()
+        p.terminate()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize(("label", "fine"), RUNSTATE_ROWS, ids=[r[0] for r in RUNSTATE_ROWS])
+def test_runstate_cost(benchmark, llama_server: int, label: str, fine: float | None,
+                       tmp_path: Path) -> None:
+    collectors = CPU_SIDE_COLLECTORS + (("runstate",) if fine else ())
+    extra = ("--runstate-interval", repr(fine)) if fine else ()
+    runs: list[Figures] = []
+    counter = iter(range(1000))
+    benchmark.pedantic(
+        lambda: runs.append(_measure(0.5, llama_server, tmp_path / f"r{next(counter)}",
+                                     collectors, extra)),
+        rounds=REPEATS,
+        iterations=1,
+    )
+    med = _median(runs)
+    threads = len(os.listdir(f"/proc/{llama_server}/task"))
+    _RUNSTATE[label] = (med, threads)
+    benchmark.extra_info.update(med.__dict__)
+    benchmark.extra_info["server_threads"] = threads
+    print(f"\n{label} (llama-server, {threads} threads; main grid 0.5 s)  {_row(med)}")
+
+
+_RUNSTATE: dict[str, tuple[Figures, int]] = {}
 
 
 def _ticker(collector) -> Agent:
@@ -275,6 +355,18 @@ def _print_table() -> None:
         print(f"{name:>14} | {_row(_median(runs))}")
     for line in _EXTRA:
         print(line)
+
+
+def _print_runstate() -> None:
+    if not _RUNSTATE:
+        return
+    print(f"\nagent cost with runstate, medians of {REPEATS} runs of {DURATION_S:g} s "
+          f"(collectors {','.join(CPU_SIDE_COLLECTORS)} at 0.5 s, tracking llama-server)")
+    base = _RUNSTATE.get("without runstate")
+    for name, (f, threads) in _RUNSTATE.items():
+        more = (f"  +{f.cpu_frac_ns - base[0].cpu_frac_ns:6.3%} of a core for runstate"
+                if base and name != "without runstate" else "")
+        print(f"{name:>17} | {threads} server threads | {_row(f)}{more}")
     if 1 in _PER_TICK and 16 in _PER_TICK:
         slope_us = (_PER_TICK[16] - _PER_TICK[1]) / 15 * 1e6
         print(

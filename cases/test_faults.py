@@ -15,7 +15,15 @@ each scenario's arms in counterbalanced order (clean fault fault clean ...), and
 ``STRATA_FAULT_SCENARIO_S`` (default 100) stops a scenario from starting another
 repetition once it has used that long.
 
+Two sets of scenarios (``fault_set`` in each case line and in the matrix): the TUNING
+set, the faults the rules' thresholds were set on, and the SET-ASIDE set, mechanisms the
+rules were never tuned on (the server frozen or stopped for a third of the time, a relay
+adding 10, 50 or 200 ms each way, a memory cgroup evicting the model's pages). No
+threshold is set from the set-aside set; ``python -m strata_plugin scorecard`` scores
+the two apart (docs/validation.md).
+
     pytest cases/ -m fault
+    pytest cases/ -m fault -k "freezer or sigstop or proxy or memcg"   # the set-aside set
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ import pytest
 from strata_plugin.load.case_runner import check_case
 from strata_plugin.load.workload import Workload
 from strata_plugin.report import summarize_case
-from strata_plugin.testing import faults
+from strata_plugin.testing import faults, memcg, pauses, relay
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
 FAULT_CLASSES = ("cpu_contention", "cpu_limited", "io_page_faults", "memory_pressure",
-                 "queueing", "client_bound", "network")
+                 "queueing", "client_bound", "network", "server_stalled", "outside_server")
+TUNING, SET_ASIDE = "tuning", "set-aside"
 #: Ground-truth thresholds: the same numbers the attribution uses (analysis/thresholds.py),
 #: applied to the independent host watch.
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
@@ -58,6 +67,12 @@ SLOTS = 4
 #: The server's own cgroup quota in the cpu_limited arm: a quarter of what it uses
 #: unlimited on the 2-core machine (~2 cores), so it binds even when other work slows it.
 SERVER_QUOTA_CORES = 0.5
+#: The set-aside stalls: the server frozen (or stopped) a third of the time, in pauses
+#: of 200 ms, several per decode request (a request of 48 tokens takes about 1 s here).
+PAUSE_MS, PAUSE_PERIOD_MS = 200.0, 600.0
+#: The set-aside memory limit leaves room for half the model's pages and 8 MiB of new
+#: anonymous memory (the server's KV cache and buffers were charged before the move).
+MEMCG_KEEP_FRAC, MEMCG_HEADROOM = 0.5, 8 * 2**20
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10
 #: samples), longer under the faults that slow the server.
@@ -73,9 +88,17 @@ class Scenario:
     workload: Workload
     fault_workload: Workload | None = None  # queueing: the same requests, more in flight
     private_model: bool = False  # serve a private copy of the weights (page-out needs it)
+    mechanism: str = ""  # how the fault is made, where a class has several (set-aside)
+    fault_set: str = TUNING
+    delay_ms: float = 0.0  # the relay's one-way delay (outside_server)
+
+    @property
+    def name(self) -> str:
+        return self.mechanism or self.fault
 
 
-SCENARIOS = (
+#: The tuning set: the faults the thresholds in analysis/thresholds.py were set on.
+TUNING_SCENARIOS = (
     Scenario("cpu_contention", DECODE),
     Scenario("cpu_limited", DECODE),
     Scenario("io_page_faults", DECODE, private_model=True),
@@ -83,6 +106,16 @@ SCENARIOS = (
     Scenario("queueing", QUEUE, replace(QUEUE, concurrency=3 * SLOTS)),
     Scenario("client_bound", DECODE),
 )
+#: The set-aside set: mechanisms no threshold was set on (issue 23, item 5).
+SET_ASIDE_SCENARIOS = (
+    Scenario("server_stalled", DECODE, mechanism="freezer_pause", fault_set=SET_ASIDE),
+    Scenario("server_stalled", DECODE, mechanism="sigstop_pause", fault_set=SET_ASIDE),
+    *(Scenario("outside_server", DECODE, mechanism=f"proxy_{d:g}ms", fault_set=SET_ASIDE,
+               delay_ms=d) for d in (10.0, 50.0, 200.0)),
+    Scenario("io_page_faults", DECODE, private_model=True, mechanism="memcg_evict",
+             fault_set=SET_ASIDE),
+)
+SCENARIOS = TUNING_SCENARIOS + SET_ASIDE_SCENARIOS
 
 
 @dataclass(frozen=True)
@@ -97,6 +130,8 @@ class ArmResult:
     evidence: tuple[str, ...]  # "cls: metric value op threshold" for met evidence
     truth: tuple[str, ...]  # fault classes that really happened
     facts: dict
+    fault_set: str = TUNING
+    mechanism: str = ""
 
     def line(self) -> str:
         return (f"{self.case_id}: truth {list(self.truth) or ['none']} -> verdict "
@@ -110,6 +145,8 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
     """The injection of a scenario's fault arm (queueing: the load itself, no injector)."""
     if arm == "clean" or sc.fault == "queueing":
         return faults.NoFault()
+    if sc.mechanism:  # a set-aside mechanism, before the tuning set's injector of its class
+        return _set_aside_injector(sc, server, model)
     if sc.fault == "cpu_contention":
         return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
     if sc.fault == "cpu_limited":
@@ -122,6 +159,34 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
     if sc.fault == "client_bound":
         return faults.ClientThrottle(quota=0.02)
     raise AssertionError(sc.fault)
+
+
+def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injector:
+    if sc.mechanism == "freezer_pause":
+        return pauses.FreezerPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
+    if sc.mechanism == "sigstop_pause":
+        return pauses.SigStopPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
+    if sc.mechanism.startswith("proxy_"):
+        return relay.LatencyProxy(server.base_url, delay_ms=sc.delay_ms, max_s=300)
+    if sc.mechanism == "memcg_evict":
+        assert model is not None
+        return memcg.MemcgEvict(server.pid, model, keep_frac=MEMCG_KEEP_FRAC,
+                                headroom_bytes=MEMCG_HEADROOM, max_s=300)
+    raise AssertionError(sc.mechanism)
+
+
+@contextmanager
+def _client_via(strata, url: str | None) -> Iterator[None]:
+    """The case's client sent to ``url`` (the relay) instead of the server, for one case."""
+    if url is None:
+        yield
+        return
+    before = strata.setup
+    strata.setup = replace(before, base_url=url)
+    try:
+        yield
+    finally:
+        strata.setup = before
 
 
 def _truth(sc: Scenario, arm: str, gt: dict) -> tuple[str, ...]:
@@ -187,16 +252,21 @@ def _private_model(sess, server, tmp: Path) -> Iterator[str]:
         copy.unlink(missing_ok=True)
 
 
-def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResult:
-    """One measured case, inside whatever fault the caller switched on."""
+def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int,
+             via: str | None = None) -> ArmResult:
+    """One measured case, inside whatever fault the caller switched on (``via``: the
+    relay's URL, where the client connects instead of the server)."""
     w = sc.fault_workload if (arm == "fault" and sc.fault_workload) else sc.workload
-    case_id = f"fault/{sc.fault}/{arm}/{rep}"
+    case_id = f"fault/{sc.name}/{arm}/{rep}"
     interval = sess.cfg.profile.telemetry.interval_s
     quiet = faults.wait_quiet(server.pid, max_wait_s=15)
     watch = faults.GroundTruth(server.pid).start()
     try:
-        result = strata.run(w, case_id=case_id, scale=False, allow_errors=True,
-                            extra={"fault": sc.fault, "fault_arm": arm, "repetition": rep})
+        with _client_via(strata, via):
+            result = strata.run(w, case_id=case_id, scale=False, allow_errors=True,
+                                extra={"fault": sc.fault, "fault_arm": arm,
+                                       "repetition": rep, "fault_set": sc.fault_set,
+                                       "fault_scenario": sc.name})
         # The fault stays on until the agent's next tick has closed the window.
         time.sleep(interval + 0.3)
     finally:
@@ -214,7 +284,8 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int) -> ArmResul
                      _truth(sc, arm, gt),
                      {"ground_truth": gt, "injector": {}, "quiet_before": quiet,
                       "errors": [f"{r.request_id}: {r.error.cls}" for r in errors],
-                      "self_check": result.self_check.__dict__})
+                      "self_check": result.self_check.__dict__},
+                     sc.fault_set, sc.name)
 
 
 def _check(r: ArmResult) -> list[str]:
@@ -249,6 +320,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
     lines = matrix_lines(_RESULTS)
     (strata_session.run_dir / "fault_matrix.json").write_text(json.dumps(
         {"matrix": lines, "fault_classes": FAULT_CLASSES,
+         "sets": {TUNING: [s.name for s in TUNING_SCENARIOS],
+                  SET_ASIDE: [s.name for s in SET_ASIDE_SCENARIOS]},
          "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
         sort_keys=True, default=str) + "\n")
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -265,6 +338,7 @@ SHORT = {"cpu_contention": "cpu_cont", "cpu_limited": "cpu_limit", "io_page_faul
          "memory_pressure": "mem_pres",
          "queueing": "queueing", "client_bound": "client", "network": "network",
          "cpu_compute": "cpu_comp", "input_starved": "starved", "headroom": "headroom",
+         "server_stalled": "stalled", "outside_server": "outside", "unexplained": "unexpl",
          "prefill_decode_interference": "pd_interf", "kv_cache_capacity": "kv_cache"}
 
 
@@ -277,12 +351,14 @@ def matrix_lines(results: list[ArmResult]) -> list[str]:
     (ground truth), counting classes past threshold beyond the top two.
     """
     rows: dict[str, list[ArmResult]] = {}
-    for r in results:
-        rows.setdefault(r.scenario if r.arm == "fault" else "none", []).append(r)
+    for r in results:  # a row per mechanism; clean arms per set
+        key = (r.mechanism or r.scenario) if r.arm == "fault" else f"none ({r.fault_set})"
+        rows.setdefault(key, []).append(r)
     seen = sorted({c for r in results for c in r.classes if c not in FAULT_CLASSES})
     cols = [*FAULT_CLASSES, *seen, "incon", "missed", "false"]
-    out = [f"{'injected':<16}{'runs':>5}" + "".join(f"{SHORT.get(c, c)[:9]:>10}" for c in cols)]
-    for name in ["none", *FAULT_CLASSES]:
+    out = [f"{'injected':<18}{'runs':>5}" + "".join(f"{SHORT.get(c, c)[:9]:>10}" for c in cols)]
+    order = [f"none ({TUNING})", f"none ({SET_ASIDE})", *(sc.name for sc in SCENARIOS)]
+    for name in order:
         rs = rows.get(name, [])
         if not rs:
             continue
@@ -299,7 +375,7 @@ def matrix_lines(results: list[ArmResult]) -> list[str]:
             else:
                 n = sum(c in r.classes for r in rs)
             cells.append(f"{n:>10}")
-        out.append(f"{name:<16}{len(rs):>5}" + "".join(cells))
+        out.append(f"{name:<18}{len(rs):>5}" + "".join(cells))
     return out
 
 
@@ -309,7 +385,7 @@ def _orders() -> list[tuple[str, str]]:
 
 @pytest.mark.fault
 @pytest.mark.strata_configs("default", optional=True)
-@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.fault)
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda s: s.name)
 def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc, tmp_path,
                         record_property):
     sess, server = strata_session, strata_server
@@ -337,7 +413,8 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
                 elif arm == "clean" and injector is not None:
                     _close(injector, group)
                     injector, group = None, []
-                r = _run_arm(strata, sess, server, sc, arm, rep)
+                via = injector.url if isinstance(injector, relay.LatencyProxy) else None
+                r = _run_arm(strata, sess, server, sc, arm, rep, via)
                 results.append(r)
                 fault_matrix.append(r)
                 if arm == "fault":
@@ -347,6 +424,15 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
             if injector is not None:
                 _close(injector, group)
     problems = [p for r in results for p in _check(r)]
+    want = {"freezer_pause": "freezer_pause", "sigstop_pause": "sigstop_pause",
+            "memcg_evict": "memcg_evict"}.get(sc.mechanism,
+                                              "latency_proxy" if sc.delay_ms else None)
+    problems += [f"{r.case_id}: injected by {r.facts['injector'].get('name')}, not {want}"
+                 for r in results if want and r.arm == "fault"
+                 and r.facts["injector"].get("name") != want]
+    problems += [f"{r.case_id}: the memory cgroup OOM-killed {r.facts['injector']['oom_kills']}"
+                 " process(es): the fault was meant to evict pages, not kill"
+                 for r in results if r.facts["injector"].get("oom_kills")]
     for r in results:
         record_property(f"{r.arm}_{r.case_id.rsplit('/', 1)[-1]}_verdict", r.verdict)
     assert not problems, "\n".join(problems)

@@ -98,6 +98,21 @@ class RunSpec:
     run_id: str = "20250101T000000Z-test00"
     # what the host does during the idle baseline too (other users' load: background)
     baseline_behaviour: dict[str, float] = field(default_factory=dict)
+    # the agent's runstate collector on the head node at this interval (0: none); a case
+    # whose behaviour sets ``frozen_frac`` has its server frozen that share of every
+    # ``frozen_period_s`` (default 0.6 s): its tokens wait, its run time stands still
+    runstate_s: float = 0.0
+
+
+def frozen_until(t_ns: int, beh: dict[str, float]) -> int | None:
+    """When a freeze that ``t_ns`` (monotonic, or harness wall: same phase) falls in ends;
+    None outside one. Phases count from the anchor."""
+    frac = beh.get("frozen_frac", 0.0)
+    if not frac:
+        return None
+    period = int(beh.get("frozen_period_s", 0.6) * S)
+    phase = (t_ns - ANCHOR_MONO) % period
+    return t_ns - phase + int(frac * period) if phase < frac * period else None
 
 
 def _proc_record(spec: CaseSpec, rng: random.Random) -> ProcDelta | None:
@@ -132,6 +147,9 @@ def _records(spec: CaseSpec, start_mono: int, rng: random.Random) -> list[Reques
                 jitter += spec.chunk_jitter
             if j:
                 t += int(step * jitter * S)
+            thaw = frozen_until(t, spec.behaviour)
+            if thaw is not None:  # a frozen server sends nothing until it thaws
+                t = thaw + int(step * S)
             events.append(TokenEvent(t_ns=t, n_tokens=1, handled_ns=t + 20_000))
         done = t + 1_000_000
         text = spec.output_text or f"{spec.case_id}-{i}"
@@ -154,7 +172,7 @@ def _records(spec: CaseSpec, start_mono: int, rng: random.Random) -> list[Reques
                 ),
                 timings=Timings(
                     prompt_n=spec.isl,
-                    prompt_ms=ttft * 1000 * 0.9,
+                    prompt_ms=ttft * 1000 * 0.97,  # 3% of TTFT before the server
                     predicted_n=spec.osl,
                     predicted_ms=(busy_s - ttft) * 1000,
                 ),
@@ -336,6 +354,8 @@ def _samples(
                     w.add(t_node, "rdma", rail, "link_rate_gbps", 400, "gauge")
                     counter(t_node, "rdma", rail, "port_xmit_wait", 0.0, dt)
             t += step
+        if n == 0 and run.runstate_s:
+            _runstate(run, w, t_start, t_end, off0, off1, windows)
         skip = tuple(run.skip_sources)
         if n == 0:
             skip += tuple(run.unavailable)
@@ -348,6 +368,31 @@ def _samples(
             unavailable.setdefault("rdma", "no /sys/class/infiniband devices")
         (node_dir / "unavailable.json").write_text(json.dumps(unavailable, sort_keys=True))
     return nodes
+
+
+def _runstate(run: RunSpec, w: _Writer, t_start: int, t_end: int, off0: int, off1: int,
+              windows: list[tuple[int, int, dict]]) -> None:
+    """The runstate collector's samples: the server's threads run in a case window (the
+    case's ``server_cores``), sleep outside it, and stand still while frozen."""
+    step = int(run.runstate_s * S)
+    run_s = wait_s = 1000.0
+    t = t_start
+    threads = float(run.server_threads)
+    while t <= t_end:
+        lv = _window_of(t, windows)
+        # the phase counts on the monotonic clock: wall - (ANCHOR_WALL - ANCHOR_MONO)
+        frozen = frozen_until(t - ANCHOR_WALL + ANCHOR_MONO, lv) is not None
+        t_node = t + off0 + int((t - t_start) / max(t_end - t_start, 1) * (off1 - off0))
+        if not frozen:
+            run_s += lv["server_cores"] * run.runstate_s
+        running = 0.0 if frozen else min(threads, round(lv["server_cores"]))
+        for metric, v in (("run_s", run_s), ("wait_s", wait_s)):
+            w.add(t_node, "runstate", "", metric, v, "counter")
+        for metric, v in (("threads", threads), ("state_R", running),
+                          ("state_S", threads - running), ("state_D", 0.0), ("state_T", 0.0),
+                          ("state_other", 0.0), ("frozen", 1.0 if frozen else 0.0)):
+            w.add(t_node, "runstate", "", metric, v, "gauge")
+        t += step
 
 
 def make_run(root: Path, run: RunSpec) -> Path:

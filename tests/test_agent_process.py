@@ -74,8 +74,9 @@ def test_start_sample_stop(tmp_path, server, handles) -> None:
         "log",
         "perf",
         "numa",
+        "runstate",
     }
-    for name in ("proc", "cpu", "mem", "disk", "net", "rdma", "log", "numa"):
+    for name in ("proc", "cpu", "mem", "disk", "net", "rdma", "log", "numa", "runstate"):
         assert statuses[name] == {"status": "ok"}, name
     assert statuses["prom"]["status"] == "UNAVAILABLE"
     assert h.hello["pid"] == h.proc.pid and h.hello["node"] == "n1"
@@ -91,7 +92,7 @@ def test_start_sample_stop(tmp_path, server, handles) -> None:
     h.check()  # a stopped agent is not an error
 
     samples = tmp_path / "samples"
-    for src in ("proc", "cpu", "mem", "disk", "net", "rdma", "numa", "log", "agent"):
+    for src in ("proc", "cpu", "mem", "disk", "net", "rdma", "numa", "log", "runstate", "agent"):
         r = rows(samples / f"{src}.csv")
         assert r, src
         assert list(r[0]) == ["wall_ns", "node", "source", "device", "metric", "value", "kind"]

@@ -15,12 +15,13 @@ from strata_plugin.analysis.rules import (
     TRACE_BLOCK,
     TRACE_CUDA,
     TRACE_GPM,
+    TRACE_LEDGER,
     TRACE_SCHED,
     Verdict,
     WindowSignals,
     classify,
 )
-from strata_plugin.analysis.thresholds import THRESHOLDS, threshold
+from strata_plugin.analysis.thresholds import THRESHOLDS, threshold, value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +52,10 @@ CPU_CLEAN = WindowSignals(
     preemptions=0.0,
     server_queue_frac=0.05,
     outside_server_frac=0.02,
+    ledger_metric="e2e",
+    ledger_residual_frac=0.02,
+    server_stalled_frac=0.0,
+    server_stalled_window_frac=0.0,
     chunk_gap_p99_p50=1.3,
     prefill_stall_frac=0.01,
     prefill_stall_share=0.2,
@@ -173,6 +178,8 @@ ALONE = [
     # latency added between client and server: TTFT outside prefill, no server queue
     ("outside_server", CPU_CLEAN, dict(outside_server_frac=0.6, server_queue_frac=0.8)),
     ("client_bound", CPU_CLEAN, dict(client_bound=True)),
+    # the server frozen for a third of the decode time (the time ledger, runstate)
+    ("server_stalled", CPU_CLEAN, dict(server_stalled_frac=0.33, server_stalled_window_frac=0.3)),
     (
         "gpu_compute",
         GPU_CLEAN,
@@ -207,8 +214,56 @@ def test_each_class_alone(cls, base, kw):
     assert verdict.modifiers == ()
 
 
+def test_a_ledger_that_does_not_close_is_unexplained_not_headroom():
+    """Nothing past threshold but a fifth of the metric explained by no clock: the
+    verdict names ``unexplained`` with its size, is inconclusive (the escalation round
+    takes it) and asks for the ledger's finer trace; just under the bound it is headroom."""
+    verdict = v(CPU_CLEAN, ledger_metric="itl", ledger_residual_frac=0.2,
+                ledger_residual_ms=6.0, ledger_residual_part="decode gaps, no run state")
+    assert verdict.classes == ("unexplained",) and verdict.inconclusive
+    assert verdict.confidence <= 0.4
+    assert TRACE_LEDGER in verdict.finer_trace
+    assert any("6 ms, 20.0% of TPOT/ITL" in n and "decode gaps, no run state" in n
+               for n in verdict.notes), verdict.notes
+    from strata_plugin.analysis.traces import settle
+
+    assert settle.needs_diagnosis(verdict)  # --strata-escalate auto takes it
+    assert settle.traces_for(verdict) == ("sched", "block")
+    closed = v(CPU_CLEAN, ledger_metric="itl", ledger_residual_frac=0.09)
+    assert closed.classes == ("headroom",) and not closed.inconclusive
+    assert any("closes: residual 9.0% of TPOT/ITL" in n for n in closed.notes)
+
+
+def test_an_unmeasured_ledger_never_says_headroom():
+    verdict = v(CPU_CLEAN, ledger_residual_frac=None)
+    assert verdict.classes == () and verdict.inconclusive
+    assert any("unexplained" in n for n in verdict.notes), verdict.notes
+
+
+def test_unexplained_beside_a_class_that_fired_is_named_last():
+    verdict = v(CPU_CLEAN, ledger_residual_frac=0.5, psi_mem_some=0.5,
+                mem_available_frac=0.01, waiting_mean=6.0, server_queue_frac=0.8)
+    assert verdict.classes == ("memory_pressure", "queueing")
+    assert verdict.also_flagged == ("unexplained",) and not verdict.inconclusive
+
+
+def test_outside_server_needs_no_waiting_count_once_the_ledger_split_the_queue_out():
+    """The ledger took the server's queue out of TTFT (its queue clock, or the waiting
+    count by Little's law): the time before the server stands alone. Merged, it needs a
+    low waiting count to tell it from the queue, and is unassessable without one."""
+    past = value("outside_server_frac")
+    split = v(CPU_CLEAN, outside_server_frac=past, queue_split=True, waiting_mean=None)
+    assert_only(split, "outside_server")
+    assert not [e for e in split.evidence if e.metric == "waiting_mean"]
+    short = v(CPU_CLEAN, outside_server_frac=past * 0.98, queue_split=True, waiting_mean=None)
+    assert "outside_server" not in short.past_threshold
+    merged = v(CPU_CLEAN, outside_server_frac=past, queue_split=False, waiting_mean=None)
+    assert "outside_server" not in merged.past_threshold
+    assert any(m.startswith("waiting_mean") for m in merged.missing_signals)
+
+
 def test_every_class_is_reachable():
-    tested = {a[0] for a in ALONE} | {"throttling", "headroom"}
+    tested = {a[0] for a in ALONE} | {"throttling", "headroom", "unexplained"}
     assert tested == set(CLASSES)
 
 
@@ -305,6 +360,7 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
             "prefill_stall_frac",
             "prefill_stall_share",
             "outside_server_frac",
+            "ledger_residual_frac",
         ]
     )
     assert any("fell behind" in n for n in verdict.notes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin.load import own_quota
-from strata_plugin.testing import faults
+from strata_plugin.testing import faults, memcg, pauses, relay
 from tests.test_robustness_support import alive, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,3 +264,245 @@ def test_anonymous_mapping_is_not_a_model():
         assert all(f.endswith(".bin") for f in files)
     finally:
         m.close()
+
+
+# --- the set-aside faults (issue 23): freezer, SIGSTOP, relay, memory cgroup ---------------
+
+
+def _spinner() -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"],
+                         stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"up"
+    return p
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _cgroup_line(pid: int, controller: str) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(",") or (controller == "" and ctrls == ""):
+            return path
+    return ""
+
+
+def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
+    """While the freezer reads FROZEN the server's CPU time does not move; over 3 s it is
+    frozen about a third of the time (measured by the helper, and seen from outside);
+    afterwards it runs in its old cgroup and the freezer cgroup is gone."""
+    if os.geteuid() != 0:
+        pytest.skip("moving a process into a freezer cgroup needs root here")
+    p = _spinner()
+    try:
+        try:
+            _root, version = pauses.freezer_root()
+        except faults.FaultUnavailable as exc:
+            pytest.skip(str(exc))
+        home = _cgroup_line(p.pid, "freezer" if version == "v1" else "")
+        inj = pauses.FreezerPause(p.pid, pause_ms=200, period_ms=600, max_s=30)
+        inj.start()
+        assert inj.dir is not None and inj.dir.exists()
+        frozen_reads, still = 0, []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            if pauses.read_state(inj.dir, version) == "FROZEN":
+                frozen_reads += 1
+                c0 = faults._cpu_s(p.pid)
+                time.sleep(0.05)
+                if pauses.read_state(inj.dir, version) == "FROZEN":
+                    still.append(faults._cpu_s(p.pid) - c0)
+            time.sleep(0.01)
+        facts = inj.stop().as_dict()
+        assert frozen_reads > 0 and still and max(still) == 0.0, still
+        assert 0.28 < facts["confirmed_share"] < 0.38, facts  # a third, as asked
+        assert facts["cycles"] >= 4 and facts["removed"], facts
+        assert not inj.dir.exists() and _cgroup_line(p.pid, "freezer" if version == "v1"
+                                                     else "") == home
+        assert _state(p.pid) in ("R", "S")
+        c0 = faults._cpu_s(p.pid)
+        time.sleep(0.3)
+        assert faults._cpu_s(p.pid) - c0 > 0.05  # runs again
+        assert not _helpers() and not pauses_helpers()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def pauses_helpers() -> list[int]:
+    """Live helpers of the set-aside modules started by this test process."""
+    out = []
+    mine = f"--parent\0{os.getpid()}\0".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if mine in cmd and any(m in cmd for m in (b"testing.pauses", b"testing.relay",
+                                                       b"testing.memcg")) and alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+def test_freezer_helper_thaws_when_the_harness_is_killed(tmp_path):
+    """The harness SIGKILLed while the server is frozen: the helper (parent-death signal
+    SIGTERM) thaws it, moves it back and removes the cgroup."""
+    if os.geteuid() != 0:
+        pytest.skip("moving a process into a freezer cgroup needs root here")
+    p = _spinner()
+    script = textwrap.dedent(f"""
+        import time
+        from strata_plugin.testing import pauses
+        inj = pauses.FreezerPause({p.pid}, pause_ms=900, period_ms=1000, max_s=60)
+        inj.start()
+        print(inj.dir, inj.version, flush=True)
+        time.sleep(60)
+    """)
+    h = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert h.stdout is not None
+        d, version = h.stdout.readline().decode().split()
+        wait_for(lambda: pauses.read_state(Path(d), version) == "FROZEN", 5, what="FROZEN")
+        h.kill()
+        h.wait(10)
+        wait_for(lambda: not Path(d).exists(), 10, what="the freezer cgroup removed")
+        c0 = faults._cpu_s(p.pid)
+        time.sleep(0.3)
+        assert faults._cpu_s(p.pid) - c0 > 0.05  # thawed
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_sigstop_pause_stops_for_its_share_and_always_continues():
+    p = _spinner()
+    try:
+        inj = pauses.SigStopPause(p.pid, pause_ms=200, period_ms=600, max_s=30)
+        inj.start()
+        stopped = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            if _state(p.pid) == "T":
+                c0 = faults._cpu_s(p.pid)
+                time.sleep(0.05)
+                if _state(p.pid) == "T":
+                    stopped.append(faults._cpu_s(p.pid) - c0)
+            time.sleep(0.01)
+        facts = inj.stop().as_dict()
+        assert stopped and max(stopped) == 0.0, stopped
+        assert 0.28 < facts["confirmed_share"] < 0.38 and facts["cycles"] >= 4, facts
+        assert _state(p.pid) in ("R", "S") and not pauses_helpers()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+
+            def echo(c=c) -> None:
+                with c:
+                    while data := c.recv(65536):
+                        c.sendall(data)
+
+            threading.Thread(target=echo, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("delay_ms", [10.0, 50.0, 200.0])
+def test_latency_proxy_adds_its_delay_each_way(delay_ms):
+    """A round trip through the relay takes two one-way delays more than without it
+    (measured: at least 2 x delay, and not 15 ms more), every byte is relayed, and the
+    port is closed and the helper gone after stop."""
+    srv, port = _echo_server()
+    try:
+        px = relay.LatencyProxy(f"http://127.0.0.1:{port}", delay_ms=delay_ms, max_s=30)
+        px.start()
+        assert px.url == f"http://127.0.0.1:{px.port}"
+        rtts = []
+        with socket.create_connection(("127.0.0.1", px.port)) as s:
+            for _ in range(5):
+                t0 = time.monotonic()
+                s.sendall(b"x" * 1000)
+                got = b""
+                while len(got) < 1000:
+                    got += s.recv(65536)
+                rtts.append(time.monotonic() - t0)
+        facts = px.stop().as_dict()
+        med = sorted(rtts)[2] * 1e3
+        assert 2 * delay_ms <= med < 2 * delay_ms + 15, rtts
+        assert facts["bytes_up"] == 5000 and facts["connections"] == 1, facts
+        wait_for(lambda: facts["bytes_down"] == 5000, 1, what="bytes down")
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", px.port), timeout=1).close()
+        assert not pauses_helpers()
+    finally:
+        srv.close()
+
+
+def test_latency_proxy_refuses_a_non_loopback_upstream():
+    with pytest.raises(ValueError, match="loopback"):
+        relay.LatencyProxy("http://10.0.0.1:8080")
+
+
+def test_memcg_evict_evicts_the_model_pages_without_an_oom_kill(model_file):
+    """A process mapping 16 MiB and reading it every 50 ms, in a memory cgroup with room
+    for half of it: its mapping loses pages, it faults them back from disk, nobody is
+    OOM-killed, and afterwards it is back in its cgroup and the limited one is gone."""
+    if os.geteuid() != 0:
+        pytest.skip("memory cgroups and process_madvise on another process need root")
+    p = _mapper(model_file)
+    try:
+        from strata_plugin.agent.procfs import read_process_counters
+
+        try:
+            _root, version = memcg.memory_root()
+        except faults.FaultUnavailable as exc:
+            pytest.skip(str(exc))
+        home = _cgroup_line(p.pid, "memory" if version == "v1" else "")
+        c0 = read_process_counters([p.pid])
+        inj = memcg.MemcgEvict(p.pid, str(model_file), keep_frac=0.5,
+                               headroom_bytes=4 * 2**20, max_s=30)
+        inj.start()
+        assert inj.limit_bytes == 4 * 2**20 + 8 * 2**20
+        time.sleep(1.5)
+        c1 = read_process_counters([p.pid])
+        facts = inj.stop().as_dict()
+        assert facts["oom_kills"] == 0 and p.poll() is None, facts  # evicted, not killed
+        assert facts["model_rss_min"] <= 12 * 2**20, facts  # file pages dropped
+        assert facts["evicted_bytes"] > 16 * 2**20 and facts["limit_hits"] > 0, facts
+        assert c1.major_faults - c0.major_faults >= 5, (c0, c1)  # read back, again and again
+        assert c1.read_bytes - c0.read_bytes > 16 * 2**20, (c0, c1)
+        assert facts["removed"] and inj.dir is not None and not inj.dir.exists()
+        assert _cgroup_line(p.pid, "memory" if version == "v1" else "") == home
+        assert not pauses_helpers()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_memcg_evict_refuses_pages_another_process_maps(model_file):
+    a, b = _mapper(model_file), _mapper(model_file)
+    try:
+        inj = memcg.MemcgEvict(a.pid, str(model_file))
+        with pytest.raises(faults.FaultUnavailable, match="also mapped by"):
+            inj.start()
+        assert not inj.active and not pauses_helpers()
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()

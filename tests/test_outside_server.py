@@ -4,7 +4,7 @@ The server is llama-server behind a small TCP relay that holds every chunk, in b
 directions, for a fixed delay (a slow network path or proxy), started by a shim as the
 profile's server command. The same case runs against the relay with no delay and with
 1.5 s each way: the delayed one must name ``outside_server`` with the per-request
-decomposition as evidence (the share of each request no server clock accounts for), not
+share of TTFT the time ledger puts before the server as evidence, not
 ``queueing`` (the server's own waiting count stays 0), and the direct one must not.
 """
 
@@ -136,7 +136,9 @@ collectors = ["proc", "cpu", "mem", "prom", "log"]
     assert "outside_server" in delayed.past_threshold, delayed
     assert "queueing" not in delayed.past_threshold, delayed
     ev = {e.metric: e for e in delayed.evidence if e.cls == "outside_server"}
-    assert ev["outside_server_frac"].met and ev["waiting_mean"].met, ev
+    # the ledger's share of TTFT on the way there: the path's two delays in a TTFT of them
+    # plus a short prefill (the way there told from the queue by the case's floor)
+    assert ev["outside_server_frac"].met and ev["outside_server_frac"].value > 0.9, ev
     # the decomposition: what no server clock accounts for is the path's two delays
     from strata_plugin.analysis.case_summary import load_run
     from strata_plugin.analysis.metrics import request_metrics

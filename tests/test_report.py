@@ -153,11 +153,18 @@ def test_pngs_open_and_omit_empty_panels(cpu_report, gpu_report):
     import matplotlib.image as mpimg
 
     for run, n in ((cpu_report, 6), (gpu_report, 3)):  # cpu: 4 cases, run, A/B group
-        pngs = sorted((run / "plots").glob("*.png"))
+        pngs = sorted(p for p in (run / "plots").glob("*.png")
+                      if not p.name.startswith("ledger-"))
         assert len(pngs) == n
         for p in pngs:
             img = mpimg.imread(p)
             assert img.shape[0] > 300 and img.shape[1] > 500
+        # the time ledger: a bar and a stall timeline per case with requests
+        ledger = sorted((run / "plots").glob("ledger-*.png"))
+        assert len(ledger) == 2 * (n - 2 if run == cpu_report else n - 1)
+        for p in ledger:
+            img = mpimg.imread(p)
+            assert img.shape[0] > 150 and img.shape[1] > 500
     cpu_h = mpimg.imread(cpu_report / "plots" / "run.png").shape[0]
     gpu_h = mpimg.imread(gpu_report / "plots" / "run.png").shape[0]
     assert gpu_h > cpu_h  # the GPU panels exist only where there is GPU data

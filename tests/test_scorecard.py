@@ -101,7 +101,7 @@ def test_the_command_prints_and_writes_it(runs, tmp_path, capsys):
     out, js = tmp_path / "card.md", tmp_path / "card.json"
     assert main(["scorecard", *map(str, runs), "-o", str(out), "--json", str(js)]) == 0
     printed = capsys.readouterr().out
-    assert printed == out.read_text() and "| run | case | expected |" in printed
+    assert printed == out.read_text() and "| run | set | case | expected |" in printed
     doc = json.loads(js.read_text())
     assert len(doc["arms"]) == 6 and {c["cls"] for c in doc["classes"]} == {
         "cpu_limited", "memory_pressure"}
@@ -116,3 +116,107 @@ def test_a_folder_that_is_not_a_fault_run_is_a_clear_error(tmp_path, capsys):
     (d / "cases.jsonl").write_text(json.dumps({"case_id": "decode", "verdict": {}}) + "\n")
     assert main(["scorecard", str(d)]) == 2
     assert "no case records an injected fault" in capsys.readouterr().err
+
+
+STALLED = ev("server_stalled", "stalled_share", 0.33, 0.1)
+OUTSIDE = ev("outside_server", "outside_server_ttft_frac", 0.7, 0.25)
+
+
+def aside(c: dict, name: str) -> dict:
+    return {**c, "fault_set": "set-aside", "fault_scenario": name}
+
+
+@pytest.fixture()
+def split_run(tmp_path: Path) -> Path:
+    """Two tuning arms and four set-aside arms, each figure countable by hand."""
+    return make_run(tmp_path, "s", [
+        case("fault/cpu_limited/clean/0", "cpu_limited", "clean", ["cpu_compute"]),
+        case("fault/cpu_limited/fault/0", "cpu_limited", "fault", ["cpu_limited"],
+             evidence=[THROTTLED]),
+        # set-aside: a freezer arm named, a proxy arm missed (headroom), a clean arm
+        # naming outside_server although no relay ran, a proxy arm ranked second
+        aside(case("fault/freezer_pause/fault/0", "server_stalled", "fault",
+                   ["server_stalled"], evidence=[STALLED]), "freezer_pause"),
+        aside(case("fault/proxy_50ms/fault/0", "outside_server", "fault", ["headroom"]),
+              "proxy_50ms"),
+        aside(case("fault/proxy_50ms/clean/0", "outside_server", "clean",
+                   ["outside_server"], evidence=[OUTSIDE]), "proxy_50ms"),
+        aside(case("fault/proxy_200ms/fault/0", "outside_server", "fault",
+                   ["cpu_compute", "outside_server"], evidence=[OUTSIDE]), "proxy_200ms"),
+    ], {"fault/cpu_limited/clean/0": [], "fault/cpu_limited/fault/0": ["cpu_limited"],
+        "fault/freezer_pause/fault/0": ["server_stalled"],
+        "fault/proxy_50ms/fault/0": ["outside_server"], "fault/proxy_50ms/clean/0": [],
+        "fault/proxy_200ms/fault/0": ["outside_server"]})
+
+
+def test_the_tuning_and_set_aside_sets_are_scored_apart(split_run, tmp_path):
+    arms = read_run(split_run)
+    assert {a.case_id: a.fault_set for a in arms}["fault/proxy_50ms/clean/0"] == "set-aside"
+    assert {a.scenario for a in arms if a.fault_set == "set-aside"} == {
+        "freezer_pause", "proxy_50ms", "proxy_200ms"}
+    text = scorecard_markdown(arms)
+    tuning, aside_part = text.split("### Set-aside set")
+    assert "### Tuning set" in tuning
+    assert "Hits: 2 of 2." in tuning and "named): 1 of 1" in tuning.replace("\n", " ")
+    # set-aside: the freezer hit and the proxy_200ms hit (second of two); the missed
+    # proxy arm and the clean arm that named outside_server falsely are misses
+    assert "Hits: 2 of 4." in aside_part
+    assert ("named): 1 of 3; top-3 (among the first three classes past threshold): 2 of 3"
+            in aside_part.replace("\n", " ")), aside_part
+    assert "| outside_server | 2 | 1 | 1 | 1 | 0.50 | 0.50 |" in aside_part
+    assert "| server_stalled | 1 | 1 | 0 | 0 | 1.00 | 1.00 |" in aside_part
+    assert "cpu_limited" not in aside_part.split("| run | set |")[0]  # no tuning rows in it
+    js = tmp_path / "card.json"
+    assert main(["scorecard", str(split_run), "--json", str(js)]) == 0
+    sets = json.loads(js.read_text())["sets"]
+    assert {k: (v["arms"], v["hits"], v["fault_arms"], v["top1"], v["top3"])
+            for k, v in sets.items()} == {"tuning": (2, 2, 1, 1, 1),
+                                         "set-aside": (4, 2, 3, 1, 2)}
+
+
+def test_a_run_from_before_the_split_is_all_tuning(runs):
+    text = scorecard_markdown([x for r in runs for x in read_run(r)])
+    assert "### " not in text and "| a | tuning | fault/cpu_limited/clean/0 |" in text
+
+
+def test_an_unknown_fault_set_is_a_clear_error(tmp_path, capsys):
+    d = make_run(tmp_path, "bad", [
+        {**case("fault/x/fault/0", "cpu_limited", "fault", ["cpu_limited"]),
+         "fault_set": "holdout"}], {})
+    assert main(["scorecard", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "fault/x/fault/0" in err and "'holdout'" in err and "tuning, set-aside" in err
+
+
+def test_rescore_decides_each_verdict_again(runs, monkeypatch, capsys):
+    """--rescore scores the verdict this code decides from the raw files, not the one the
+    run recorded: the analysis is asked for each case of a view of the run folder whose
+    cases.jsonl holds no verdict (here a stand-in for the analysis names the fault in
+    every arm), and the run folder itself is untouched."""
+    from types import SimpleNamespace
+
+    from strata_plugin.analysis import case_summary
+
+    asked = []
+    before = {r: (r / "cases.jsonl").read_text() for r in runs}
+
+    def decide(view, case_id):
+        lines = [json.loads(x) for x in (view / "cases.jsonl").read_text().splitlines()]
+        assert all("verdict" not in c for c in lines) and (view / "manifest.json").is_symlink()
+        asked.append((view.name, case_id))
+        fault = case_id.split("/")[1]
+        return SimpleNamespace(verdict=case_summary.Verdict(
+            classes=(fault,), evidence=(case_summary.Evidence(**ev(fault, "m", 1.0, 0.5)),),
+            confidence=1.0, inconclusive=False, finer_trace=(), missing_signals=()))
+
+    monkeypatch.setattr(case_summary, "summarize_case", decide)
+    assert main(["scorecard", *map(str, runs)]) == 0
+    recorded = capsys.readouterr().out
+    assert main(["scorecard", "--rescore", *map(str, runs)]) == 0
+    again = capsys.readouterr().out
+    assert len(asked) == 6 and {v for v, _ in asked} == {"a", "b"}
+    assert "Hits: 3 of 6." in recorded
+    # every fault arm now hits; the clean arms named the scenario's class, which the
+    # ground truth did not see there, so they miss
+    assert "Hits: 4 of 6." in again and "named): 4 of 4" in again.replace("\n", " ")
+    assert {r: (r / "cases.jsonl").read_text() for r in runs} == before

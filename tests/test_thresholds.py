@@ -88,6 +88,9 @@ CASES: tuple[Boundary, ...] = (
     Boundary("server_queue_frac", "queueing", CPU_CLEAN,
              one("server_queue_frac", waiting_mean=None)),
     Boundary("outside_server_frac", "outside_server", CPU_CLEAN, one("outside_server_frac")),
+    # the time ledger (analysis/ledger.py)
+    Boundary("server_stalled_frac", "server_stalled", CPU_CLEAN, one("server_stalled_frac")),
+    Boundary("ledger_residual_max", "unexplained", CPU_CLEAN, one("ledger_residual_frac")),
     Boundary("kv_usage_high", "kv_cache_capacity", CPU_CLEAN, one("kv_usage_max")),
     Boundary("preemptions_max", "kv_cache_capacity", CPU_CLEAN, one("preemptions"),
              op=">", absolute_step=1.0),
@@ -163,6 +166,9 @@ NOT_A_RULE_BOUNDARY = {
     "client_handling_lag_p99_ms": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "client_cpu_cores": "the load generator's self-check (test_loadgen_selfcheck.py)",
     "client_delay_share": "the load generator's self-check (test_loadgen_selfcheck.py)",
+    "ledger_stall_factor": "analysis/ledger.py's stall yardstick (test_ledger.py, the "
+    "gaps just under and over it)",
+    "ledger_clock_error_ms": "the ledger's stated clock error (test_ledger.py)",
     "chunk_gaps_min": "signals.build_signals (test_chunk_gap_ratio_needs_enough_gaps below)",
     "chunk_gap_p99_p50": "reported with the case's signals; the interference rule reads the "
     "prefill stalls instead (test_interference.py)",
@@ -199,7 +205,9 @@ PINNED = {
     "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
     "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
     "net_drop_events": 1.0, "waiting_requests_mean": 0.5, "server_queue_frac": 0.5,
-    "outside_server_frac": 0.25, "kv_usage_high": 0.95, "preemptions_max": 0.0,
+    "outside_server_frac": 0.1, "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
+    "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
+    "kv_usage_high": 0.95, "preemptions_max": 0.0,
     "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,
     "client_bound": 1.0, "client_lateness_p99_ms": 5.0, "client_handling_lag_p99_ms": 5.0,
     "client_cpu_cores": 0.85, "client_delay_share": 0.05, "full_margin": 0.25,

@@ -177,3 +177,76 @@ def resolve(spec: str, server_pid: int | None = None) -> tuple[CgroupDirs, str]:
     if os.path.exists(os.path.join(spec, "cgroup.controllers")):
         return CgroupDirs(v2=spec), spec
     return CgroupDirs(v1_cpu=spec, v1_memory=spec), spec
+
+
+@dataclass(frozen=True)
+class FreezerFiles:
+    """Where one process's freezer state is read (Linux kernel docs: admin-guide/cgroup-v1/
+    freezer-subsystem.rst, ``freezer.state``; admin-guide/cgroup-v2.rst, ``cgroup.freeze``
+    and ``cgroup.events`` "frozen").
+
+    ``v1_state``: the v1 ``freezer.state`` file ("" when the process sits in the v1 root,
+    which has none and can never be frozen); ``v2_events`` / ``v2_freeze``: the v2 files
+    ("" in the v2 root, likewise). ``available`` is False when no freezer exists at all
+    (no v1 freezer hierarchy mounted, no v2 hierarchy with the files).
+    """
+
+    v1_state: str = ""
+    v2_events: str = ""
+    v2_freeze: str = ""
+    available: bool = False
+
+
+def freezer_files(cgroup_text: bytes, root: str = CGROUP_ROOT) -> FreezerFiles:
+    """The freezer files of the process whose ``/proc/<pid>/cgroup`` reads ``cgroup_text``."""
+    v1 = v2e = v2f = ""
+    available = False
+    for line in cgroup_text.decode(errors="replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.lstrip("/")
+        if "freezer" in controllers.split(","):
+            mount = os.path.join(root, "freezer")
+            if os.path.isdir(mount):
+                available = True
+                f = os.path.join(mount, path, "freezer.state")
+                v1 = f if path and os.path.exists(f) else ""
+        elif controllers == "":
+            for base in (root, os.path.join(root, "unified")):
+                if not os.path.exists(os.path.join(base, "cgroup.controllers")):
+                    continue
+                d = os.path.join(base, path)
+                if not path:
+                    # the v2 root cannot be frozen; whether a child could tells the kernel
+                    # has the v2 freezer (cgroup.freeze exists in every non-root group)
+                    available = available or _v2_has_freezer(base)
+                elif os.path.exists(os.path.join(d, "cgroup.freeze")):
+                    available = True
+                    v2e, v2f = os.path.join(d, "cgroup.events"), os.path.join(d, "cgroup.freeze")
+                break
+    return FreezerFiles(v1, v2e, v2f, available)
+
+
+def _v2_has_freezer(base: str) -> bool:
+    try:
+        for name in os.listdir(base):
+            if os.path.exists(os.path.join(base, name, "cgroup.freeze")):
+                return True
+    except OSError:
+        pass
+    return False
+
+
+def is_frozen(v1_state: bytes | None, v2_events: bytes | None, v2_freeze: bytes | None) -> bool:
+    """FROZEN or FREEZING (v1), ``frozen 1`` in cgroup.events or ``1`` in cgroup.freeze (v2)."""
+    if v1_state and v1_state.strip() in (b"FROZEN", b"FREEZING"):
+        return True
+    if v2_freeze and v2_freeze.strip() == b"1":
+        return True
+    if v2_events:
+        i = v2_events.find(b"frozen ")
+        if i >= 0 and v2_events[i + 7 : i + 8] == b"1":
+            return True
+    return False

@@ -38,10 +38,11 @@ ALL_COLLECTORS = (
     "log",
     "perf",
     "numa",
+    "runstate",
 )
 #: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).
 CPU_SIDE_COLLECTORS = ("proc", "cpu", "mem", "disk", "net", "rdma", "log", "numa")
-TARGET_COLLECTORS = ("proc", "perf", "numa")
+TARGET_COLLECTORS = ("proc", "perf", "numa", "runstate")
 MIN_INTERVAL_S = 0.1
 _INF = (float("inf"), float("-inf"))
 MAX_FAILURES = 5
@@ -79,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="self",
         help="whose cgroup the cpu and mem collectors read: server (the first tracked "
         "process) | pid:<N> | self | a cgroup directory | none",
+    )
+    p.add_argument(
+        "--runstate-interval",
+        type=float,
+        default=0.02,
+        help="seconds between the runstate collector's samples of the server's threads "
+        "(its own grid, finer than --interval; >= 0.005)",
     )
     p.add_argument("--ib-root", default="/sys/class/infiniband", help="RDMA sysfs root")
     p.add_argument("--prom-url", help="the engine's Prometheus /metrics URL")
@@ -191,6 +199,10 @@ def make_collectors(args: argparse.Namespace, targets: ProcessTargets) -> list[C
             from .collectors.numa import NumaCollector
 
             out.append(NumaCollector(targets))
+        elif name == "runstate":
+            from .collectors.runstate import RunstateCollector
+
+            out.append(RunstateCollector(targets, interval_s=args.runstate_interval))
         else:
             raise ValueError(f"unknown collector {name!r}; known: {', '.join(ALL_COLLECTORS)}")
     return out

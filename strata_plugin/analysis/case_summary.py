@@ -9,36 +9,37 @@ report agree when the inputs do.
 from __future__ import annotations
 
 import gc
-import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis import interference, rails
+from strata_plugin.analysis import interference, rails, run_states
 from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.failures import failed_verdict, mostly_failed
+from strata_plugin.analysis.ledger import CaseLedger, case_ledger, server_clocks
 from strata_plugin.analysis.metrics import (
     HEADLINE_STATS,
     CaseMetrics,
     case_metrics,
     headline,
-    request_metrics,
-    ttft_ms,
 )
 from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
+    HwView,
     RequestFacts,
     build_signals,
+    server_node,
 )
 from strata_plugin.analysis.sufficiency import (
     PER_REQUEST_DISTRIBUTIONS,
     percentile_of_stat,
     supported,
 )
+from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.analysis.timeline import (
     HwStat,
     SampleStore,
@@ -81,6 +82,7 @@ class CaseAnalysis:
     info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
     interference: interference.Interference | None = None  # decode stalls against prefills
+    ledger: CaseLedger | None = None  # where each request's time went (analysis/ledger.py)
 
     def hw_headline(self) -> dict[str, float]:
         """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
@@ -131,6 +133,12 @@ class CaseAnalysis:
             props[f"bottleneck_{i}"] = cls
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
+        led = self.ledger
+        if led is not None and led.n and led.residual_frac() is not None:
+            props["ledger_metric"] = led.metric
+            props["ledger_residual_frac"] = round(led.residual_frac() or 0.0, 4)
+            props["ledger_closes"] = int((led.residual_frac() or 0.0)
+                                         < threshold_value("ledger_residual_max"))
         props.update(self.hw_headline())
         props.update(self.headline_support())
         if self.energy is not None:
@@ -200,35 +208,11 @@ def request_intervals(bundle: RunBundle, case_id: str) -> tuple[tuple[int, int],
     )
 
 
-def _queue_share(rec: RequestRecord) -> float | None:
-    """(ttft - server prompt ms) / ttft: the share of TTFT spent outside prefill."""
-    if not rec.ok or rec.timings is None or rec.timings.prompt_ms is None:
-        return None
-    ttft = ttft_ms(rec)
-    if ttft is None or ttft <= 0:
-        return None
-    return max(0.0, ttft - rec.timings.prompt_ms) / ttft
-
-
-def _outside_share(rec: RequestRecord) -> float | None:
-    """The share of a request's time (dispatch to last token) that no server clock
-    accounts for: e2e - (llama.cpp prompt_ms + predicted_ms)."""
-    if not rec.ok or rec.timings is None:
-        return None
-    m = request_metrics(rec)
-    if m.outside_server_ms is None or not m.e2e_ms or m.e2e_ms <= 0:
-        return None
-    return min(1.0, m.outside_server_ms / m.e2e_ms)
-
-
 def request_facts(
     bundle: RunBundle, case_id: str, records: Sequence[RequestRecord], cm: CaseMetrics
 ) -> RequestFacts:
     info = bundle.case_info(case_id)
-    measured = [r for r in records if r.phase == "measured"]
     intervals = request_intervals(bundle, case_id)
-    fracs = [f for f in (_queue_share(r) for r in measured) if f is not None]
-    outside = [f for f in (_outside_share(r) for r in measured) if f is not None]
     conc = info.params.get("concurrency")
     return RequestFacts(
         intervals_wall=intervals,
@@ -236,12 +220,11 @@ def request_facts(
         chunk_gap_p99=cm.chunk_gap.p99,
         n_chunk_gaps=cm.chunk_gap.n,
         tpot_p50=cm.tpot.p50,
-        server_queue_frac=statistics.median(fracs) if fracs else None,
+        server_queue_frac=None,  # the time ledger's (ledger_of)
         concurrency=int(conc) if isinstance(conc, (int, float)) else None,
         client_bound=info.client_bound,
         client_lateness_p99_ms=info.self_check("dispatch_lateness_p99_ms"),
         client_cpu_fraction=info.self_check("client_cpu_cores"),
-        outside_server_frac=statistics.median(outside) if outside else None,
     )
 
 
@@ -292,6 +275,8 @@ def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
     try:
         ev = tuple(Evidence(**e) for e in d.get("evidence", ()))
         tuples = {k: tuple(v) for k, v in d.items() if isinstance(v, list) and k != "evidence"}
+        if "weights" in tuples:
+            tuples["weights"] = tuple(tuple(w) for w in tuples["weights"])
         return Verdict(**{**d, **tuples, "evidence": ev})
     except TypeError:  # written by another version: recompute
         return None
@@ -392,6 +377,35 @@ def _signals(ctx: RunContext, name: str, window: Window, hw: Sequence[HwStat],
     )
 
 
+def ledger_of(
+    bundle: RunBundle,
+    case_id: str,
+    hw: Sequence[HwStat],
+    cm: CaseMetrics,
+    sig: WindowSignals,
+    store: SampleStore | None,
+    window: Window | None,
+) -> CaseLedger:
+    """The case's time ledger: its records, the engine's queue/prefill clocks (or the
+    waiting count), and the server's run state where the agent sampled it."""
+    info = bundle.case_info(case_id)
+    states = None
+    if store is not None and window is not None:
+        states = run_states.from_store(store, window.start_ns, window.end_ns,
+                                       node=_server_node(hw))
+    return case_ledger(
+        case_id, info.name, info.params, bundle.records.get(case_id, []),
+        clocks=server_clocks(hw, sig.waiting_mean, cm.n_requests, cm.window_s),
+        states=states, anchor=bundle.anchor,
+        clock_error_ms=info.self_check("timing_error_bound_ms"),
+        window_ns=(window.start_ns, window.end_ns) if window is not None else None,
+    )
+
+
+def _server_node(hw: Sequence[HwStat]) -> str | None:
+    return server_node(HwView(hw))
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
@@ -399,9 +413,11 @@ def analyze_case(
     hw: Sequence[HwStat],
     cm: CaseMetrics | None = None,
     baseline: tuple[Window, Sequence[HwStat]] | None = None,
+    store: SampleStore | None = None,
 ) -> CaseAnalysis:
     """One case from its hardware rows; ``cm`` when the case metrics are already known;
-    ``baseline`` (its window and rows) marks which classes were there before the load."""
+    ``baseline`` (its window and rows) marks which classes were there before the load;
+    ``store`` (the run's samples) gives the time ledger the server's run state."""
     info = bundle.case_info(case_id)
     window = bundle.case_windows().get(case_id)
     records = bundle.records.get(case_id, [])
@@ -428,6 +444,8 @@ def analyze_case(
             multi_node=ctx.multi_node,
             unavailable=ctx.unavailable,
         )
+    ledger = ledger_of(bundle, case_id, hw, cm, sig, store, window)
+    sig = replace(sig, **ledger.signals())
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
@@ -439,6 +457,8 @@ def analyze_case(
         verdict = replace(
             verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
         )
+    if "server_stalled" in verdict.past_threshold:
+        verdict = replace(verdict, notes=(*verdict.notes, ledger.stall_line()))
     if lost:
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
@@ -458,6 +478,7 @@ def analyze_case(
         info=dict(info.raw),
         rails=rep,
         interference=inter,
+        ledger=ledger,
     )
 
 
@@ -508,7 +529,7 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
         base = baseline_window(bundle, case_id)
         baseline = (base, summarize_window(store, base)) if base is not None else None
         return analyze_case(bundle, run_context(bundle, store), case_id, hw,
-                            baseline=baseline)
+                            baseline=baseline, store=store)
 
 
 @dataclass
@@ -592,7 +613,7 @@ def analyze_run(run_dir: Path | str, *, parallel: bool | None = None) -> RunAnal
                     baseline = (base, rows)
                 analyses.append(
                     analyze_case(bundle, ctx, cid, hw_by_window.get(cid, []), cms[cid],
-                                 baseline=baseline)
+                                 baseline=baseline, store=store)
                 )
     finally:
         if pool is not None:

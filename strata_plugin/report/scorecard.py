@@ -12,6 +12,12 @@ host's real contention beside the injected fault) comes from the suite's indepen
 host watch in ``fault_matrix.json`` where the run has one; without it, only the
 injected fault counts.
 
+The suite's scenarios come in two sets, recorded per case as ``fault_set``: the
+tuning set (the faults the rules' thresholds were set on) and the set-aside set (faults
+that set no threshold: a fair test of rules that were not fitted to them). Each set is
+scored apart; a case line without ``fault_set`` (a run from before the split) counts as
+tuning.
+
 Scored the way the suite judges an arm: a fault arm is a hit when its fault is among
 the verdict's named classes (one or two), conclusively, with evidence past its
 threshold; any arm misses when it names a fault class that did not happen. Top-1: the
@@ -33,6 +39,12 @@ from strata_plugin.formats.atomic import atomic_write_text
 
 #: A clean arm expects nothing.
 NONE = "none"
+#: The fault suite's two sets: the scenarios the rules' thresholds were tuned on, and
+#: the ones kept apart, that set no threshold (a run without ``fault_set`` predates the
+#: split: all its scenarios were tuning ones).
+TUNING = "tuning"
+SET_ASIDE = "set-aside"
+SETS = (TUNING, SET_ASIDE)
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class Arm:
     evidence: tuple[str, ...]  # met evidence, "cls: metric value op threshold"
     truth: tuple[str, ...]  # fault classes that happened
     fault_classes: tuple[str, ...] = field(default=(), compare=False)
+    fault_set: str = TUNING
+    scenario: str = ""  # the scenario's name where it differs from its class (delays)
 
     @property
     def expected(self) -> str:
@@ -97,8 +111,38 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def read_run(run_dir: Path) -> list[Arm]:
-    """The fault arms and clean arms of one run folder, in the order they ran."""
+def rescored_verdicts(run_dir: Path, case_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each case's verdict decided again by this code from the run's raw files (samples,
+    requests, markers), as the case's teardown records it.
+
+    The analysis keeps a verdict recorded at the case's end (what JUnit reported); to
+    decide afresh it reads a view of the run folder whose ``cases.jsonl`` lines have no
+    verdict: every other entry is a symbolic link to the run's own, nothing is copied
+    and the run folder is not changed.
+    """
+    import dataclasses
+    import os
+    import tempfile
+
+    from strata_plugin.analysis.case_summary import summarize_case
+
+    with tempfile.TemporaryDirectory(prefix="strata-rescore-") as tmp:
+        view = Path(tmp) / run_dir.name
+        view.mkdir()
+        for entry in run_dir.iterdir():
+            if entry.name != "cases.jsonl":
+                os.symlink(entry.resolve(), view / entry.name)
+        with open(view / "cases.jsonl", "w") as out:
+            for c in _lines(run_dir / "cases.jsonl"):
+                c.pop("verdict", None)
+                out.write(json.dumps(c) + "\n")
+        return {cid: dataclasses.asdict(summarize_case(view, cid).verdict)
+                for cid in case_ids}
+
+
+def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
+    """The fault arms and clean arms of one run folder, in the order they ran; with
+    ``rescore``, each verdict decided again by this code instead of the recorded one."""
     cases = run_dir / "cases.jsonl"
     if not (run_dir / "manifest.json").exists() or not cases.exists():
         raise ScorecardError(f"{run_dir}: not a run folder (needs manifest.json and "
@@ -121,8 +165,9 @@ def read_run(run_dir: Path) -> list[Arm]:
     fault_classes = tuple(sorted(set(recorded) | set(scenarios)
                                  | {x for t in truth.values() for x in t}))
     arms = []
+    fresh = rescored_verdicts(run_dir, list(latest)) if rescore else {}
     for cid, c in latest.items():
-        v = c["verdict"]
+        v = fresh[cid] if rescore else c["verdict"]
         classes = tuple(v.get("classes", ()))
         evidence = tuple(
             f"{e['cls']}: {e['metric']} {e['value']:g} {e['op']} {e['threshold_value']:g}"
@@ -140,11 +185,21 @@ def read_run(run_dir: Path) -> list[Arm]:
             evidence=evidence,
             truth=tuple(sorted(set(truth.get(cid, injected)) | set(injected))),
             fault_classes=fault_classes,
+            fault_set=_fault_set(c, cases),
+            scenario=str(c.get("fault_scenario") or c["fault"]),
         ))
     if not arms:
         raise ScorecardError(f"{run_dir}: no case records an injected fault (cases.jsonl "
                              "'fault' / 'fault_arm'); is it a fault-suite run?")
     return arms
+
+
+def _fault_set(case: dict[str, Any], path: Path) -> str:
+    value = case.get("fault_set", TUNING)
+    if value not in SETS:
+        raise ScorecardError(f"{path}: case {case['case_id']!r} has fault_set {value!r}; "
+                             f"expected one of {', '.join(SETS)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -182,8 +237,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def scorecard_markdown(arms: Sequence[Arm]) -> str:
-    """The scorecard: totals, per class, the confusion matrix and every arm."""
+def _totals_lines(arms: Sequence[Arm]) -> list[str]:
+    """Hits, top-1/top-3, per-class precision and recall, and the confusion matrix."""
     faults = [a for a in arms if a.arm == "fault"]
     runs = sorted({a.run for a in arms})
     hits = sum(a.hit for a in arms)
@@ -216,13 +271,29 @@ def scorecard_markdown(arms: Sequence[Arm]) -> str:
         cells = [str(sum((a.classes[0] if a.classes else "none") == f for a in rs))
                  for f in firsts]
         lines.append(f"| {e} | {len(rs)} | " + " | ".join(cells) + " |")
-    lines += ["", "| run | case | expected | named | hit | evidence (past threshold) |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    return lines
+
+
+def scorecard_markdown(arms: Sequence[Arm]) -> str:
+    """The scorecard: totals, per class and the confusion matrix for each set (tuning,
+    set-aside) apart, then every arm."""
+    lines: list[str] = []
+    sets = [s for s in SETS if any(a.fault_set == s for a in arms)]
+    for name in sets:
+        mine = [a for a in arms if a.fault_set == name]
+        if len(sets) > 1 or name != TUNING:
+            what = ("the scenarios the thresholds were tuned on" if name == TUNING else
+                    "scenarios that set no threshold")
+            lines += [f"### {name.capitalize()} set ({what})", ""]
+        lines += [*_totals_lines(mine), ""]
+    lines += ["| run | set | case | expected | named | hit | evidence (past threshold) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
         mine = [x for x in a.evidence if a.arm == "clean" or x.startswith(a.fault + ":")]
         why = [*(["missed"] if a.arm == "fault" and not a.fault_named else []),
                *([f"false: {', '.join(a.false_classes)}"] if a.false_classes else [])]
-        lines.append(f"| {a.run} | {a.case_id} | {a.expected} | {_cell(a.named)} | "
+        lines.append(f"| {a.run} | {a.fault_set} | {a.case_id} | {a.expected} | "
+                     f"{_cell(a.named)} | "
                      f"{'hit' if a.hit else 'miss (' + '; '.join(why) + ')'} | "
                      f"{_cell('; '.join(mine) or '-')} |")
     return "\n".join(lines) + "\n"
@@ -233,14 +304,18 @@ def scorecard_main(argv: list[str]) -> int:
         prog="python -m strata_plugin scorecard",
         description="Score the verdicts of fault-suite runs (cases/test_faults.py): per "
         "scenario the expected class, the named class, hit or miss and the evidence; "
-        "per class precision and recall; top-1 / top-3 accuracy.",
+        "per class precision and recall; top-1 / top-3 accuracy; for the tuning set "
+        "and the set-aside set apart.",
     )
     p.add_argument("runs", type=Path, nargs="+", help="reports/<RUN_ID> of fault-suite runs")
     p.add_argument("-o", "--out", type=Path, help="also write the scorecard (Markdown) here")
     p.add_argument("--json", type=Path, help="also write every arm and class score as JSON")
+    p.add_argument("--rescore", action="store_true",
+                   help="decide every verdict again with this code from the runs' raw "
+                   "files, instead of the verdict recorded when the case ran")
     args = p.parse_args(argv)
     try:
-        arms = [a for run in args.runs for a in read_run(run)]
+        arms = [a for run in args.runs for a in read_run(run, rescore=args.rescore)]
     except (ScorecardError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -254,5 +329,13 @@ def scorecard_main(argv: list[str]) -> int:
                       "top3": a.top3} for a in arms],
             "classes": [{**s.__dict__, "precision": s.precision, "recall": s.recall}
                         for s in class_scores(arms)],
+            "sets": {name: {
+                "arms": len(mine), "hits": sum(a.hit for a in mine),
+                "fault_arms": sum(a.arm == "fault" for a in mine),
+                "top1": sum(a.top1 for a in mine), "top3": sum(a.top3 for a in mine),
+                "classes": [{**s.__dict__, "precision": s.precision, "recall": s.recall}
+                            for s in class_scores(mine)]}
+                for name in SETS for mine in [[a for a in arms if a.fault_set == name]]
+                if mine},
         }, indent=2) + "\n")
     return 0 if arms else 1

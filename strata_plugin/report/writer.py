@@ -41,6 +41,7 @@ from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import (
     ab_plots,
     capacity_md,
+    ledger_md,
     plots,
     prefix_cache_md,
     steady_state_md,
@@ -382,6 +383,9 @@ def write_report(run_dir: Path | str) -> Path:
         data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
     data.extra_sections.append(capacity_md.section(bundle, analyses, plot_dir))
+    data.extra_sections.append(ledger_md.section(bundle, analyses, plot_dir))
+    (run_dir / "ledger.jsonl").write_text("".join(
+        r.to_json() + "\n" for a in analyses if a.ledger is not None for r in a.ledger.requests))
 
     case_metrics = {a.case_id: a.metrics for a in analyses}
     for group, arms in ab_groups(bundle).items():

@@ -11,6 +11,9 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING
 
+#: The fine-grained run-state collector, enabled on every node that follows a server.
+RUNSTATE = "runstate"
+
 if TYPE_CHECKING:
     from strata_plugin.run.server import Server
     from strata_plugin.run.session import StrataSession
@@ -24,10 +27,15 @@ def _local_argv(sess: StrataSession, node: str, server_pid: int | None,
     # The server's own cgroup (its quota, throttling, memory limit), not the agent's: on
     # a node without a server process to follow there is no cgroup worth reading.
     cgroup = "server" if server_pid or t.pid_pattern else "none"
+    collectors = list(t.collectors)
+    if (server_pid or t.pid_pattern) and RUNSTATE not in collectors:
+        # The server's run state on its grid of 20 ms (docs/agent.md, "runstate"): where
+        # the server runs, always; the ledger's decode gaps are classified by it.
+        collectors.append(RUNSTATE)
     return agent_argv(
         node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
         pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
-        log_patterns=dict(t.log_patterns), collectors=list(t.collectors),
+        log_patterns=dict(t.log_patterns), collectors=collectors,
         python=sys.executable, cgroup=cgroup)
 
 

@@ -15,6 +15,13 @@ random phase within one interval, each with content ``"<sent_ns>;"`` (``emit_bur
 events per write, default 1); then a
 usage chunk and ``[DONE]``. Use :func:`sent_stamps`
 to read the stamps back out of a record's ``output_text``.
+
+A scripted split, for the time ledger's tests: ``emit_first_byte_delay_s`` holds the
+response head that long (time before the server's clock starts); ``emit_prefill_s``
+holds the first content event that long after the head (no random phase then);
+``emit_pauses`` (``[[k, seconds], ...]``) adds a pause before content event ``k``; and
+``emit_timings`` puts llama.cpp-style ``timings`` on the last chunk (``prompt_ms`` the
+scripted prefill, ``predicted_ms`` first to last content event as sent).
 """
 
 from __future__ import annotations
@@ -65,7 +72,8 @@ def sent_stamps(output_text: str) -> list[int]:
 
 
 class _Conn:
-    __slots__ = ("burst", "close", "inbuf", "interval", "k", "n", "out", "sock", "start",
+    __slots__ = ("burst", "close", "extra", "first_sent", "inbuf", "interval", "k", "last_sent",
+                 "n", "out", "pauses", "prefill", "sock", "start", "start_s", "timings",
                  "writing")
 
     def __init__(self, sock: socket.socket) -> None:
@@ -78,6 +86,12 @@ class _Conn:
         self.interval = 0.02
         self.close = False  # the request said Connection: close
         self.burst = 1  # content events per write
+        self.prefill: float | None = None  # scripted delay head -> first content event
+        self.pauses: dict[int, float] = {}  # content event -> extra pause before it
+        self.extra = 0.0  # pauses so far
+        self.timings = False
+        self.start_s = 0.0
+        self.first_sent = self.last_sent = 0
 
 
 class Emitter:
@@ -151,10 +165,29 @@ class Emitter:
         c.k = -1  # the role chunk first
         c.interval = float(body.get("emit_interval_s", 0.02))
         c.burst = max(1, int(body.get("emit_burst", 1)))
-        start = max(time.monotonic(), float(body.get("emit_start_ns", 0)) / 1e9)
-        c.start = start + self.rng.random() * c.interval
+        c.start_s = float(body.get("emit_start_ns", 0)) / 1e9
+        prefill = body.get("emit_prefill_s")
+        c.prefill = None if prefill is None else float(prefill)
+        c.pauses = {int(k): float(v) for k, v in body.get("emit_pauses", ())}
+        c.extra = 0.0
+        c.timings = bool(body.get("emit_timings", False))
+        delay = float(body.get("emit_first_byte_delay_s", 0.0))
+        if delay > 0:
+            c.k = -2  # the head waits
+            self._push(c, time.monotonic() + delay)
+            return
+        self._head(c)
+
+    def _head(self, c: _Conn) -> None:
+        """The response head and the role chunk now; content from ``c.start``."""
+        now = time.monotonic()
+        if c.prefill is not None:
+            c.start = now + c.prefill
+        else:
+            c.start = max(now, c.start_s) + self.rng.random() * c.interval
+        c.k = -1
         self._send(c, _HEAD)
-        self._push(c, time.monotonic())  # the role chunk now, content from c.start
+        self._push(c, now)
 
     def _push(self, c: _Conn, due: float) -> None:
         self.seq += 1
@@ -162,6 +195,9 @@ class Emitter:
 
     def _emit(self, c: _Conn) -> None:
         if c.sock.fileno() < 0:
+            return
+        if c.k == -2:
+            self._head(c)
             return
         if c.k < 0:
             payload = _PRE + b'[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -175,12 +211,20 @@ class Emitter:
             sent = time.monotonic_ns()
             one = b'[{"index":0,"delta":{"content":"%d;"},"finish_reason":null}]}\n\n' % sent
             self._send(c, b"".join(_chunk(_PRE + one) for _ in range(k)))
+            c.first_sent = c.first_sent if c.k else sent
+            c.last_sent = sent
             c.k += k
         if c.k < c.n:
-            self._push(c, c.start + c.k * c.interval)
+            c.extra += c.pauses.get(c.k, 0.0)
+            self._push(c, c.start + c.k * c.interval + c.extra)
             return
         usage = b'{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}' % (c.n, c.n + 8)
-        last = _PRE + b'[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+        timings = b""
+        if c.timings:
+            timings = (b',"timings":{"prompt_n":8,"prompt_ms":%.3f,"predicted_n":%d,'
+                       b'"predicted_ms":%.3f}' % ((c.prefill or 0.0) * 1e3, c.n,
+                                                  (c.last_sent - c.first_sent) / 1e6))
+        last = _PRE + b'[{"index":0,"delta":{},"finish_reason":"length"}]%s}\n\n' % timings
         tail = b'data: {"id":"cmpl-emit","choices":[],"usage":%s}\n\ndata: [DONE]\n\n' % usage
         self._send(c, _chunk(last) + _chunk(tail) + b"0\r\n\r\n")
         c.n = 0  # ready for the next request on this connection

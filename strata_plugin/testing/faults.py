@@ -145,8 +145,9 @@ class Injector:
         raise NotImplementedError
 
 
-def _helper_argv(mode: str, max_s: float, *args: str) -> list[str]:
-    return [sys.executable, "-m", "strata_plugin.testing.faults", mode,
+def _helper_argv(mode: str, max_s: float, *args: str,
+                 module: str = "strata_plugin.testing.faults") -> list[str]:
+    return [sys.executable, "-m", module, mode,
             "--parent", str(os.getpid()),
             "--max-s", f"{min(max_s, MAX_HELPER_S):g}", *args]
 

@@ -1,6 +1,6 @@
 """The verdict decided again, with a trace's evidence beside the window's counters.
 
-Why: the counter rules (``analysis/rules.py``) stop at "inconclusive" when two classes
+Why: the counter rules (``analysis/rules/``) stop at "inconclusive" when two classes
 fire together that counters cannot separate (``rules.AMBIGUOUS``). A diagnostic round
 captures the trace the verdict named; this module reads the trace's findings as evidence
 (the same :class:`rules.Evidence` shape, each comparison with its threshold and source)

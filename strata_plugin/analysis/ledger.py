@@ -1,0 +1,572 @@
+"""The time ledger: where every millisecond of a request went, parts that sum to it.
+
+A rule that fires past a threshold says nothing about the time no rule looks at; an
+accounting that must close does (as top-down analysis of CPU pipelines accounts every
+slot). Each request's wall time, dispatch to its last byte, is split in three segments
+and each segment into parts, on the client's monotonic clock:
+
+* **TTFT** (dispatch -> first token event): ``client_send`` (dispatch -> the request's
+  last byte out, the client's own); ``server_queue`` (the engine's queue, where it has a
+  clock for it: vLLM/SGLang histograms; llama.cpp has none, so its waiting count by
+  Little's law, the case's mean queue time = mean waiting / arrival rate; plus the
+  front-end wait: each request's time before prefill beyond the case's least, since a
+  path delays every request alike and the server's load does not); ``prefill``
+  (llama.cpp ``timings.prompt_ms``; vLLM's prefill histogram); ``ttft_stalled`` (the
+  server neither running nor able to run meanwhile: run state); ``ttft_waiting`` and
+  ``ttft_io`` (the front-end wait while the server was runnable but not running, or
+  blocked in I/O); ``before_server`` (the case's least time before prefill: network, a
+  proxy, TLS, the fixed cost of the HTTP front end, before the server's clock starts);
+  ``residual_ttft`` (<= 0: the server's clocks claim more than the client saw).
+* **Decode** (first -> last token event): each gap between token events against the
+  request's own pace (its median time per token): a gap within ``ledger_stall_factor`` x
+  its tokens' pace is ``decode_compute``; past it, the pace's worth is compute and the
+  excess a stall, split by what the server did during the gap (``stall_stalled``,
+  ``stall_waiting``, ``stall_io``, ``stall_sleeping``, the rest ``stall_running``); a
+  stall no run-state sample covers is ``residual_decode``: no clock explains it.
+* **Tail** (last token -> last byte): ``tail``.
+
+``residual = residual_ttft + residual_decode``; the parts sum to the wall time exactly,
+and the ledger states its clock error (the client's loop lag p99 from its self-check, at
+least ``ledger_clock_error_ms``). Per case, each part's share of TTFT, of the decode
+time (TPOT/ITL) and of end-to-end time (ratios of sums, so the shares sum to 100%); the
+case's metric decides which the verdict weighs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from strata_plugin.analysis.metrics import first_token_ns
+from strata_plugin.analysis.run_states import STATES, RunStates
+from strata_plugin.analysis.thresholds import value as threshold_value
+from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
+
+TTFT_PARTS = ("client_send", "before_server", "server_queue", "prefill", "ttft_waiting",
+              "ttft_io", "ttft_stalled", "residual_ttft")
+DECODE_PARTS = ("decode_compute", *(f"stall_{s}" for s in STATES), "residual_decode")
+TAIL_PARTS = ("tail",)
+PARTS = (*TTFT_PARTS, *DECODE_PARTS, *TAIL_PARTS)
+RESIDUAL_PARTS = ("residual_ttft", "residual_decode")
+#: Each part's class-like name in the verdict's weights: the class whose share it is.
+WEIGHT_OF = {
+    "client_send": "client_bound",
+    "before_server": "outside_server",
+    "server_queue": "queueing",
+    "prefill": "compute",
+    "decode_compute": "compute",
+    "stall_running": "compute",
+    "stall_waiting": "cpu_wait",
+    "stall_io": "io_page_faults",
+    "stall_sleeping": "server_sleeping",
+    "ttft_stalled": "server_stalled",
+    "ttft_waiting": "cpu_wait",
+    "ttft_io": "io_page_faults",
+    "stall_stalled": "server_stalled",
+    "tail": "tail",
+    "residual_ttft": "unexplained",
+    "residual_decode": "unexplained",
+}
+#: The metric a case is about, and its parts.
+METRICS = {"ttft": TTFT_PARTS, "itl": DECODE_PARTS, "e2e": PARTS}
+METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
+_NS_MS = 1e6
+
+
+@dataclass(frozen=True)
+class ServerClocks:
+    """The case's server-side figures the records lack: per-request means from the
+    engine's histograms (vLLM, SGLang), or llama.cpp's waiting count (Little's law)."""
+
+    queue_ms: float | None = None
+    queue_source: str = ""
+    prefill_ms: float | None = None  # only where records carry no per-request prefill
+    prefill_source: str = ""
+    #: the least time before prefill over the case's requests: the way to the server
+    #: (network, proxy), alike for every request; the rest varies with the server's load
+    path_floor_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestLedger:
+    request_id: str
+    case_id: str
+    wall_ms: float  # dispatch -> last byte
+    ttft_ms: float
+    decode_ms: float  # first -> last token event
+    tail_ms: float
+    n_tokens: int  # output tokens after the first event (the decode's per-token unit)
+    parts: tuple[tuple[str, float], ...]  # PARTS order, ms
+    clock_error_ms: float
+    pace_ms: float | None  # the request's median time per token between events
+    server_pace_ms: float | None  # llama.cpp predicted_ms / predicted_n (stalls included)
+    n_gaps: int
+    n_stalls: int
+    merged: tuple[str, ...] = ()
+    _by_name: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", dict(self.parts))
+
+    def part(self, name: str) -> float:
+        return self._by_name[name]
+
+    @property
+    def residual_ms(self) -> float:
+        return sum(self.part(p) for p in RESIDUAL_PARTS)
+
+    def to_json(self) -> str:
+        d = {
+            "request_id": self.request_id, "case_id": self.case_id,
+            "wall_ms": _r(self.wall_ms), "ttft_ms": _r(self.ttft_ms),
+            "decode_ms": _r(self.decode_ms), "tail_ms": _r(self.tail_ms),
+            "n_tokens": self.n_tokens, "parts": {k: _r(v) for k, v in self.parts},
+            "residual_ms": _r(self.residual_ms), "clock_error_ms": _r(self.clock_error_ms),
+            "pace_ms": None if self.pace_ms is None else _r(self.pace_ms),
+            "server_pace_ms": None if self.server_pace_ms is None else _r(self.server_pace_ms),
+            "n_gaps": self.n_gaps, "n_stalls": self.n_stalls, "merged": list(self.merged),
+        }
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def _r(x: float) -> float:
+    return round(float(x), 4)
+
+
+def _state_ms(states: RunStates, a_ns: int, b_ns: int) -> dict[str, float]:
+    """Milliseconds of [a, b] in each state, scaled up to the whole span from what the
+    samples cover; all zero where they cover under half of it."""
+    secs, covered = states.over(a_ns, b_ns)
+    span = (b_ns - a_ns) / 1e9
+    if span <= 0 or covered < 0.5 * span:
+        return dict.fromkeys(STATES, 0.0)
+    return {k: v * span / covered * 1e3 for k, v in secs.items()}
+
+
+def _stall_split(excess_ms: float, gap: tuple[int, int], states: RunStates | None,
+                 anchor: ClockAnchor | None) -> dict[str, float]:
+    """A stall's excess over the pace, by what the server did during the gap: the non-
+    running states first (the pace's worth of the gap was compute), the rest running."""
+    out = dict.fromkeys((f"stall_{s}" for s in STATES), 0.0)
+    out["residual_decode"] = 0.0
+    if states is None or anchor is None:
+        out["residual_decode"] = excess_ms
+        return out
+    a, b = anchor.to_wall_ns(gap[0]), anchor.to_wall_ns(gap[1])
+    secs, covered = states.over(a, b)
+    span = (b - a) / 1e9
+    if covered <= 0 or covered < 0.5 * span:
+        out["residual_decode"] = excess_ms
+        return out
+    scale = span / covered
+    left = excess_ms
+    for s in STATES[1:-1]:  # stalled time is counted apart, over the whole gap
+        take = min(left, secs[s] * scale * 1e3)
+        out[f"stall_{s}"] = take
+        left -= take
+    out["stall_running"] = left
+    return out
+
+
+@dataclass(frozen=True)
+class _Gap:
+    a: int  # monotonic ns
+    b: int
+    k: int  # tokens in the later event
+    stalled_ms: float  # the server neither running nor able to run during it
+    excess_ms: float  # beyond k x pace (after the stalled time), 0 unless a stall
+
+    @property
+    def ms(self) -> float:
+        return (self.b - self.a) / _NS_MS
+
+
+def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnchor | None
+          ) -> tuple[list[_Gap], float | None]:
+    """Each gap between token events and the request's pace. Time the run state shows the
+    server stalled in a gap is never compute, however short the gap; the rest of the gap
+    is compute up to ``ledger_stall_factor`` x its tokens' pace (the median time per
+    token, stalled time left out), and past it the excess is a stall. With fewer than two
+    gaps there is no pace and no stall."""
+    raw = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
+    if not raw:
+        return [], None
+    stalled = [0.0] * len(raw)
+    if states is not None and anchor is not None:
+        a = np.array([anchor.to_wall_ns(x) for x, _, _ in raw], np.int64)
+        b = np.array([anchor.to_wall_ns(y) for _, y, _ in raw], np.int64)
+        stalled = [min(float(v), (y - x) / _NS_MS) for v, (x, y, _) in
+                   zip(states.seconds_between(a, b, "stalled") * 1e3, raw, strict=True)]
+    eff = [(y - x) / _NS_MS - st for (x, y, _), st in zip(raw, stalled, strict=True)]
+    per_token = [e / k for e, (_, _, k) in zip(eff, raw, strict=True) if k > 0]
+    pace = statistics.median(per_token) if len(per_token) >= 2 else None
+    factor = threshold_value("ledger_stall_factor")
+    out = []
+    for (x, y, k), st, e in zip(raw, stalled, eff, strict=True):
+        excess = e - k * pace if pace is not None and e > factor * k * pace else 0.0
+        out.append(_Gap(x, y, k, st, excess))
+    return out, pace
+
+
+def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None
+                ) -> list[tuple[int, int, str]]:
+    """The request's decode stalls (monotonic start, end) with the state that took most
+    of their time beyond the pace ("unknown" where no run-state sample covers them):
+    what the timeline colours."""
+    toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
+    gaps, _ = _gaps(toks, states, anchor)
+    out = []
+    for g in gaps:
+        if g.excess_ms <= 0 and g.stalled_ms <= 0:
+            continue
+        split = _stall_split(g.excess_ms, (g.a, g.b), states, anchor)
+        split["stall_stalled"] += g.stalled_ms
+        top = max(split, key=lambda n: split[n])
+        out.append((g.a, g.b, "unknown" if top == "residual_decode" else top[len("stall_"):]))
+    return out
+
+
+def request_ledger(
+    rec: RequestRecord,
+    *,
+    clocks: ServerClocks = ServerClocks(),
+    states: RunStates | None = None,
+    anchor: ClockAnchor | None = None,
+    clock_error_ms: float | None = None,
+) -> RequestLedger | None:
+    """One request's ledger; None for a request with no token event (nothing to split)."""
+    first = first_token_ns(rec)
+    if first is None:
+        return None
+    toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
+    last = toks[-1].t_ns
+    end = max(last, rec.done_ns or last)
+    disp = rec.dispatched_ns
+    ttft = (first - disp) / _NS_MS
+    merged: list[str] = []
+    parts = dict.fromkeys(PARTS, 0.0)
+
+    # --- TTFT -----------------------------------------------------------------------
+    sent = rec.extra.get("sent_ns")
+    send = 0.0
+    if isinstance(sent, int):
+        send = min(max(0.0, (sent - disp) / _NS_MS), ttft)
+    else:
+        merged.append("client_send in before_server: the record has no send time")
+    t = rec.timings
+    prefill = t.prompt_ms if t is not None and t.prompt_ms is not None else None
+    if prefill is None and clocks.prefill_ms is not None:
+        prefill = clocks.prefill_ms
+        merged.append(f"prefill: the case's mean ({clocks.prefill_source}); the engine "
+                      "reports no per-request prefill")
+    elif prefill is None:
+        merged.append("prefill in before_server: the engine reports no prefill time")
+    avail = ttft - send
+    pf = max(0.0, prefill or 0.0)
+    q = 0.0
+    if clocks.queue_ms is not None:
+        q = min(max(0.0, clocks.queue_ms), max(0.0, avail - pf))
+        merged.append(f"server_queue: the case's mean ({clocks.queue_source}); no "
+                      "per-request queue time")
+    else:
+        merged.append("server_queue in before_server: the engine reports no queue time "
+                      "and no waiting count")
+    pre = avail - pf - q  # before the server's prefill clock, outside its queue clock
+    residual_ttft = min(0.0, pre)
+    pre = max(0.0, pre)
+    before, front = pre, 0.0
+    if clocks.path_floor_ms is not None:
+        # The way to the server (a network path, a proxy) delays every request alike; what
+        # varies from request to request with the server's load (its front end, a loop
+        # that takes new tasks between batch steps, a queue it does not count) is the
+        # server's. The case's least time before prefill is the path; the rest, queue.
+        before = min(pre, max(0.0, clocks.path_floor_ms))
+        front = pre - before
+        merged.append(f"server_queue includes the front-end wait: the time before prefill "
+                      f"beyond the case's least ({clocks.path_floor_ms:.3g} ms, which stays "
+                      "before_server: the way there, alike for every request)")
+    stalled_ttft = waiting_ttft = io_ttft = 0.0
+    if states is not None and anchor is not None:
+        a = anchor.to_wall_ns(disp + int(send * _NS_MS))
+        b = anchor.to_wall_ns(first)
+        p0 = max(a, b - int(pf * _NS_MS))
+        in_pf = _state_ms(states, p0, b)
+        pre_states = _state_ms(states, a, p0)
+        take_pf = min(in_pf["stalled"], pf)
+        pf -= take_pf
+        # A freeze before prefill: from the server's own wait first, then the way there.
+        take = min(pre_states["stalled"], front + q + before)
+        for have in ("front", "q", "before"):
+            got = min(take, {"front": front, "q": q, "before": before}[have])
+            take -= got
+            stalled_ttft += got
+            if have == "front":
+                front -= got
+            elif have == "q":
+                q -= got
+            else:
+                before -= got
+        stalled_ttft += take_pf
+        # The server's own wait, by what it did meanwhile: runnable without a CPU, in I/O.
+        waiting_ttft = min(pre_states["waiting"], front)
+        front -= waiting_ttft
+        io_ttft = min(pre_states["io"], front)
+        front -= io_ttft
+    parts.update(client_send=send, before_server=before, server_queue=q + front, prefill=pf,
+                 ttft_waiting=waiting_ttft, ttft_io=io_ttft, ttft_stalled=stalled_ttft,
+                 residual_ttft=residual_ttft)
+
+    # --- decode ---------------------------------------------------------------------
+    gaps, pace = _gaps(toks, states, anchor)
+    n_stalls = 0
+    for g in gaps:
+        parts["stall_stalled"] += g.stalled_ms
+        if g.excess_ms <= 0:
+            parts["decode_compute"] += g.ms - g.stalled_ms
+            # a stall when more than its pace's worth of it was stalled (a sampling
+            # interval's edge spilling into a neighbouring gap is less)
+            n_stalls += pace is not None and g.stalled_ms > g.k * pace
+            continue
+        n_stalls += 1
+        parts["decode_compute"] += g.ms - g.stalled_ms - g.excess_ms
+        for name, ms in _stall_split(g.excess_ms, (g.a, g.b), states, anchor).items():
+            parts[name] += ms
+    if n_stalls and states is None:
+        merged.append("decode stalls in residual_decode: no run-state samples (agent "
+                      "collector runstate)")
+    parts["tail"] = (end - last) / _NS_MS
+
+    server_pace = None
+    if t is not None and t.predicted_ms is not None and (t.predicted_n or 0) >= 2:
+        server_pace = t.predicted_ms / t.predicted_n
+    err = max(threshold_value("ledger_clock_error_ms"), clock_error_ms or 0.0)
+    n_out = sum(e.n_tokens for e in toks)
+    return RequestLedger(
+        request_id=rec.request_id, case_id=rec.case_id, wall_ms=(end - disp) / _NS_MS,
+        ttft_ms=ttft, decode_ms=(last - first) / _NS_MS, tail_ms=parts["tail"],
+        n_tokens=max(0, n_out - toks[0].n_tokens), parts=tuple((p, parts[p]) for p in PARTS),
+        clock_error_ms=err, pace_ms=pace, server_pace_ms=server_pace, n_gaps=len(gaps),
+        n_stalls=n_stalls, merged=tuple(merged),
+    )
+
+
+# --- the case -----------------------------------------------------------------------------
+
+
+def case_metric(name: str, params: Mapping[str, object]) -> tuple[str, str]:
+    """(metric, why): what the case is about. Prefill and long-context cases (and any
+    case of one output token) are about TTFT, decode cases about TPOT/ITL, the rest
+    about end-to-end time."""
+    osl = params.get("osl")
+    low = name.lower()
+    if isinstance(osl, (int, float)) and osl <= 1:
+        return "ttft", "one output token: the request is its prefill"
+    if low.startswith(("prefill", "long_context")):
+        return "ttft", "a prefill / long-context case"
+    if "decode" in low:
+        return "itl", "a decode case"
+    return "e2e", "neither a prefill nor a decode case"
+
+
+@dataclass(frozen=True)
+class CaseLedger:
+    case_id: str
+    metric: str  # "ttft" | "itl" | "e2e"
+    metric_why: str
+    requests: tuple[RequestLedger, ...]
+    clocks: ServerClocks = ServerClocks()
+    has_run_state: bool = False
+    stalled_window_frac: float | None = None
+    states_seen: tuple[tuple[str, float], ...] = ()
+    merged: tuple[str, ...] = field(default=())
+    #: the run states the stalls were classified with (for the timeline picture)
+    states: RunStates | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.requests)
+
+    def _total(self, seg: str) -> float:
+        return sum({"ttft": r.ttft_ms, "itl": r.decode_ms, "e2e": r.wall_ms}[seg]
+                   for r in self.requests)
+
+    def shares(self, seg: str) -> tuple[tuple[str, float], ...]:
+        """Each part's share of the segment's time over the case (ratio of sums)."""
+        total = self._total(seg)
+        if total <= 0:
+            return ()
+        return tuple((p, sum(r.part(p) for r in self.requests) / total) for p in METRICS[seg])
+
+    def mean_ms(self, seg: str) -> float | None:
+        return self._total(seg) / self.n if self.n else None
+
+    def ms_per_token(self) -> float | None:
+        toks = sum(r.n_tokens for r in self.requests)
+        return self._total("itl") / toks if toks else None
+
+    def residual_frac(self, seg: str | None = None) -> float | None:
+        """|residual| over the segment's time (each residual part's magnitude: an over-
+        claim in TTFT does not cancel an unexplained stall)."""
+        seg = seg or self.metric
+        total = self._total(seg)
+        if not self.n or total <= 0:
+            return None
+        names = [p for p in RESIDUAL_PARTS if p in METRICS[seg]]
+        return sum(abs(r.part(p)) for r in self.requests for p in names) / total
+
+    def residual_ms(self, seg: str | None = None) -> float | None:
+        """The same residual per request (per output token for ``itl``)."""
+        seg = seg or self.metric
+        frac = self.residual_frac(seg)
+        base = self.ms_per_token() if seg == "itl" else self.mean_ms(seg)
+        return None if frac is None or base is None else frac * base
+
+    def residual_part(self, seg: str | None = None) -> str:
+        seg = seg or self.metric
+        names = [p for p in RESIDUAL_PARTS if p in METRICS[seg]]
+        sums = {p: sum(abs(r.part(p)) for r in self.requests) for p in names}
+        if not sums or max(sums.values()) <= 0:
+            return ""
+        top = max(sums, key=lambda p: sums[p])
+        if top == "residual_decode":
+            return ("decode stalls no run-state sample covers" if not self.has_run_state
+                    else "decode stalls outside the run-state samples")
+        return "the server's clocks claim more of TTFT than the client saw"
+
+    def share_of(self, parts: Sequence[str], seg: str | None = None) -> float | None:
+        seg = seg or self.metric
+        sh = dict(self.shares(seg))
+        if not sh:
+            return None
+        return sum(sh.get(p, 0.0) for p in parts)
+
+    def weights(self) -> tuple[tuple[str, float], ...]:
+        """Class-like names and their share of the case's metric (WEIGHT_OF)."""
+        out: dict[str, float] = {}
+        for p, s in self.shares(self.metric):
+            out[WEIGHT_OF[p]] = out.get(WEIGHT_OF[p], 0.0) + s
+        return tuple((k, round(v, 4)) for k, v in sorted(out.items()))
+
+    def clock_error_ms(self) -> float:
+        return max((r.clock_error_ms for r in self.requests), default=0.0)
+
+    def prefill_known(self) -> bool:
+        return not any("prefill in before_server" in m for r in self.requests for m in r.merged)
+
+    def queue_split(self) -> bool:
+        """The server's queue told from the way there: a queue clock (the engine's, or
+        its waiting count), or the path's floor over several requests."""
+        return self.clocks.queue_ms is not None or self.clocks.path_floor_ms is not None
+
+    def median_share(self, part: str) -> float | None:
+        """The median request's share of its TTFT in ``part``."""
+        xs = [r.part(part) / r.ttft_ms for r in self.requests if r.ttft_ms > 0]
+        return statistics.median(xs) if xs else None
+
+    def signals(self) -> dict[str, object]:
+        """The classifier's ledger inputs (rules.WindowSignals fields)."""
+        if not self.n:
+            return {}
+        ttft = dict(self.shares("ttft"))
+        out: dict[str, object] = dict(
+            ledger_metric=self.metric,
+            ledger_shares=self.weights(),
+            ledger_residual_frac=_rn(self.residual_frac()),
+            ledger_residual_ms=_rn(self.residual_ms()),
+            ledger_residual_part=self.residual_part(),
+            queue_split=self.queue_split(),
+        )
+        if ttft and self.prefill_known():
+            # the median request's shares of its TTFT, as the rules read them (the table's
+            # shares are ratios of sums, which a few long TTFTs dominate)
+            out["outside_server_frac"] = _rn(self.median_share("before_server"))
+            out["server_queue_frac"] = _rn(self.median_share(
+                "server_queue" if self.queue_split() else "before_server"))
+        if self.has_run_state:
+            out["server_stalled_frac"] = _rn(self.share_of(("ttft_stalled", "stall_stalled")))
+            out["server_stalled_window_frac"] = _rn(self.stalled_window_frac)
+        return out
+
+    def stall_line(self) -> str:
+        """The evidence of ``server_stalled`` beyond its share: gaps, states seen."""
+        gaps = sum(r.n_gaps for r in self.requests)
+        n_st = sum(r.n_stalls for r in self.requests)
+        ms = sum(r.part("stall_stalled") + r.part("ttft_stalled") for r in self.requests)
+        seen = ", ".join(f"{k} {v:.0%} of the window" for k, v in self.states_seen) or "none"
+        win = ("" if self.stalled_window_frac is None
+               else f"; stalled {self.stalled_window_frac:.1%} of the window")
+        return (f"server stalled {ms / max(self.n, 1):.1f} ms per request "
+                f"({(self.share_of(('ttft_stalled', 'stall_stalled')) or 0):.1%} of "
+                f"{METRIC_LABELS[self.metric]}); {n_st} of {gaps} decode gaps were stalls"
+                f"{win}; state seen: {seen}")
+
+
+def _rn(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 4)
+
+
+def server_clocks(
+    hw: Sequence[object], waiting_mean: float | None, n_requests: int, window_s: float | None,
+) -> ServerClocks:
+    """The case's queue (and prefill) clocks: the engine's own histograms where they
+    grew (vLLM, SGLang: ``queue_time_seconds``, ``prefill_time_seconds``), else the
+    waiting count by Little's law (mean queue time = mean waiting / arrival rate; John
+    D. C. Little, "A Proof for the Queuing Formula L = lambda W", Operations Research
+    9(3), 1961)."""
+    def mean_of(name: str) -> float | None:
+        s = [r.delta for r in hw if getattr(r, "source", "") == "prom"
+             and r.metric == f"{name}_sum" and r.delta is not None]
+        c = [r.delta for r in hw if getattr(r, "source", "") == "prom"
+             and r.metric == f"{name}_count" and r.delta is not None]
+        if not s or not c or sum(c) <= 0:
+            return None
+        return sum(s) / sum(c) * 1e3
+
+    queue, qsrc = mean_of("queue_time_seconds"), "the engine's queue_time_seconds histogram"
+    prefill, psrc = mean_of("prefill_time_seconds"), "the engine's prefill_time_seconds histogram"
+    if queue is None and waiting_mean is not None and n_requests and window_s:
+        queue = waiting_mean / (n_requests / window_s) * 1e3
+        qsrc = (f"waiting count {waiting_mean:.3g} / arrivals {n_requests / window_s:.3g}/s, "
+                "Little's law")
+    return ServerClocks(queue_ms=queue, queue_source=qsrc if queue is not None else "",
+                        prefill_ms=prefill, prefill_source=psrc if prefill is not None else "")
+
+
+def case_ledger(
+    case_id: str,
+    name: str,
+    params: Mapping[str, object],
+    records: Sequence[RequestRecord],
+    *,
+    clocks: ServerClocks = ServerClocks(),
+    states: RunStates | None = None,
+    anchor: ClockAnchor | None = None,
+    clock_error_ms: float | None = None,
+    window_ns: tuple[int, int] | None = None,
+) -> CaseLedger:
+    """The ledger of a case's measured, successful requests. ``window_ns``: the case's
+    window on the harness clock, for the stalled share of the window itself."""
+    metric, why = case_metric(name, params)
+    measured = [r for r in records if r.phase == "measured" and r.ok]
+    if clocks.path_floor_ms is None and len(measured) >= 2:
+        first_pass = [request_ledger(r, clocks=clocks) for r in measured]
+        pre = [led.part("before_server") for led in first_pass if led is not None]
+        if len(pre) >= 2:
+            clocks = replace(clocks, path_floor_ms=min(pre))
+    reqs = tuple(
+        led for rec in records if rec.phase == "measured" and rec.ok
+        if (led := request_ledger(rec, clocks=clocks, states=states, anchor=anchor,
+                                  clock_error_ms=clock_error_ms)) is not None
+    )
+    win = None
+    if states is not None and window_ns is not None:
+        win = states.share(window_ns[0], window_ns[1], "stalled")
+    merged = tuple(sorted({m for r in reqs for m in r.merged}))
+    return CaseLedger(case_id=case_id, metric=metric, metric_why=why, requests=reqs,
+                      clocks=clocks, has_run_state=states is not None,
+                      stalled_window_frac=win, states_seen=states.seen if states else (),
+                      merged=merged, states=states)

@@ -1,0 +1,271 @@
+"""The rule table, declared once: each rule's class, group and signals, with their sources.
+
+Everything the machinery needs about the rules is derived from :data:`RULES`: the class
+vocabulary (:data:`CLASSES`, whose order breaks score ties), the groups (which rules run
+for a GPU server, a CPU server, every host, the serving layer; which classes are
+modifiers or serving symptoms), and where each signal comes from
+(:data:`SIGNAL_SOURCES`, for "missing" messages). A new class is one entry here plus its
+rule function in the family module (``gpu.py``, ``host.py``, ``serving.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from strata_plugin.analysis.rules import gpu, host, serving
+from strata_plugin.analysis.rules.outcome import _Outcome
+from strata_plugin.analysis.rules.traces import (
+    TRACE_BLOCK,
+    TRACE_CLOCK,
+    TRACE_CUDA,
+    TRACE_NCCL,
+    TRACE_SCHED,
+)
+from strata_plugin.analysis.rules.window import WindowSignals
+
+#: The groups a rule can belong to. ``gpu`` and ``modifier`` run when the server has (or
+#: should have) GPUs, ``cpu_server`` when it has none; ``host`` and ``serving`` always.
+#: ``serving`` classes are symptoms of load, not resources: they rank beside a resource
+#: class and never make a window contradictory on their own. ``modifier`` classes are
+#: reported beside the class they slow.
+GROUPS = ("gpu", "modifier", "cpu_server", "host", "serving")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One class, its group, the rule that decides it and the signals that rule reads
+    (name -> "collector:metric ..." where each comes from)."""
+
+    cls: str
+    group: str
+    fn: Callable[[WindowSignals], _Outcome]
+    signals: tuple[tuple[str, str], ...]
+    #: must be assessable before a window can be called clean ("headroom"), per server kind
+    core: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"rule {self.cls!r}: unknown group {self.group!r}")
+
+
+# Sources read by more than one rule, named once.
+GPU_UTIL = ("gpu_util", "nvml:gpu_util_pct")
+SM = ("sm_active", "nvml:gpm_sm_activity_pct")
+TENSOR = ("tensor_active", "nvml:gpm_tensor_activity_pct")
+DRAM = ("dram_active", "nvml:gpm_dram_bw_util_pct")
+INFLIGHT = ("inflight_frac", "requests: dispatched..done windows")
+HOST_BUSY = ("host_busy_cores", "cpu:busy_s")
+N_CORES = ("n_cores", "cpu:busy_s (per core)")
+SERVER_CPU = ("server_cpu_cores", "proc:cpu_user_s/cpu_system_s")
+RUNQ = ("runq_delay_per_cpu_s", "proc:runqueue_delay_ns")
+PSI_CPU = ("psi_cpu_some", "cpu:psi_cpu_some_total_us")
+THROTTLED = ("cgroup_throttled_frac",
+             "cpu:cgroup_nr_throttled/cgroup_nr_periods (the server's cgroup)")
+QUOTA_USED = ("cgroup_quota_used",
+              "cpu:cgroup_usage_s (or proc:cpu_user_s+cpu_system_s)/cgroup_quota_cores")
+WAITING = ("waiting_mean", "prom:waiting_requests")
+STALLS = "requests: token events against dispatch..first token of prefills"
+
+#: Every rule, in the order that breaks score ties (``CLASSES``); within a group, the
+#: order the rules run and their evidence is listed in.
+RULES: tuple[Rule, ...] = (
+    Rule("gpu_compute", "gpu", gpu.rule_gpu_compute, (SM, TENSOR, DRAM), core=("gpu",)),
+    Rule("gpu_memory_bandwidth", "gpu", gpu.rule_gpu_memory_bandwidth, (DRAM, TENSOR),
+         core=("gpu",)),
+    Rule("gpu_communication", "gpu", gpu.rule_gpu_communication, (
+        ("rdma_util", "rdma:xmit_bytes/rcv_bytes/link_rate_gbps"),
+        ("nvlink_bytes_s", "nvml:gpm_nvlink_tx_bytes_s/gpm_nvlink_rx_bytes_s"),
+        GPU_UTIL, SM, TENSOR)),
+    Rule("gpu_pcie_copy", "gpu", gpu.rule_gpu_pcie_copy, (
+        ("pcie_bytes_s", "nvml:pcie_rx_bytes_s/pcie_tx_bytes_s"), SM)),
+    Rule("gpu_latency_low_occupancy", "gpu", gpu.rule_gpu_latency, (
+        SM, DRAM, TENSOR, ("sm_occupancy", "nvml:gpm_sm_occupancy_pct"))),
+    Rule("host_cpu_launch", "gpu", gpu.rule_host_cpu_launch, (
+        SM, GPU_UTIL, DRAM, TENSOR, INFLIGHT, ("server_max_thread_cores", "proc:thread_cpu_s"),
+        RUNQ, PSI_CPU), core=("gpu",)),
+    Rule("input_starved", "host", host.rule_input_starved, (INFLIGHT,)),
+    Rule("io_page_faults", "host", host.rule_io_page_faults, (
+        ("major_faults_per_s", "proc:major_faults"), ("read_bytes_s", "proc:read_bytes"),
+        ("disk_busy_frac", "disk:busy_ms"), ("psi_io_some", "cpu:psi_io_some_total_us"),
+        ("iowait_frac", "cpu:iowait_s")), core=("gpu", "cpu")),
+    Rule("waiting_on_peer", "gpu", gpu.rule_waiting_on_peer, (
+        ("sm_active_cv", "nvml:gpm_sm_activity_pct"), ("gpu_util_max_min", "nvml:gpu_util_pct"),
+        ("rdma_rail_max_min", "rdma:xmit_bytes/rcv_bytes"),
+        ("rdma_rail_cv", "rdma:xmit_bytes/rcv_bytes"),
+        ("straggler_rel_dev",
+         "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)"))),
+    Rule("cpu_compute", "cpu_server", host.rule_cpu_compute, (
+        SERVER_CPU, N_CORES, HOST_BUSY,
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)")), core=("cpu",)),
+    Rule("cpu_contention", "host", host.rule_cpu_contention, (
+        ("steal_frac", "cpu:steal_s"), HOST_BUSY, SERVER_CPU, N_CORES, RUNQ,
+        ("ctx_involuntary_per_cpu_s", "proc:ctx_involuntary"), THROTTLED, QUOTA_USED),
+        core=("cpu",)),
+    Rule("cpu_limited", "host", host.rule_cpu_limited, (THROTTLED, QUOTA_USED)),
+    Rule("memory_pressure", "host", host.rule_memory_pressure, (
+        ("cgroup_mem_events",
+         "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)"),
+        ("psi_mem_some", "cpu:psi_memory_some_total_us"),
+        ("mem_available_frac", "mem:mem_available_bytes/mem_total_bytes (and cgroup_mem_*)")),
+        core=("gpu", "cpu")),
+    Rule("network", "host", host.rule_network, (
+        ("net_util", "net:rx_bytes/tx_bytes/link_speed_mbps (or profile telemetry.link_caps)"),
+        ("net_wire_busy",
+         "net:rx_bytes+tx_bytes/link_speed_mbps (or profile telemetry.link_caps)"),
+        ("rdma_error_events", "rdma:symbol_error/port_rcv_errors/... (error counters)"),
+        ("rdma_congestion_per_s", "rdma:np_cnp_sent/rp_cnp_handled/port_xmit_wait/..."),
+        ("socket_fallback_bytes_s", "net:rx_bytes/tx_bytes (beside rdma:xmit_bytes/rcv_bytes)"))),
+    Rule("server_stalled", "host", host.rule_server_stalled, (
+        ("server_stalled_frac",
+         "runstate:frozen/state_T/run_s/wait_s over the ledger's decode gaps and TTFT"),
+        ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"))),
+    Rule("queueing", "serving", serving.rule_queueing, (
+        WAITING,
+        ("server_queue_frac",
+         "requests: the ledger's server queue in TTFT (engine histograms, or the waiting "
+         "count by Little's law; else TTFT outside prefill)"),
+        ("engine_queue_frac", "prom:queue_time_seconds_sum/ttft_seconds_sum"))),
+    Rule("kv_cache_capacity", "serving", serving.rule_kv_cache, (
+        ("kv_usage_max", "prom:kv_cache_usage"),
+        ("preemptions", "prom:preemptions_total/retracted_requests_total"))),
+    Rule("prefill_decode_interference", "serving", serving.rule_interference, (
+        ("prefill_stall_frac", STALLS), ("prefill_stall_share", STALLS),
+        ("ab_prefill_stall_ratio", "requests: this arm's stalls against its A/B control's"),
+        ("ab_tail_pace_rise", "requests: TPOT p95 against the A/B control's repetitions"),
+        ("injected_pace_factor",
+         "requests: decode pace inside the injected prefill against outside"))),
+    Rule("outside_server", "serving", serving.rule_outside_server, (
+        ("outside_server_frac",
+         "requests: the ledger's time before the server in TTFT (TTFT - send - queue - "
+         "prefill)"), WAITING)),
+    Rule("client_bound", "serving", serving.rule_client_bound, (
+        ("client_bound", "cases.jsonl: client_bound (load generator self-check)"),)),
+    Rule("unexplained", "serving", serving.rule_unexplained, (
+        ("ledger_residual_frac",
+         "requests: the ledger's residual in the case's metric (token events, server "
+         "timings, runstate)"),), core=("gpu", "cpu")),
+    Rule("throttling", "modifier", gpu.rule_throttling, (
+        ("throttle_frac", "nvml:violation_power_ns/violation_thermal_ns/throttle_reasons"),
+        ("sm_clock_low_frac", "nvml:sm_clock_mhz/sm_clock_max_mhz"), SM, GPU_UTIL)),
+)
+
+#: Signals the report shows that no rule reads, with their sources.
+REPORTED_SIGNALS: tuple[tuple[str, str], ...] = (
+    ("prefix_cache_hit_frac", "prom:prefix_cache_hits_total/prefix_cache_queries_total"),
+    ("chunk_gap_p99_p50", "requests: chunk gaps"),
+)
+
+
+def _sources() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, src in [p for r in RULES for p in r.signals] + list(REPORTED_SIGNALS):
+        if out.setdefault(name, src) != src:
+            raise ValueError(f"signal {name!r} has two sources: {out[name]!r}, {src!r}")
+    return out
+
+
+def _group(*groups: str) -> tuple[Rule, ...]:
+    return tuple(r for r in RULES if r.group in groups)
+
+
+#: Every class the rules can name, in the order used to break score ties.
+CLASSES: tuple[str, ...] = (*(r.cls for r in RULES), "headroom")
+MODIFIERS: tuple[str, ...] = tuple(r.cls for r in _group("modifier"))
+#: Classes that describe a symptom of load rather than a resource; they accompany
+#: a resource class and never make a window "contradictory" on their own.
+SERVING: tuple[str, ...] = tuple(r.cls for r in _group("serving"))
+#: Which collector and metric each signal comes from (for "missing" messages).
+SIGNAL_SOURCES: dict[str, str] = _sources()
+
+GPU_RULES = tuple(r.fn for r in _group("gpu", "modifier"))
+HOST_RULES = tuple(r.fn for r in _group("host"))
+CPU_SERVER_RULES = tuple(r.fn for r in _group("cpu_server"))
+SERVING_RULES = tuple(r.fn for r in _group("serving"))
+#: Rules that must be assessable before a window can be called clean ("headroom").
+CORE_GPU = tuple(r.cls for r in RULES if "gpu" in r.core)
+CORE_CPU = tuple(r.cls for r in RULES if "cpu" in r.core)
+
+#: Signals the load generator itself measures (its clock, its reads of the stream). When
+#: its self-check flags it, they describe the client's delays as much as the server's,
+#: so they are not trusted for that window: the rules that need them are unassessable.
+CLIENT_MEASURED = (
+    "server_queue_frac",
+    "inflight_frac",
+    "chunk_gap_p99_p50",
+    "prefill_stall_frac",
+    "prefill_stall_share",
+    "ab_prefill_stall_ratio",
+    "injected_pace_factor",
+    "outside_server_frac",
+    "ledger_residual_frac",
+)
+
+#: Pairs the coarse counters cannot tell apart: when both fire and neither leads by
+#: ``dominance_margin``, the verdict is inconclusive and names the trace that would.
+AMBIGUOUS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "host_cpu_launch",
+        "gpu_latency_low_occupancy",
+        TRACE_CUDA,
+        "low DRAM and tensor activity fit both slow launches and small kernels",
+    ),
+    (
+        "gpu_pcie_copy",
+        "gpu_compute",
+        TRACE_CUDA,
+        "copies and kernels may overlap or serialize; only a timeline shows which",
+    ),
+    (
+        "gpu_pcie_copy",
+        "gpu_memory_bandwidth",
+        TRACE_CUDA,
+        "copies and kernels may overlap or serialize; only a timeline shows which",
+    ),
+    (
+        "gpu_communication",
+        "waiting_on_peer",
+        TRACE_NCCL,
+        "collective time is where imbalance shows up, not where it is caused",
+    ),
+    (
+        "cpu_compute",
+        "io_page_faults",
+        f"{TRACE_SCHED}; {TRACE_BLOCK}",
+        "CPU seconds may be computing or servicing faults; on-CPU vs blocked time settles it",
+    ),
+    (
+        "cpu_compute",
+        "cpu_contention",
+        TRACE_SCHED,
+        "a saturated server and a crowded node look alike in per-process counters",
+    ),
+)
+#: Pairs that cannot both hold: when both fire the signals contradict each other, and
+#: the verdict is inconclusive whatever the scores.
+CONTRADICTIONS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "gpu_compute",
+        "input_starved",
+        TRACE_CUDA,
+        "a busy GPU with no request in flight: another process, or misaligned windows",
+    ),
+    (
+        "gpu_memory_bandwidth",
+        "input_starved",
+        TRACE_CUDA,
+        "a busy GPU with no request in flight: another process, or misaligned windows",
+    ),
+    (
+        "cpu_compute",
+        "input_starved",
+        TRACE_SCHED,
+        "a busy server CPU with no request in flight: background work, or misaligned windows",
+    ),
+    (
+        "queueing",
+        "input_starved",
+        TRACE_CLOCK,
+        "a server queue while the client had nothing in flight: the clocks disagree",
+    ),
+)

@@ -1,0 +1,173 @@
+"""The classifier's input (one window's signals) and output (evidence, verdict)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WindowSignals:
+    """One window, reduced to the numbers the rules read. None = not measured.
+
+    Built by ``strata_plugin.analysis.signals`` from the timeline summary and the case
+    metrics. GPU values are means over the GPUs of the window (ratios 0-1); byte
+    rates are the busiest device's; CPU values are for the node that runs the server.
+    """
+
+    window: str
+    duration_s: float
+    gpu_present: bool = False  # some GPU telemetry was measured
+    gpu_expected: bool = False  # the run says the server uses GPUs
+    multi_node: bool = False
+    unavailable: tuple[tuple[str, str], ...] = ()  # ("node/collector", reason)
+    # GPU
+    n_gpus: int = 0
+    gpu_util: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    sm_occupancy: float | None = None
+    sm_active_cv: float | None = None
+    gpu_util_max_min: float | None = None
+    pcie_bytes_s: float | None = None
+    nvlink_bytes_s: float | None = None
+    throttle_frac: float | None = None
+    sm_clock_low_frac: float | None = None
+    rdma_util: float | None = None
+    rdma_rail_max_min: float | None = None
+    rdma_rail_cv: float | None = None  # CV of the active rails' throughput
+    rdma_error_events: float | None = None  # error counter increases, all rails
+    rdma_congestion_per_s: float | None = None  # CNP/ECN/xmit-wait, busiest counter's rate
+    # the largest deviation from the peers' median of a GPU or node rails.py flagged as a
+    # straggler (0 when peers were compared and none was)
+    straggler_rel_dev: float | None = None
+    # host
+    n_cores: int | None = None
+    host_busy_cores: float | None = None
+    iowait_frac: float | None = None
+    steal_frac: float | None = None
+    psi_cpu_some: float | None = None
+    psi_io_some: float | None = None
+    psi_mem_some: float | None = None
+    cgroup_throttled_frac: float | None = None
+    # the server's CPU (its cgroup's usage where the kernel reports it) over the cgroup's
+    # CFS quota in cores; None without a quota
+    cgroup_quota_used: float | None = None
+    server_cpu_cores: float | None = None
+    server_threads: int | None = None
+    server_max_thread_cores: float | None = None
+    runq_delay_per_cpu_s: float | None = None
+    ctx_involuntary_per_cpu_s: float | None = None
+    major_faults_per_s: float | None = None
+    read_bytes_s: float | None = None
+    disk_busy_frac: float | None = None
+    mem_available_frac: float | None = None
+    # the server cgroup's memory-limit events in the window (v2 memory.events max +
+    # oom_kill; v1 memory.failcnt + oom_kill); None when its cgroup has no memory files
+    cgroup_mem_events: float | None = None
+    net_util: float | None = None  # busier direction / capacity, busiest interface
+    net_wire_busy: float | None = None  # (tx + rx) / capacity, busiest interface
+    # Ethernet bytes/s on a node that should use RDMA, where it exceeds what RDMA carried
+    # (0 when RDMA is expected and nothing fell back; None when RDMA is not expected)
+    socket_fallback_bytes_s: float | None = None
+    # serving
+    waiting_mean: float | None = None
+    kv_usage_max: float | None = None
+    preemptions: float | None = None
+    # the server's queue share of TTFT, from the time ledger (analysis/ledger.py): the
+    # engine's own queue clock, or its waiting count by Little's law; where neither
+    # exists, TTFT outside prefill (queue and the way there merged: queue_split False)
+    server_queue_frac: float | None = None
+    queue_split: bool | None = None  # the ledger told the server's queue from the way there
+    # the engine's own queue time over its TTFT, from its histograms (vLLM
+    # request_queue_time_seconds / time_to_first_token_seconds): server-measured
+    engine_queue_frac: float | None = None
+    # prefix-cache hits over lookups, in tokens (vLLM prefix_cache_hits/queries)
+    prefix_cache_hit_frac: float | None = None
+    # the ledger's time before the server (network, proxy, the HTTP front end) as a
+    # share of TTFT: TTFT - the client's send - the server's queue - prefill
+    outside_server_frac: float | None = None
+    # the time ledger (analysis/ledger.py): which metric the case is about ("ttft",
+    # "itl", "e2e"), each part's share of it, and what no clock explains
+    ledger_metric: str | None = None
+    ledger_shares: tuple[tuple[str, float], ...] = ()
+    ledger_residual_frac: float | None = None  # |residual| / the metric
+    ledger_residual_ms: float | None = None  # the same, ms per request (per token: itl)
+    ledger_residual_part: str = ""  # where most of it is ("decode gaps, no run state")
+    # the server neither running nor able to run (frozen, stopped, no progress) during
+    # the metric's time (its share of the ledger) and during the window
+    server_stalled_frac: float | None = None
+    server_stalled_window_frac: float | None = None
+    chunk_gap_p99_p50: float | None = None
+    # prefill-decode interference (analysis/interference.py); ab_*: against the A/B
+    # control, only for a treatment arm
+    prefill_stall_frac: float | None = None
+    prefill_stall_share: float | None = None
+    ab_prefill_stall_ratio: float | None = None
+    ab_tail_pace_rise: float | None = None
+    # the same window: decode time per token while the injected prefill was in flight
+    # over the time outside it, minus 1 (interference.Interference.interference_factor)
+    injected_pace_factor: float | None = None
+    concurrency: int | None = None
+    inflight_frac: float | None = None
+    client_bound: bool | None = None
+    client_lateness_p99_ms: float | None = None
+    client_cpu_fraction: float | None = None
+
+
+# --- outputs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One comparison a rule made: ``metric op threshold`` with the measured value."""
+
+    cls: str
+    metric: str
+    value: float
+    op: str  # ">=" | "<" | "==" ...
+    threshold: str  # name in thresholds.THRESHOLDS
+    threshold_value: float
+    unit: str
+    source: str  # where the threshold comes from
+    met: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    classes: tuple[str, ...]  # one or two; ("headroom",) when nothing binds
+    evidence: tuple[Evidence, ...]
+    confidence: float  # 0..1
+    inconclusive: bool
+    finer_trace: tuple[str, ...]
+    missing_signals: tuple[str, ...]
+    modifiers: tuple[str, ...] = ()  # e.g. ("throttling",)
+    also_flagged: tuple[str, ...] = ()  # classes past threshold beyond the top two
+    notes: tuple[str, ...] = ()
+    # of the classes past threshold, those past it in the idle baseline too (host
+    # background, there before the load); set by the case analysis, which has the baseline
+    background: tuple[str, ...] = ()
+    # the time ledger's parts as shares of the case's metric, named classes first
+    # (class-like part name, share 0..1): each class's weight in the time the case is about
+    weights: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def past_threshold(self) -> tuple[str, ...]:
+        """Every class past threshold, ranked: the named ones, then the rest."""
+        return (*self.classes, *self.also_flagged)
+
+    @property
+    def appeared_with_load(self) -> tuple[str, ...]:
+        return tuple(c for c in self.past_threshold if c not in self.background)
+
+    @property
+    def confidence_label(self) -> str:
+        return "high" if self.confidence >= 0.75 else "medium" if self.confidence >= 0.5 else "low"
+
+    def summary(self) -> str:
+        if self.inconclusive and not self.classes:
+            return "inconclusive"
+        head = "inconclusive: " if self.inconclusive else ""
+        mods = f" (+{', '.join(self.modifiers)})" if self.modifiers else ""
+        return f"{head}{' + '.join(self.classes)}{mods}"
+

@@ -1,0 +1,195 @@
+"""What the server's process tree was doing, interval by interval: the time ledger's
+reading of the agent's ``runstate`` samples.
+
+The ``runstate`` collector (device ``""``: the server's whole process tree, every ~20 ms)
+writes cumulative counters summed over threads (``run_s`` on a CPU, ``wait_s`` runnable
+but waiting for one, ``throttled_s`` held by the cgroup's CPU quota) and gauges at each
+instant (``threads``, ``state_R/S/D/T/other``, ``frozen``). Each sampling interval is
+split into five states, shares summing to 1:
+
+* ``stalled``: neither running nor able to run: the cgroup freezer FROZEN/FREEZING
+  (``frozen``), every thread stopped (``state_T``), or neither run time nor run-queue
+  wait advancing while the threads were not asleep;
+* ``running``: run time over the busy reference (the cores the server's threads use
+  when it runs: the 90th percentile of its run rate over the case window: "wall x busy
+  threads");
+* ``waiting``: runnable but not on a CPU (``wait_s`` + ``throttled_s``: contention,
+  quota), in the same unit;
+* ``io``: threads in uninterruptible sleep (``state_D``), in the same unit;
+* ``sleeping``: the rest (threads in S: waiting on the network, a peer, a lock).
+
+Shares are kept as running totals per state, so the seconds in each state over any span
+(a decode gap, a TTFT) are two interpolations (uniform within a sampling interval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata_plugin.analysis.timeline import SampleStore
+
+SOURCE = "runstate"
+STATES = ("stalled", "waiting", "io", "sleeping", "running")
+#: Below this share of the busy reference, run time and run-queue wait did not advance.
+NO_PROGRESS = 0.02
+#: A span whose samples cover less than this share of it is not classified.
+MIN_COVERAGE = 0.5
+
+
+@dataclass(frozen=True)
+class RunStates:
+    """The server's run state on the harness wall clock (ns)."""
+
+    t: np.ndarray  # sample times, sorted (n,)
+    cum: np.ndarray  # (n, len(STATES)) seconds spent in each state up to t[i]
+    busy_ref_cores: float
+    #: what was seen in the window: share of the window each raw signal was set
+    seen: tuple[tuple[str, float], ...] = ()
+
+    def over(self, a_ns: int, b_ns: int) -> tuple[dict[str, float], float]:
+        """Seconds in each state over [a, b], and the seconds the samples cover."""
+        if b_ns <= a_ns or len(self.t) < 2:
+            return dict.fromkeys(STATES, 0.0), 0.0
+        lo, hi = max(a_ns, int(self.t[0])), min(b_ns, int(self.t[-1]))
+        if hi <= lo:
+            return dict.fromkeys(STATES, 0.0), 0.0
+        out = {}
+        for k, name in enumerate(STATES):
+            col = self.cum[:, k]
+            out[name] = float(np.interp(hi, self.t, col) - np.interp(lo, self.t, col))
+        return out, (hi - lo) / 1e9
+
+    def seconds_between(self, a_ns: np.ndarray, b_ns: np.ndarray, state: str) -> np.ndarray:
+        """Seconds in ``state`` over each [a, b] (vectorized; outside the samples, none)."""
+        col = self.cum[:, STATES.index(state)]
+        if len(self.t) < 2:
+            return np.zeros(len(a_ns))
+        return np.maximum(0.0, np.interp(b_ns, self.t, col) - np.interp(a_ns, self.t, col))
+
+    def share(self, a_ns: int, b_ns: int, state: str) -> float | None:
+        """The share of [a, b] in ``state``; None where the samples cover too little."""
+        secs, covered = self.over(a_ns, b_ns)
+        if covered <= 0 or covered < MIN_COVERAGE * (b_ns - a_ns) / 1e9:
+            return None
+        return secs[state] / covered
+
+
+def _series(store: SampleStore, node: str | None, metric: str) -> tuple[np.ndarray, np.ndarray
+                                                                          ] | None:
+    idx = store.find(node=node, source=SOURCE, metric=metric, device="")
+    if not idx:
+        return None
+    i = idx[0]
+    a, b = int(store.bounds[i]), int(store.bounds[i + 1])
+    kind = store.keys[i].kind
+    values = store.acc[a:b] if kind == "counter" else store.v[a:b]
+    return store.t[a:b], values
+
+
+def nodes_with_run_state(store: SampleStore) -> list[str]:
+    return sorted({k.node for k in store.keys if k.source == SOURCE and k.metric == "run_s"})
+
+
+def from_store(store: SampleStore, start_ns: int, end_ns: int, node: str | None = None
+               ) -> RunStates | None:
+    """The run states around [start, end] (one interval beyond each edge), from the node
+    that ran the server (``node``; else the first with runstate samples). None when there
+    are no ``run_s`` samples there."""
+    if node is None or node not in nodes_with_run_state(store):
+        nodes = nodes_with_run_state(store)
+        if not nodes:
+            return None
+        node = nodes[0]
+    run = _series(store, node, "run_s")
+    if run is None or len(run[0]) < 2:
+        return None
+    t_all = run[0]
+    i0 = max(0, int(np.searchsorted(t_all, start_ns, "right")) - 2)
+    i1 = min(len(t_all), int(np.searchsorted(t_all, end_ns, "left")) + 2)
+    t = t_all[i0:i1].astype(np.int64)
+    if len(t) < 2:
+        return None
+
+    def at(metric: str, default: float | None = 0.0) -> np.ndarray | None:
+        s = _series(store, node, metric)
+        if s is None or len(s[0]) == 0:
+            return None if default is None else np.full(len(t), default)
+        return np.interp(t, s[0], s[1])
+
+    run_s = at("run_s")
+    wait = at("wait_s")
+    throttled = at("throttled_s")
+    threads = at("threads", None)
+    state_s = at("state_S", None)
+    state_d = at("state_D")
+    state_t = at("state_T")
+    frozen = at("frozen")
+    assert run_s is not None and wait is not None and throttled is not None
+    assert state_d is not None and state_t is not None and frozen is not None
+    return classify_intervals(t, run_s, wait + throttled, state_d, state_t, frozen,
+                              threads, state_s, start_ns, end_ns)
+
+
+def _ends_mean(x: np.ndarray) -> np.ndarray:
+    return (x[1:] + x[:-1]) / 2.0
+
+
+def classify_intervals(
+    t: np.ndarray,
+    run_s: np.ndarray,
+    wait_s: np.ndarray,
+    state_d: np.ndarray,
+    state_t: np.ndarray,
+    frozen: np.ndarray,
+    threads: np.ndarray | None,
+    state_s: np.ndarray | None,
+    start_ns: int,
+    end_ns: int,
+) -> RunStates:
+    """Each interval split into STATES (see the module's docstring); cumulative seconds."""
+    dt = np.diff(t) / 1e9
+    dt = np.where(dt > 0, dt, np.nan)
+    run_rate = np.clip(np.diff(run_s), 0.0, None) / dt
+    wait_rate = np.clip(np.diff(wait_s), 0.0, None) / dt
+    inside = (t[1:] > start_ns) & (t[:-1] < end_ns)
+    rates = run_rate[inside & np.isfinite(run_rate)]
+    busy = float(np.percentile(rates, 90)) if len(rates) else 0.0
+    busy = max(busy, 1e-3)
+    n_threads = _ends_mean(threads) if threads is not None else np.full(len(dt), np.nan)
+    stopped = np.clip(_ends_mean(np.minimum(frozen, 1.0)), 0.0, 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        all_t = np.where(n_threads > 0, _ends_mean(state_t) / n_threads, 0.0)
+    stopped = np.maximum(stopped, np.where(np.nan_to_num(all_t) >= 1.0, 1.0, 0.0))
+    rest = 1.0 - stopped
+    running = np.minimum(rest, np.nan_to_num(run_rate / busy))
+    rest = rest - running
+    waiting = np.minimum(rest, np.nan_to_num(wait_rate / busy))
+    rest = rest - waiting
+    io = np.minimum(rest, _ends_mean(state_d) / busy)
+    rest = rest - io
+    if state_s is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            asleep = np.where(n_threads > 0, _ends_mean(state_s) / n_threads, 1.0) >= 0.5
+    else:
+        asleep = np.ones(len(dt), bool)
+    no_progress = np.nan_to_num(run_rate + wait_rate) < NO_PROGRESS * busy
+    stuck = no_progress & ~asleep
+    stalled = stopped + np.where(stuck, rest, 0.0)
+    sleeping = np.where(stuck, 0.0, rest)
+    shares = np.stack([stalled, waiting, io, sleeping, running], axis=1)
+    secs = shares * np.nan_to_num(dt)[:, None]
+    cum = np.vstack([np.zeros((1, len(STATES))), np.cumsum(secs, axis=0)])
+    w = np.where(inside, np.nan_to_num(dt), 0.0)
+    total = float(w.sum())
+    seen: list[tuple[str, float]] = []
+    if total > 0:
+        for name, flag in (("frozen", _ends_mean(frozen) >= 0.5),
+                           ("all threads stopped (T)", np.nan_to_num(all_t) >= 1.0),
+                           ("no run or wait progress, not asleep", stuck),
+                           ("threads in D", _ends_mean(state_d) >= 1.0)):
+            share = float((w * flag).sum() / total)
+            if share > 0:
+                seen.append((name, round(share, 4)))
+    return RunStates(t=t, cum=cum, busy_ref_cores=busy, seen=tuple(seen))

@@ -1,0 +1,131 @@
+"""report.md's time-ledger section: where each case's time went, as a table and pictures.
+
+Per case: the metric it is about (and why), the ledger's shares of it, whether the
+ledger closes (residual under ``ledger_residual_max``), which parts are merged and why,
+the clock error the identity holds to, a stacked bar of the shares and the request
+timeline with its stalls coloured by the server's state (report/ledger_plots.py). A/B
+arms with repetitions get each part's mean share with a t interval over repetitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from strata_plugin.analysis.case_summary import CaseAnalysis
+from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger
+from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.analysis.stats import mean_ci
+from strata_plugin.analysis.thresholds import value
+from strata_plugin.report import ledger_plots
+from strata_plugin.report.tables import md_table
+
+TITLE = "Time ledger"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "case"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _top(led: CaseLedger, k: int = 4) -> str:
+    sh = sorted(led.shares(led.metric), key=lambda kv: -abs(kv[1]))
+    return ", ".join(f"{p} {s:.0%}" for p, s in sh[:k] if abs(s) >= 0.005) or "-"
+
+
+def identity_error_ms(led: CaseLedger) -> float:
+    """The largest |sum of parts - wall time| over the case's requests."""
+    return max((abs(sum(v for _, v in r.parts) - r.wall_ms) for r in led.requests),
+               default=0.0)
+
+
+def _row(a: CaseAnalysis) -> tuple[str, ...]:
+    led = a.ledger
+    assert led is not None
+    res = led.residual_frac()
+    bound = value("ledger_residual_max")
+    closes = "-" if res is None else ("closes" if res < bound else "**does not close**")
+    ttft, tok, e2e = led.mean_ms("ttft"), led.ms_per_token(), led.mean_ms("e2e")
+    return (
+        f"`{a.case_id}`", f"{METRIC_LABELS[led.metric]} ({led.metric_why})", str(led.n),
+        f"{ttft:.1f}" if ttft else "-", f"{tok:.2f}" if tok else "-",
+        f"{e2e:.1f}" if e2e else "-", f"{_pct(res)} ({closes})", _top(led),
+        f"{led.clock_error_ms():.2g} (max {identity_error_ms(led):.2g})",
+    )
+
+
+def repetition_rows(analyses: Sequence[CaseAnalysis]) -> list[tuple[str, ...]]:
+    """Each part's mean share of its arm's metric over the arm's repetitions (cases of
+    one A/B arm), with a 95% t interval; arms of one repetition are left out."""
+    arms: dict[tuple[str, str], list[CaseLedger]] = {}
+    for a in analyses:
+        group, arm = a.info.get("ab_group"), a.info.get("ab_arm")
+        if group and a.ledger is not None and a.ledger.n:
+            arms.setdefault((str(group), str(arm or a.case_id)), []).append(a.ledger)
+    rows = []
+    for (group, arm), leds in sorted(arms.items()):
+        if len(leds) < 2:
+            continue
+        metric = leds[0].metric
+        for part in METRICS[metric]:
+            xs = [dict(led.shares(metric)).get(part, 0.0) for led in leds]
+            if not any(abs(x) >= 0.005 for x in xs):
+                continue
+            m, lo, hi = mean_ci(xs)
+            rows.append((group, arm, METRIC_LABELS[metric], part, str(len(xs)), f"{m:.1%}",
+                         "-" if lo is None or hi is None else f"{lo:.1%} .. {hi:.1%}"))
+    return rows
+
+
+def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path) -> str:
+    cases = [a for a in analyses if a.ledger is not None and a.ledger.n]
+    if not cases:
+        return ""
+    out = [
+        f"\n## {TITLE}\n\n",
+        "Each request's time, dispatch to last byte, split into parts that sum to it "
+        "(analysis/ledger.py; per request in `ledger.jsonl`): the client's send, the time "
+        "before the server's clock starts, the server's queue and prefill, decode at the "
+        "request's own pace, decode stalls by what the server did meanwhile (run state), "
+        "the tail, and the residual no clock explains. A case's shares are of the metric "
+        "it is about; the ledger closes when the residual is under "
+        f"{value('ledger_residual_max'):.0%} of it. Clock error: the stated bound per "
+        "request (ms), and the largest identity error seen.\n\n",
+        md_table(("case", "metric", "requests", "TTFT ms", "ms/token", "e2e ms",
+                  "residual", "largest shares", "clock error ms"), [_row(a) for a in cases]),
+    ]
+    reps = repetition_rows(cases)
+    if reps:
+        out.append("\nShares over repetitions (mean, 95% t interval):\n\n")
+        out.append(md_table(("group", "arm", "metric", "part", "n", "mean", "interval"), reps))
+    anchor = bundle.anchor
+    used: set[str] = set()
+    for a in cases:
+        led = a.ledger
+        assert led is not None
+        base = f"ledger-{_safe(a.case_id)}"
+        k = 2
+        name = base
+        while name in used:
+            name, k = f"{base}-{k}", k + 1
+        used.add(name)
+        ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
+        ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
+                              f"{a.name}: requests, stalls by server state",
+                              bundle.records.get(a.case_id, []), led.states, anchor)
+        out.append(f"\n### {a.name} (`{a.case_id}`)\n\n![ledger](plots/{name}.png)\n")
+        if (plot_dir / f"{name}-timeline.png").exists():
+            out.append(f"\n![stalls by server state](plots/{name}-timeline.png)\n")
+        w = [(k, x) for k, x in a.verdict.weights if abs(x) >= 0.005]
+        if w:
+            out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`; each class's weight, "
+                       f"its share of {METRIC_LABELS[led.metric]}: "
+                       + ", ".join(f"{k} {x:.0%}" for k, x in w) + ".\n")
+        if led.merged:
+            out.append("\nMerged parts: " + "; ".join(led.merged) + ".\n")
+        if led.has_run_state:
+            out.append("\n" + led.stall_line() + ".\n")
+    return "".join(out)

@@ -1,0 +1,330 @@
+"""The run-state collector on real processes: states, scheduler time, the freezer, quota.
+
+Each test makes the state it checks real (a busy thread, a SIGSTOP, a v1/v2 freezer
+cgroup, a CFS quota) and reads it back through the collector the agent runs, then
+through the agent process itself at its 20 ms grid. The cgroup ones need root and skip
+with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from strata_plugin.agent.cgroups import freezer_files, is_frozen
+from strata_plugin.agent.collectors.runstate import RunstateCollector
+from strata_plugin.agent.handle import AgentHandle, agent_argv
+from strata_plugin.agent.targets import ProcessTargets
+from strata_plugin.testing import faults, pauses
+
+#: A process with ``busy`` spinning threads (the main one among them when busy > 0) and
+#: ``idle`` sleeping ones; with a third argument it forks a child like itself first.
+TREE = (
+    "import os, sys, threading, time\n"
+    "busy, idle = int(sys.argv[1]), int(sys.argv[2])\n"
+    "if len(sys.argv) > 3 and os.fork() == 0:\n"
+    "    time.sleep(3600)\n"
+    "def spin():\n"
+    "    x = 0\n"
+    "    while True:\n"
+    "        x += 1\n"
+    "for _ in range(idle):\n"
+    "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "for _ in range(max(0, busy - 1)):\n"
+    "    threading.Thread(target=spin, daemon=True).start()\n"
+    "print('up', flush=True)\n"
+    "spin() if busy else time.sleep(3600)\n"
+)
+
+
+def _start(busy: int, idle: int, child: bool = False) -> subprocess.Popen:
+    argv = [sys.executable, "-c", TREE, str(busy), str(idle)] + (["child"] if child else [])
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    return p
+
+
+def _kill(p: subprocess.Popen) -> None:
+    from strata_plugin.agent.procfs import process_tree
+
+    for pid in reversed(process_tree(p.pid)):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    p.wait(10)
+
+
+def _collector(pid: int, **kw) -> RunstateCollector:
+    """A collector whose sampling thread is not started: the test calls ``sample_now``."""
+    targets = ProcessTargets(pids=[pid], rescan_s=0.0)
+    targets.probe()
+    return RunstateCollector(targets, **kw)
+
+
+def values(emits) -> dict[str, float]:
+    return {m: v for _w, dev, m, v, _k in emits if dev == ""}
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        _kill(p)
+
+
+def test_states_threads_and_run_time_of_a_tree(procs):
+    """One spinning thread and five sleeping ones, plus a forked child: every thread of
+    the tree is counted, by state, and the run time grows by about the busy thread's."""
+    p = _start(busy=1, idle=5, child=True)
+    procs.append(p)
+    c = _collector(p.pid)
+    time.sleep(0.2)
+    c.targets.refresh(force=True)  # the child
+    t0 = time.monotonic()
+    a = values(c.sample_now())
+    time.sleep(0.5)
+    b = values(c.sample_now())
+    dt = time.monotonic() - t0
+    assert b["threads"] == 7, b  # 6 in the parent, 1 in the child
+    assert b["state_R"] >= 1 and b["state_S"] >= 5, b
+    assert b["state_R"] + b["state_S"] + b["state_D"] + b["state_T"] + b["state_other"] == 7
+    # the spinning thread is always on a CPU or waiting for one: run + wait is its wall
+    # time, however loaded the host (the sleeping threads add next to nothing)
+    busy = (b["run_s"] - a["run_s"]) + (b["wait_s"] - a["wait_s"])
+    assert 0.85 * dt < busy < 1.1 * dt + 0.02, (dt, a, b)
+    assert b["run_s"] > a["run_s"]
+    assert b["ctx_voluntary"] >= a["ctx_voluntary"]
+    assert b["ctx_involuntary"] >= a["ctx_involuntary"]
+    c.close()
+
+
+def test_a_stopped_tree_reads_as_state_t_and_does_not_run(procs):
+    p = _start(busy=1, idle=2)
+    procs.append(p)
+    c = _collector(p.pid)
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        a = values(c.sample_now())
+        time.sleep(0.3)
+        b = values(c.sample_now())
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    assert b["state_T"] == b["threads"] == 3, b
+    assert b["run_s"] - a["run_s"] < 0.005, (a, b)  # not a tick of CPU while stopped
+    t0 = time.monotonic()
+    time.sleep(0.2)
+    d = values(c.sample_now())
+    dt = time.monotonic() - t0
+    # running (or runnable) again: its run + wait time grows by its wall time
+    assert d["state_T"] == 0, d
+    assert (d["run_s"] - b["run_s"]) + (d["wait_s"] - b["wait_s"]) > 0.7 * dt, (b, d)
+    c.close()
+
+
+def test_exited_threads_stay_in_the_counters(procs):
+    """Three threads that each use 0.1 s of CPU and exit: the tree's run time never steps
+    back, and it still holds their 0.3 s once they are gone."""
+    code = ("import threading, time\n"
+            "def spin():\n"
+            "    while time.thread_time() < 0.1:\n"
+            "        pass\n"
+            "ts = [threading.Thread(target=spin) for _ in range(3)]\n"
+            "print('up', flush=True)\n"
+            "[t.start() for t in ts]\n"
+            "[t.join() for t in ts]\n"
+            "time.sleep(3600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    c = _collector(p.pid)
+    seen = [values(c.sample_now())]
+    deadline = time.monotonic() + 20
+    while seen[-1]["threads"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        seen.append(values(c.sample_now()))
+    runs = [s["run_s"] for s in seen]
+    assert runs == sorted(runs), runs
+    assert max(s["threads"] for s in seen) >= 2 and seen[-1]["threads"] == 1, seen[-1]
+    assert runs[-1] >= 0.3, runs  # the exited threads' run time is kept
+    c.close()
+
+
+def test_freezer_files_and_states(tmp_path):
+    """The layouts: a v1 freezer root (no state file: never frozen), a v1 child, a v2
+    child; and the states that count as frozen."""
+    (tmp_path / "freezer" / "g").mkdir(parents=True)
+    (tmp_path / "freezer" / "g" / "freezer.state").write_text("THAWED\n")
+    root = freezer_files(b"6:freezer:/\n0::/\n", str(tmp_path))
+    assert root.available and root.v1_state == "" and root.v2_events == ""
+    child = freezer_files(b"6:freezer:/g\n", str(tmp_path))
+    assert child.v1_state == str(tmp_path / "freezer" / "g" / "freezer.state")
+    none = freezer_files(b"4:memory:/x\n", str(tmp_path))
+    assert not none.available
+    (tmp_path / "v2" / "a").mkdir(parents=True)
+    for f in ("cgroup.controllers",):
+        (tmp_path / "v2" / f).write_text("")
+    (tmp_path / "v2" / "a" / "cgroup.freeze").write_text("0\n")
+    (tmp_path / "v2" / "a" / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    v2 = freezer_files(b"0::/a\n", str(tmp_path / "v2"))
+    assert v2.available and v2.v2_freeze.endswith("a/cgroup.freeze")
+    assert is_frozen(b"FROZEN\n", None, None) and is_frozen(b"FREEZING\n", None, None)
+    assert not is_frozen(b"THAWED\n", None, None)
+    assert is_frozen(None, b"populated 1\nfrozen 1\n", b"0\n")
+    assert is_frozen(None, b"populated 1\nfrozen 0\n", b"1\n")  # freezing
+    assert not is_frozen(None, b"populated 1\nfrozen 0\n", b"0\n")
+
+
+def _needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("moving a process between cgroups needs root here")
+
+
+def test_frozen_follows_the_server_into_a_freezer_and_out(procs):
+    """The collector follows the process into a freezer cgroup made for it (as the fault
+    suite's FreezerPause does), reads ``frozen`` 1 while FROZEN and 0 after, and the run
+    time stops meanwhile; then the process is moved back and the cgroup removed."""
+    _needs_root()
+    try:
+        root, version = pauses.freezer_root()
+    except faults.FaultUnavailable as exc:
+        pytest.skip(str(exc))
+    p = _start(busy=1, idle=1)
+    procs.append(p)
+    home = pauses.home_cgroup(p.pid, root, version)
+    d = home / f"strata-freeze-test-{os.getpid()}"
+    d.mkdir()
+    try:
+        pauses._move([p.pid], d)
+        c = _collector(p.pid, cgroup_rescan_s=0.0)
+        assert values(c.sample_now())["frozen"] == 0
+        pauses._set_frozen(d, version, True)
+        for _ in range(200):
+            if pauses.read_state(d, version) == "FROZEN":
+                break
+            time.sleep(0.005)
+        a = values(c.sample_now())
+        time.sleep(0.3)
+        b = values(c.sample_now())
+        assert a["frozen"] == b["frozen"] == 1, b
+        assert b["run_s"] - a["run_s"] < 0.005, (a, b)
+        assert b["state_R"] == 0, b  # frozen tasks are never runnable
+        pauses._set_frozen(d, version, False)
+        t0 = time.monotonic()
+        time.sleep(0.2)
+        e = values(c.sample_now())
+        dt = time.monotonic() - t0
+        # thawed: on a CPU or waiting for one again, the whole time
+        assert e["frozen"] == 0, e
+        assert (e["run_s"] - b["run_s"]) + (e["wait_s"] - b["wait_s"]) > 0.7 * dt, (b, e)
+        c.close()
+    finally:
+        pauses.undo_freezer(d, home, version)
+    assert not d.exists()
+
+
+def test_throttled_s_only_where_a_quota_exists(procs):
+    _needs_root()
+    p = _start(busy=1, idle=0)
+    procs.append(p)
+    c = _collector(p.pid, cgroup_rescan_s=0.0)
+    first = values(c.sample_now())
+    c.sample(0)  # the main thread hands the queued reasons on
+    reasons, *_ = c.drain()
+    assert "throttled_s" not in first
+    assert "no CPU quota" in reasons["throttled_s"]
+    try:
+        quota = faults.ServerCpuQuota(p.pid, quota_cores=0.2).start()
+    except faults.FaultUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        a = values(c.sample_now())
+        time.sleep(1.0)
+        b = values(c.sample_now())
+    finally:
+        facts = quota.stop().as_dict()
+    # 0.2 of a core for a spinning thread: throttled in most periods, and the counter is
+    # the group's own (what the injector read from its cpu.stat as it stopped)
+    assert b["throttled_s"] - a["throttled_s"] > 0.1, (a, b, facts)
+    assert abs(b["throttled_s"] - facts["throttled_s"]) < 0.05, (b, facts)
+    assert b["run_s"] - a["run_s"] < 0.3, (a, b)
+    c.close()
+
+
+def test_the_agent_samples_runstate_on_its_own_grid(tmp_path, procs):
+    """The agent process at --interval 0.5 and --runstate-interval 0.02: about 50 runstate
+    samples a second reach the file, on a 20 ms grid, with few overruns."""
+    p = _start(busy=0, idle=3)
+    procs.append(p)
+    argv = agent_argv("n1", 0.5, pids=[p.pid], collectors=["runstate"],
+                      extra=["--runstate-interval", "0.02"])
+    h = AgentHandle.start("n1", tmp_path, argv)
+    try:
+        assert h.hello["collectors"]["runstate"] == {"status": "ok"}
+        time.sleep(2.0)
+    finally:
+        info = h.stop()
+    assert info.expected, info
+    with open(tmp_path / "samples" / "runstate.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["metric"] == "run_s"]
+    t = sorted(int(r["wall_ns"]) for r in rows)
+    span = (t[-1] - t[0]) / 1e9
+    rate = (len(t) - 1) / span
+    assert span > 1.5 and 40 < rate <= 51, (len(t), span)
+    gaps = sorted(b - a for a, b in itertools.pairwise(t))
+    assert abs(gaps[len(gaps) // 2] / 1e6 - 20) < 3, gaps[len(gaps) // 2]
+    assert {r["kind"] for r in rows} == {"counter"}
+
+
+def test_a_runstate_interval_under_the_floor_is_refused():
+    with pytest.raises(ValueError, match=r">= 0\.005"):
+        RunstateCollector(ProcessTargets(pids=[os.getpid()]), interval_s=0.001)
+
+
+def test_the_agent_command_adds_runstate_where_the_server_runs(tmp_path):
+    from types import SimpleNamespace
+
+    from strata_plugin.run.nodes import RUNSTATE, _local_argv
+
+    t = SimpleNamespace(interval_s=0.5, pid_pattern="", log_patterns={},
+                        collectors=("proc", "cpu"))
+    sess = SimpleNamespace(cfg=SimpleNamespace(profile=SimpleNamespace(telemetry=t)))
+    head = _local_argv(sess, "head", 1234, None, None)
+    worker = _local_argv(sess, "w1", None, None, None)
+    assert head[head.index("--collectors") + 1] == f"proc,cpu,{RUNSTATE}"
+    assert worker[worker.index("--collectors") + 1] == "proc,cpu"
+
+
+def test_switch_counts_match_the_kernels_while_idle_threads_are_skipped(procs):
+    """One thread sleeping 10 ms in a loop, four asleep for good: the voluntary switches
+    the collector sums (reading a thread's switch counts only when its schedstat moved)
+    are the kernel's /proc/.../status sums, and they grow by the loop's sleeps."""
+    code = ("import threading, time\n"
+            "for _ in range(4):\n"
+            "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+            "print('up', flush=True)\n"
+            "while True:\n"
+            "    time.sleep(0.01)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    c = _collector(p.pid)
+    a = values(c.sample_now())
+    time.sleep(0.5)
+    b = values(c.sample_now())
+    from strata_plugin.agent.procfs import parse_ctx_switches
+
+    direct = sum(parse_ctx_switches(Path(f"/proc/{p.pid}/task/{t}/status").read_bytes())[0]
+                 for t in os.listdir(f"/proc/{p.pid}/task"))
+    assert b["ctx_voluntary"] - a["ctx_voluntary"] >= 20, (a, b)  # ~50 sleeps in 0.5 s
+    assert b["ctx_voluntary"] <= direct <= b["ctx_voluntary"] + 3, (b, direct)
+    c.close()
