@@ -11,6 +11,7 @@ nothing until a case uses them.
 * ``Effect``, ``effect``, ``mixed_effects``, ``outputs_identical``: A/B effects with
   95% intervals that name their unit of resampling (repetitions, or requests).
 * ``json_fields``, ``code_passes``, ``extract_code``: output validators.
+* ``StrataError``: the root of every exception Strata raises (``except StrataError``).
 * fixtures ``strata`` (the case runner), ``strata_server`` (the server of one
   configuration), ``strata_session``, ``strata_config``.
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from strata_plugin.analysis.effects import Effect, effect
     from strata_plugin.analysis.metrics import Slo
     from strata_plugin.analysis.sufficiency import SampleTarget
+    from strata_plugin.errors import StrataError
     from strata_plugin.load.case_runner import ABArm, CaseResult, CaseRunner, Injection
     from strata_plugin.load.sweep import CapacitySweep
     from strata_plugin.load.trace import TraceWorkload, read_trace
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "Workload": "strata_plugin.load.workload",
     "SampleTarget": "strata_plugin.analysis.sufficiency",
+    "StrataError": "strata_plugin.errors",
     "CapacitySweep": "strata_plugin.load.sweep",
     "Slo": "strata_plugin.analysis.metrics",
     "TraceWorkload": "strata_plugin.load.trace",
@@ -66,6 +69,7 @@ __all__ = [
     "Injection",
     "SampleTarget",
     "Slo",
+    "StrataError",
     "TraceWorkload",
     "Workload",
     "code_passes",

@@ -95,6 +95,7 @@ def _check_run(run: Path, seen) -> None:
     assert json.loads((run / "manifest.json").read_text())["complete"] is True
 
 
+@pytest.mark.integration
 def test_pytest_option_runs_the_generated_case_alone(project):
     with ScriptServer(completions_reply) as srv:
         result = project.runpytest_subprocess(
@@ -106,6 +107,7 @@ def test_pytest_option_runs_the_generated_case_alone(project):
     _check_run(project.path / "reports" / "a1", seen)
 
 
+@pytest.mark.integration
 def test_generated_case_runs_beside_paths_given(project):
     project.makepyfile(test_mine="def test_mine():\n    pass\n")
     with ScriptServer(completions_reply) as srv:
@@ -118,6 +120,7 @@ def test_generated_case_runs_beside_paths_given(project):
                                  "*::test_strata_workload PASSED*"])
 
 
+@pytest.mark.integration
 def test_without_the_option_nothing_is_generated(project):
     project.makepyfile(test_theirs="def test_x():\n    pass\n")
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
@@ -125,6 +128,7 @@ def test_without_the_option_nothing_is_generated(project):
     assert not (project.path / "reports").exists()
 
 
+@pytest.mark.integration
 def test_bad_workload_or_api_is_a_usage_error(project):
     result = project.runpytest_subprocess("-p", "no:cacheprovider",
                                           "--strata-workload=isl=8,osl=2,isll=3")
@@ -137,6 +141,7 @@ def test_bad_workload_or_api_is_a_usage_error(project):
     assert "--strata-api 'openai': expected one of chat, completions" in result.stderr.str()
 
 
+@pytest.mark.integration
 def test_bench_command_writes_the_same_run(tmp_path):
     (tmp_path / "test_theirs.py").write_text(OTHER)
     with ScriptServer(completions_reply) as srv:

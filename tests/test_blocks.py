@@ -63,6 +63,7 @@ def test_a_config_id_the_profile_lacks_is_an_error_unless_marked_optional():
     assert server_params(ids, _Marker("ub128", optional=True), None, attached=False) == ["ub128"]
 
 
+@pytest.mark.integration
 def test_blocks_run_in_order_and_boot_once_each(pytester, monkeypatch):
     """Through pytest: the blocks' order, and one server fixture setup per block."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

@@ -141,6 +141,7 @@ def test_capacity(strata):
 """
 
 
+@pytest.mark.integration
 def test_sweep_finds_the_scripted_capacity_and_reports_it(pytester, monkeypatch):
     from tests.sse_script_server import ScriptServer
 

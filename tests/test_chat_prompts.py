@@ -151,6 +151,7 @@ collectors = ["proc"]
 """
 
 
+@pytest.mark.integration
 def test_chat_without_a_tokenizer_runs_and_the_report_says_isl_not_exact(pytester,
                                                                         monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

@@ -42,6 +42,7 @@ def headlines(run: Path) -> dict[str, dict]:
     return {c["case_id"]: c["metrics"] for c in s["cases"]}
 
 
+@pytest.mark.integration
 def test_every_ci_file_is_written_beside_benchmark_json(run):
     assert (run / "benchmark.json").exists()
     for name in CI_FILES:
@@ -199,6 +200,7 @@ def _tokens(body: dict) -> Reply:
     return Reply(items)
 
 
+@pytest.mark.integration
 def test_server_errors_fail_the_test_unless_allowed(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeini(f"""

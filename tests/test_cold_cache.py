@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from sse_script_server import Reply, ScriptServer, Seen
 
 from strata_plugin.load.cache_flush import flush_prefix_cache
@@ -101,6 +102,7 @@ def test_flush_failures_are_recorded_not_raised():
     assert not flush_prefix_cache("other", "http://x").ok
 
 
+@pytest.mark.integration
 def test_the_report_says_cold_prefix_not_verifiable(tmp_path):
     from bundle_factory import CaseSpec, RunSpec, make_run
 

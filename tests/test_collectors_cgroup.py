@@ -79,6 +79,7 @@ def quota_cgroup():
                     time.sleep(0.05)
 
 
+@pytest.mark.root
 def test_a_quota_cgroup_is_read_for_the_server_not_the_agent():
     with quota_cgroup() as (pid, _version, has_mem):
         for spec, targets in ((f"pid:{pid}", None), ("server", ProcessTargets(pids=[pid]))):
@@ -172,6 +173,7 @@ def test_a_cgroup_memory_limit_tighter_than_the_host_is_the_free_memory():
     assert cgroup_mem_free_frac(HwView(rows[1:]), "n") is None  # no limit
 
 
+@pytest.mark.root
 def test_the_agent_follows_a_server_moved_into_a_quota_cgroup_and_back():
     """A server put under a quota while the agent runs (the fault suite's cpu_limited
     arm, a container started around a running process) is read in its new cgroup, and
@@ -211,6 +213,7 @@ def test_the_agent_follows_a_server_moved_into_a_quota_cgroup_and_back():
     assert inj.dir is not None and not inj.dir.exists()
 
 
+@pytest.mark.root
 def test_a_server_at_its_cgroup_memory_limit_is_memory_pressure():
     """A process that allocates past its cgroup's memory limit (64 MB, no swap to spill
     into) is reclaimed at the limit and OOM-killed; the agent's counters see both, and

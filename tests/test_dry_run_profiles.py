@@ -28,6 +28,7 @@ REASON = re.compile(r"dry run: \d+ case\(s\) planned, nothing started|profile \S
                     r"configuration")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_dry_runs_the_cases(profile, tmp_path):
     env = {**os.environ, "CI_NO_PROGRESS": "1"}
@@ -65,6 +66,7 @@ def test_every_profile_dry_runs_the_cases(profile, tmp_path):
     assert (run / "requests.jsonl").read_text() == ""
 
 
+@pytest.mark.integration
 def test_dry_run_lists_worker_env_names_queries_and_preflight(tmp_path):
     """The two-node profile: the worker's env names, the Prometheus queries, the
     preflight's ssh probe and the DCGM command, and no secret value anywhere."""
@@ -96,6 +98,7 @@ def test_dry_run_lists_worker_env_names_queries_and_preflight(tmp_path):
             assert "s3cr3t-token-value" not in path.read_text(errors="replace"), path
 
 
+@pytest.mark.integration
 def test_dry_run_lists_the_container_command_and_its_stop(tmp_path):
     """The docker profile: the runtime's run argv is the server command, the server's argv
     is its command after the image, every variable named (the secret's value nowhere),

@@ -43,6 +43,7 @@ def test_parse_escalate():
         parse_escalate("auto,,x")
 
 
+@pytest.mark.integration
 def test_a_named_case_is_traced_apart_and_unavailable_traces_say_why(project):
     xml = project.path / "junit.xml"
     with ScriptServer(llama_reply) as srv:
@@ -75,6 +76,7 @@ def test_a_named_case_is_traced_apart_and_unavailable_traces_say_why(project):
     assert "verdict" in names and not any("traced" in n for n in names)
 
 
+@pytest.mark.integration
 def test_off_by_default(project):
     with ScriptServer(llama_reply) as srv:
         off = project.runpytest_subprocess("-k", "test_prefill", f"--strata-server-url={srv.url}",
@@ -87,6 +89,7 @@ def test_off_by_default(project):
     assert "## Diagnostic round" not in (run / "report.md").read_text()
 
 
+@pytest.mark.integration
 def test_a_bad_escalate_value_is_a_usage_error(project):
     res = project.runpytest_subprocess("-k", "test_prefill", "--strata-escalate=auto,,x",
                                        "--strata-server-url=http://127.0.0.1:9")

@@ -169,6 +169,7 @@ def _assert_failed_run(result, run: Path, *, says: str) -> dict:
     return manifest
 
 
+@pytest.mark.integration
 def test_a_server_answering_http_500(pytester, monkeypatch):
     _setup(pytester, monkeypatch)
     err = Reply([(0.0, b'{"error": {"message": "model crashed", "code": 500}}')], status=500,
@@ -180,6 +181,7 @@ def test_a_server_answering_http_500(pytester, monkeypatch):
         "incomplete_reason"]
 
 
+@pytest.mark.integration
 def test_a_server_answering_plain_json(pytester, monkeypatch):
     _setup(pytester, monkeypatch)
     body = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [
@@ -201,6 +203,7 @@ def _dead_port() -> int:
         return s.getsockname()[1]  # closed on return: nothing listens there
 
 
+@pytest.mark.integration
 def test_a_url_where_nothing_listens_fails_in_seconds(pytester, monkeypatch):
     _setup(pytester, monkeypatch)
     port = _dead_port()
@@ -222,6 +225,7 @@ def test_a_url_where_nothing_listens_fails_in_seconds(pytester, monkeypatch):
     assert "run incomplete: " in out
 
 
+@pytest.mark.integration
 def test_a_url_without_a_port_is_a_usage_error(pytester, monkeypatch):
     _setup(pytester, monkeypatch)
     t0 = time.monotonic()

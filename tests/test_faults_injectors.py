@@ -169,6 +169,7 @@ def model_file(tmp_path):
     return path
 
 
+@pytest.mark.root
 def test_pageout_makes_the_mapping_fault_and_read_again(model_file):
     if os.geteuid() != 0:
         pytest.skip("process_madvise(MADV_PAGEOUT) on another process needs CAP_SYS_NICE")

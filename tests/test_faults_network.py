@@ -22,7 +22,7 @@ from strata_plugin.report import summarize_case
 from strata_plugin.testing import faults
 from tests.test_robustness_support import PytestRun, llama_paths, make_project
 
-pytestmark = [pytest.mark.integration, pytest.mark.fault]
+pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.netlab, pytest.mark.root]
 RPC_PORT = 50052
 CAP_BITS = 8_000_000  # tbf rate 8mbit
 CASES = """

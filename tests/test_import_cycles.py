@@ -9,12 +9,20 @@ mod`` names the submodule, not the package's own code.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "strata_plugin"
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """Each module parsed once per test run (the three checks share the trees)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
@@ -37,7 +45,7 @@ def import_graph() -> dict[str, set[str]]:
     mods = _modules()
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in mods.items():
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         skip = _type_checking_nodes(tree)
         pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
@@ -108,7 +116,7 @@ def test_only_the_plugin_package_imports_pytest():
     for name, path in _modules().items():
         if name.startswith("strata_plugin.plugin"):
             continue
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

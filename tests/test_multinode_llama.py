@@ -40,7 +40,7 @@ ATTEMPTS = 3
 #: machine's background load (other test runs) does not set their speed: the test is
 #: about the link. Root may raise priority; anyone else runs them as they are.
 NICE = ("nice", "-n", "-10") if os.geteuid() == 0 else ()
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.netlab, pytest.mark.root]
 
 
 def _paths() -> dict:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bundle_factory import gpu_run
 
 from strata_plugin.analysis.run_folder import DERIVED, DERIVED_DIRS
@@ -34,6 +35,7 @@ def raw_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.integration
 def test_regeneration_is_byte_identical(tmp_path):
     run = gpu_run(tmp_path / "live")
     write_report(run)
@@ -48,6 +50,7 @@ def test_regeneration_is_byte_identical(tmp_path):
         assert derived_files(copy) == first
 
 
+@pytest.mark.integration
 def test_cli_in_fresh_processes_with_different_hash_seeds(tmp_path):
     run = gpu_run(tmp_path / "live")
     write_report(run)
@@ -70,6 +73,7 @@ def test_cli_in_fresh_processes_with_different_hash_seeds(tmp_path):
             assert got[name] == expected[name], name
 
 
+@pytest.mark.integration
 def test_derived_files_do_not_depend_on_the_clock_or_folder(tmp_path):
     run = gpu_run(tmp_path / "a")
     write_report(run)
@@ -80,6 +84,7 @@ def test_derived_files_do_not_depend_on_the_clock_or_folder(tmp_path):
     assert '"datetime": "2025-01-01T00:00:00+00:00"' in data
 
 
+@pytest.mark.integration
 def test_parallel_sample_loading_gives_the_same_analysis(tmp_path):
     """Big runs load samples in a spawned worker; the result must not depend on it."""
     from strata_plugin.analysis.case_summary import analyze_run

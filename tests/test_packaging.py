@@ -136,6 +136,7 @@ def _pytest(py: Path, repo: Path, *args: str, home: Path | None = None
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 def test_the_wheel_holds_the_plugin_alone(installed):
     site = subprocess.run([str(installed), "-c", "import strata_plugin, sys; "
                            "print(strata_plugin.__file__)"], capture_output=True, text=True,
@@ -148,6 +149,7 @@ def test_the_wheel_holds_the_plugin_alone(installed):
         assert f"  {stray}" not in listing, f"{stray} shipped in the wheel"
 
 
+@pytest.mark.integration
 def test_an_unrelated_suite_is_untouched(installed, tmp_path):
     repo = _repo(tmp_path)
     run = _pytest(installed, repo, "test_unrelated.py", "-v")
@@ -163,6 +165,7 @@ def test_an_unrelated_suite_is_untouched(installed, tmp_path):
     assert not (repo / "reports").exists()
 
 
+@pytest.mark.integration
 def test_their_case_runs_against_their_server(installed, tmp_path):
     repo = _repo(tmp_path)
     xml = repo / "junit.xml"

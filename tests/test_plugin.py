@@ -81,6 +81,7 @@ strata_reports_dir = {pytester.path / "reports"}
     return pytester
 
 
+@pytest.mark.integration
 def test_attach_select_and_junit(project):
     with ScriptServer(llama_reply) as srv:
         xml = project.path / "junit.xml"
@@ -107,6 +108,7 @@ def test_attach_select_and_junit(project):
     assert json.loads((run / "manifest.json").read_text())["complete"] is True
 
 
+@pytest.mark.integration
 def test_marker_selection(project):
     with ScriptServer(llama_reply) as srv:
         result = project.runpytest_subprocess(
@@ -114,6 +116,7 @@ def test_marker_selection(project):
     result.assert_outcomes(passed=1, deselected=2)
 
 
+@pytest.mark.integration
 def test_unknown_marker_is_an_error(project):
     project.makepyfile(test_bad="import pytest\n@pytest.mark.prefil\ndef test_x(): pass\n")
     result = project.runpytest_subprocess("--strict-markers", "test_bad.py")
@@ -121,6 +124,7 @@ def test_unknown_marker_is_an_error(project):
     result.stdout.fnmatch_lines(["*'prefil' not found in `markers`*"])
 
 
+@pytest.mark.integration
 def test_bad_profile_stops_the_run_naming_key(project):
     (project.path / "profile.toml").write_text(PROFILE.replace("interval_s = 0.1",
                                                                "interval_s = -1"))
@@ -129,6 +133,7 @@ def test_bad_profile_stops_the_run_naming_key(project):
     result.stderr.fnmatch_lines(["*profile.toml: key 'telemetry.interval_s'*"])
 
 
+@pytest.mark.integration
 def test_dry_run_writes_commands_and_starts_nothing(project):
     profile = ROOT / "fixtures" / "profiles" / "sglang-dsv4pro-2node.toml"
     result = project.runpytest_subprocess(f"--strata-profile={profile}", "--strata-dry-run",
@@ -147,6 +152,7 @@ def test_dry_run_writes_commands_and_starts_nothing(project):
     assert not (project.path / "reports" / "dry" / "service").exists()
 
 
+@pytest.mark.integration
 def test_preflight_failure_stops_before_launch(project):
     argv = 'argv = ["/nonexistent/llama-server", "--port", "{port}"]'
     (project.path / "profile.toml").write_text(
@@ -160,6 +166,7 @@ def test_preflight_failure_stops_before_launch(project):
     assert not (project.path / "reports" / "pf" / "service").exists()
 
 
+@pytest.mark.integration
 def test_verdict_properties_and_regression_gate(project):
     """A second run whose tokens come twice as slowly fails the gate against the first."""
     gap = {"s": 0.005}

@@ -25,7 +25,7 @@ from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.netlab, pytest.mark.root]
 T = Timeouts(connect_s=20, read_s=60)
 
 

@@ -57,6 +57,7 @@ def verdicts(run: Path) -> dict[str, dict]:
     return {c["case_id"]: c["verdict"] for c in summary(run)["cases"]}
 
 
+@pytest.mark.integration
 def test_report_has_every_section(cpu_report, gpu_report):
     for run in (cpu_report, gpu_report):
         text = (run / "report.md").read_text()
@@ -169,6 +170,7 @@ def test_pngs_open_and_omit_empty_panels(cpu_report, gpu_report):
     assert gpu_h > cpu_h  # the GPU panels exist only where there is GPU data
 
 
+@pytest.mark.integration
 def test_pytest_benchmark_compare_reads_the_json(cpu_report, tmp_path):
     other = cpu_run(tmp_path, run_id="20250102T000000Z-test01", seed=2)
     write_report(other)
@@ -258,6 +260,7 @@ def test_report_without_samples_or_markers(tmp_path):
     assert all(c["verdict"]["inconclusive"] for c in summary(run)["cases"])
 
 
+@pytest.mark.integration
 def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
     cases = [
         CaseSpec(
@@ -299,6 +302,7 @@ def test_ab_repetitions_of_an_arm_are_pooled(tmp_path):
     assert (run / "plots" / "ab-mixed.png").exists() and "(plots/ab-mixed.png)" in text
 
 
+@pytest.mark.integration
 def test_rails_findings_link_caps_and_clock_warnings_in_the_report(tmp_path):
     """A two-node CPU run whose head link is capped (profile telemetry.link_caps) and
     carries request/response traffic; one node's clock is uncertain past the interval."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from bundle_factory import cpu_run
 
 from strata_plugin.analysis.rules import TRACE_NET, classify
@@ -13,6 +14,7 @@ from strata_plugin.report import write_report
 from tests.test_attribution import CPU_CLEAN
 
 
+@pytest.mark.integration
 def test_summary_first_then_ab_then_collapsed_details(tmp_path):
     run = cpu_run(tmp_path)
     write_report(run)
@@ -36,6 +38,7 @@ def test_summary_first_then_ab_then_collapsed_details(tmp_path):
     assert "<details><summary>Servers, nodes, versions, collectors</summary>" in text
 
 
+@pytest.mark.integration
 def test_a_recorded_verdict_is_the_one_reported(tmp_path):
     """The verdict written to cases.jsonl at the case's end stands in every derived file,
     with a note when the files now say otherwise."""

@@ -129,6 +129,7 @@ def test_compare_runs_and_cli(base_dir, tmp_path, capsys):
     assert compare_main([str(base_dir), str(other), "--metric", "bogus"]) == 2
 
 
+@pytest.mark.integration
 def test_report_main(tmp_path, capsys):
     run = cpu_run(tmp_path)
     assert report_main([str(run)]) == 0

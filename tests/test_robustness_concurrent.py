@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.sse_script_server import ScriptServer
 from tests.test_plugin import llama_reply
 from tests.test_robustness_support import PytestRun, count_lines, make_project
@@ -52,6 +54,7 @@ def _start(proj, tmp_path, reports, url, name, run_id=None):
     return PytestRun.start(args, tmp_path / f"{name}.txt", reports / (run_id or "?"), cwd=proj)
 
 
+@pytest.mark.integration
 def test_two_runs_at_once_get_their_own_folders(tmp_path):
     proj = _project(tmp_path)
     reports = tmp_path / "reports"
@@ -70,6 +73,7 @@ def test_two_runs_at_once_get_their_own_folders(tmp_path):
     assert announced == [str(f) for f in folders]
 
 
+@pytest.mark.integration
 def test_the_same_run_id_twice_never_shares_a_folder(tmp_path):
     proj = _project(tmp_path)
     reports = tmp_path / "reports"

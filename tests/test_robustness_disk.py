@@ -61,6 +61,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.root
+@pytest.mark.integration
 def test_full_results_disk_fails_clearly_and_nothing_claims_completion(tmp_path, small_disk):
     (tmp_path / "proj").mkdir()
     proj = make_project(tmp_path / "proj", CASES)

@@ -173,6 +173,7 @@ def test_the_good_profile_loads(tmp_path):
     assert prof.server.configs[0].config_id == "a" and prof.scale == (("context", 0.5),)
 
 
+@pytest.mark.integration
 def test_a_bad_profile_stops_pytest_before_anything_starts(tmp_path):
     (tmp_path / "proj").mkdir()
     proj = make_project(tmp_path / "proj", "def test_x(strata):\n    pass\n")
@@ -233,6 +234,7 @@ def _project(tmp_path):
     return proj
 
 
+@pytest.mark.integration
 def test_a_crafted_ssh_host_runs_nothing_even_when_attaching(tmp_path):
     """A host of ``-oProxyCommand=touch FILE`` once reached ssh's option parser in the
     preflight probe (FILE was created): now the profile is refused before anything runs."""
@@ -253,6 +255,7 @@ def test_a_crafted_ssh_host_runs_nothing_even_when_attaching(tmp_path):
     assert not reports.exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("run_id", ["../../x", "..", ".", "a/b", "a b", "x\ny"])
 def test_a_run_id_that_is_not_a_name_is_a_usage_error(tmp_path, run_id):
     """``--strata-run-id=../../x`` once made a folder outside the reports folder."""
@@ -270,6 +273,7 @@ def test_a_run_id_that_is_not_a_name_is_a_usage_error(tmp_path, run_id):
     assert not reports.exists()
 
 
+@pytest.mark.integration
 def test_a_run_id_of_every_allowed_character_from_pytest_ini_is_used(tmp_path):
     proj = _project(tmp_path)
     (proj / "pytest.ini").write_text((proj / "pytest.ini").read_text()

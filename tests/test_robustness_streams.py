@@ -16,6 +16,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from tests.sse_script_server import Reply, ScriptServer, Seen, sse
 from tests.test_robustness_support import PytestRun, make_project
 
@@ -86,6 +88,7 @@ def _reply(kind: str) -> Reply:
     }[kind]
 
 
+@pytest.mark.integration
 def test_broken_streams_are_recorded_and_the_run_completes(tmp_path):
     lock = threading.Lock()
     posts: list[int] = []

@@ -14,7 +14,7 @@ from netlab import lab_fixture
 from tests.test_faults_network import two_node_profile
 from tests.test_robustness_support import PytestRun, kill_mid_case, make_project
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.netlab, pytest.mark.root]
 
 CASES = """
 from strata_plugin.load.workload import Workload

@@ -426,6 +426,7 @@ def _profile_run(tmp_path: Path, value: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
+@pytest.mark.integration
 def test_the_profile_key_reaches_the_sandbox(tmp_path):
     run = _profile_run(tmp_path, "true")
     assert run.returncode == 0, run.stdout + run.stderr

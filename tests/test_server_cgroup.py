@@ -20,7 +20,7 @@ import pytest
 from strata_plugin.testing.faults import FaultUnavailable, _cpu_cgroup_root
 from tests.test_robustness_support import PytestRun, local_profile, make_project
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 QUOTA_CORES = 0.1  # binds even when other work on the 2 cores slows the server
 #: Moves itself into the cgroup whose cgroup.procs is argv[1], then execs the server.

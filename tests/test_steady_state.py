@@ -98,6 +98,7 @@ def test_timeslices_partition_the_window():
         timeslices(recs, 0)
 
 
+@pytest.mark.integration
 def test_report_has_plateau_beside_whole_and_asked_timeslices(tmp_path):
     run = cpu_run(tmp_path)
     lines = [json.loads(x) for x in (run / "cases.jsonl").read_text().splitlines()]

@@ -65,6 +65,7 @@ def test_upper_bound_covers_the_true_quantile_as_stated():
     assert missed / trials <= 0.03  # 1% expected; sd 0.5% at 400 trials
 
 
+@pytest.mark.integration
 def test_report_says_which_percentiles_are_supported(tmp_path):
     run = make_run(tmp_path, RunSpec(cases=[CaseSpec("few", n_requests=40, osl=4),
                                             CaseSpec("many", n_requests=460, osl=4,
@@ -116,6 +117,7 @@ def _row(section: str, metric: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+@pytest.mark.integration
 def test_each_percentile_cell_says_whether_its_count_supports_it_89_vs_90(tmp_path):
     # p95 needs 90 requests at 99%: 89 is one short, 90 is enough; p99 needs 459.
     run = make_run(tmp_path, RunSpec(cases=[CaseSpec("short", n_requests=89, osl=4),

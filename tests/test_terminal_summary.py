@@ -213,6 +213,7 @@ def project(pytester, monkeypatch):
     return pytester
 
 
+@pytest.mark.integration
 def test_the_summary_names_skipped_cases_prints_the_table_and_progress(project):
     """Without -s and without -rs: each skipped case and why, the results table, and (asked
     for, output not a terminal) the progress line written past the capture."""
@@ -235,6 +236,7 @@ def test_the_summary_names_skipped_cases_prints_the_table_and_progress(project):
                                 "output tok/s (done)"])
 
 
+@pytest.mark.integration
 def test_a_config_id_no_configuration_has_is_an_error(project):
     project.makepyfile(test_typo='''
 import pytest

@@ -20,9 +20,9 @@ import pytest
 from strata_plugin.run import tracing
 
 ROOT = tracing.tracefs_root()
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.root, pytest.mark.skipif(
     ROOT is None or os.geteuid() != 0,
-    reason="needs root and tracefs (tracing.availability says which is missing)")
+    reason="needs root and tracefs (tracing.availability says which is missing)")]
 EVENTS = tracing.TRACE_SETS["sched"]
 
 

@@ -20,6 +20,8 @@ import pytest
 
 from tests.test_robustness_support import PytestRun, llama_paths
 
+pytestmark = [pytest.mark.integration]  # the real smoke matrix on llama-server
+
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):

@@ -27,7 +27,7 @@ from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
 from strata_plugin.run.server import LaunchSpec, Server, free_port
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]  # a real vLLM server
 PROFILE = load_profile(packaged_profiles()["vllm-cpu"])
 
 

@@ -10,6 +10,8 @@ server once per block and runs the blocks in this order.
 
 from __future__ import annotations
 
+from strata_plugin.errors import StrataError
+
 BLOCK_SEP = "@"
 
 
@@ -30,7 +32,7 @@ def split_param(param: str) -> tuple[str, str]:
     return config_id, param
 
 
-class MissingConfigs(ValueError):
+class MissingConfigs(StrataError, ValueError):
     """A test names server configurations its profile does not have, and marks them
     ``optional=True``: it is skipped, not failed (a sweep written for one engine's flags
     cannot run on another engine's profile)."""
@@ -40,7 +42,7 @@ class MissingConfigs(ValueError):
         super().__init__(f"no configuration {', '.join(missing)} (it has {', '.join(profile_ids)})")
 
 
-class UnknownConfigs(ValueError):
+class UnknownConfigs(StrataError, ValueError):
     """A test names server configurations its profile does not have, without marking them
     optional: a typo in a config id must not pass as a skip with exit 0 in CI."""
 

@@ -41,27 +41,28 @@ class LoadSpec:
 
 
 def read_load(r: Any, error: Callable[..., Exception]) -> LoadSpec:
-    """``[load]`` through the profile's reader ``r``; ``error(path, key, expected, value)``."""
-    engine = r.choice("engine", ENGINES, "local")
-    processes = r.get("processes", (str, int), "auto", expected='"auto" or a number >= 1')
+    """``[load]`` through the profile's reader ``r`` (built with :class:`LoadSpec`, whose
+    fields give every default); ``error(path, key, expected, value)``."""
+    engine = r.choice("engine", ENGINES)
+    processes = r.get("processes", (str, int), expected='"auto" or a number >= 1')
     if isinstance(processes, str) and processes != "auto":
         raise error(r.path, r._key("processes"), '"auto" or a number >= 1', processes)
     if isinstance(processes, int) and processes < 1:
         raise error(r.path, r._key("processes"), '"auto" or a number >= 1', processes)
-    address = r.get("address", str, "")
+    address = r.get("address", str)
     if engine == "ray" and not address:
         raise error(r.path, r._key("address"), 'the Ray cluster\'s address when engine = "ray" '
                     '(what ray.init takes: "ray://head:10001", "auto" or "host:6379")')
     res = r.sub("resources")
-    resources = tuple((k, res.number(k, 1.0, lo=1e-4, hi=1e6)) for k in list(res.table))
+    resources = tuple((k, res.number(k, lo=1e-4, hi=1e6)) for k in list(res.table))
     spec = LoadSpec(
         engine=engine, processes=processes, address=address,
-        workers_per_node=r.integer("workers_per_node", 1, lo=1, hi=256),
-        nodes=r.integer("nodes", 0, lo=0, hi=10_000),
-        num_cpus=r.number("num_cpus", 1.0, lo=0.01, hi=1024),  # a Ray bundle is never empty
+        workers_per_node=r.integer("workers_per_node", lo=1, hi=256),
+        nodes=r.integer("nodes", lo=0, hi=10_000),
+        num_cpus=r.number("num_cpus", lo=0.01, hi=1024),  # a Ray bundle is never empty
         resources=resources,
-        ship_package=r.get("ship_package", bool, False),
-        namespace=r.get("namespace", str, "strata"),
+        ship_package=r.get("ship_package", bool),
+        namespace=r.get("namespace", str),
     )
     r.reject_unknown()
     return spec

@@ -12,18 +12,18 @@ import os
 import re
 import string
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from strata_plugin.agent.cli import ALL_COLLECTORS
 from strata_plugin.agent.collectors.log import parse_pattern
+from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
-API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
-ENGINES = ("llamacpp", "vllm", "sglang", "other")
 #: Telemetry collectors a profile may ask for: the agent's own list (it owns the names).
 COLLECTORS = ALL_COLLECTORS
 
@@ -38,7 +38,7 @@ BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root", "strata_cac
 _PLACEHOLDER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ProfileError(ValueError):
+class ProfileError(StrataError, ValueError):
     """A profile that cannot be used, with the file and key at fault."""
 
     def __init__(self, path: Path | str, key: str, expected: str, got: object = None) -> None:
@@ -203,18 +203,36 @@ class Profile:
 
 
 class _Reader:
-    """Reads typed values out of a TOML table, naming the dotted key on error."""
+    """Reads typed values out of a TOML table, naming the dotted key on error.
 
-    def __init__(self, path: Path, table: dict[str, Any], prefix: str = "") -> None:
-        self.path, self.table, self.prefix = path, table, prefix
+    ``spec`` is the dataclass the table fills: a key left out takes that field's default,
+    so every default is written once, on the dataclass (issue 26). A key whose field has no
+    default (``server.engine``) is required, unless the call passes a default of its own.
+    """
+
+    def __init__(self, path: Path, table: dict[str, Any], prefix: str = "",
+                 spec: type | None = None) -> None:
+        self.path, self.table, self.prefix, self.spec = path, table, prefix, spec
         self.seen: set[str] = set()
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}{name}"
 
+    def field_default(self, name: str) -> Any:
+        """The dataclass field's default (``...`` where it has none)."""
+        for f in fields(self.spec) if self.spec is not None else ():
+            if f.name == name:
+                if f.default is not MISSING:
+                    return f.default
+                if f.default_factory is not MISSING:
+                    return f.default_factory()
+        return ...
+
     def get(self, name: str, typ: type | tuple[type, ...], default: Any = ..., *,
             expected: str = "") -> Any:
         self.seen.add(name)
+        if default is ...:
+            default = self.field_default(name)
         if name not in self.table:
             if default is ...:
                 what = expected or _tname(typ)
@@ -226,7 +244,7 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), expected or _tname(typ), value)
         return value
 
-    def number(self, name: str, default: float, *, lo: float, hi: float) -> float:
+    def number(self, name: str, default: Any = ..., *, lo: float, hi: float) -> float:
         raw = self.get(name, (int, float), default)
         try:
             value = float(raw)
@@ -237,7 +255,7 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), f"a number in [{lo}, {hi}]", value)
         return value
 
-    def integer(self, name: str, default: int, *, lo: int, hi: int) -> int:
+    def integer(self, name: str, default: Any = ..., *, lo: int, hi: int) -> int:
         """A whole number: ``8080.9`` (or ``8080.0``) is refused, never truncated."""
         what = f"an integer in [{lo}, {hi}]"
         value = self.get(name, int, default, expected=what)
@@ -245,8 +263,11 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), what, value)
         return value
 
-    def str_list(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-        value = self.get(name, list, list(default), expected="a list of strings")
+    def str_list(self, name: str) -> tuple[str, ...]:
+        """A list of strings; missing: the field's default, else empty."""
+        default = self.field_default(name)
+        value = self.get(name, list, [] if default is ... else list(default),
+                         expected="a list of strings")
         if not all(isinstance(v, str) for v in value):
             raise ProfileError(self.path, self._key(name), "a list of strings", value)
         return tuple(value)
@@ -257,9 +278,9 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), f"one of {list(choices)}", value)
         return value
 
-    def sub(self, name: str) -> _Reader:
+    def sub(self, name: str, spec: type | None = None) -> _Reader:
         table = self.get(name, dict, {}, expected="a table")
-        return _Reader(self.path, table, f"{self._key(name)}.")
+        return _Reader(self.path, table, f"{self._key(name)}.", spec)
 
     def reject_unknown(self) -> None:
         unknown = sorted(set(self.table) - self.seen)
@@ -295,10 +316,10 @@ def _server_configs(r: _Reader, base_argv: tuple[str, ...],
         if not is_name(cid):  # it names the block's folders (service/<id>/)
             raise ProfileError(r.path, table._key(cid), f"a configuration id: {NAME_RULE}",
                                cid)
-        c = table.sub(cid)
+        c = table.sub(cid, ServerConfig)
         args = c.str_list("args")
         env = base_env + _str_table(c, "env")
-        label = c.get("label", str, "")
+        label = c.get("label", str)
         c.reject_unknown()
         configs.append(ServerConfig(cid, base_argv + args, env, label))
     return tuple(configs)
@@ -308,8 +329,8 @@ def _container(r: _Reader) -> ContainerSpec | None:
     if "container" not in r.table:
         r.seen.add("container")
         return None
-    c = r.sub("container")
-    gpus = c.get("gpus", str, "", expected='"all" or device indices such as "0,1"')
+    c = r.sub("container", ContainerSpec)
+    gpus = c.get("gpus", str, expected='"all" or device indices such as "0,1"')
     if gpus and gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", gpus):
         raise ProfileError(r.path, c._key("gpus"), '"all" or device indices such as "0,1"',
                            gpus)
@@ -320,9 +341,9 @@ def _container(r: _Reader) -> ContainerSpec | None:
             raise ProfileError(r.path, c._key("env"), "environment variable names", name)
     spec = ContainerSpec(
         runtime=c.choice("runtime", CONTAINER_RUNTIMES), image=c.get("image", str),
-        name=c.get("name", str, "strata"), gpus=gpus, volumes=c.str_list("volumes"),
+        name=c.get("name", str), gpus=gpus, volumes=c.str_list("volumes"),
         env=env, env_pass=env_pass, args=c.str_list("args"),
-        runtime_args=c.str_list("runtime_args"), network=c.get("network", str, "host"))
+        runtime_args=c.str_list("runtime_args"), network=c.get("network", str))
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", spec.name):
         raise ProfileError(r.path, c._key("name"), "a container name ([A-Za-z0-9_.-])",
                            spec.name)
@@ -334,11 +355,11 @@ def _container(r: _Reader) -> ContainerSpec | None:
 
 def _caps(r: _Reader) -> tuple[tuple[str, float], ...]:
     sub = r.sub("link_caps")
-    return tuple((k, sub.number(k, 0.0, lo=1.0, hi=1e13)) for k in list(sub.table))
+    return tuple((k, sub.number(k, lo=1.0, hi=1e13)) for k in list(sub.table))
 
 
 def _id_range(r: _Reader) -> tuple[int, int]:
-    value = r.get("token_id_range", list, [1000, 30000], expected="[low, high] token ids")
+    value = r.get("token_id_range", list, expected="[low, high] token ids")
     if (len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
             or not 0 <= value[0] < value[1]):
         raise ProfileError(r.path, r._key("token_id_range"), "[low, high] with 0 <= low < high",
@@ -375,22 +396,22 @@ def load_profile(path: Path | str) -> Profile:
     setup_argv = top.str_list("setup_argv")
     top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
 
-    s = top.sub("server")
-    engine = s.choice("engine", ENGINES)
-    api = s.choice("api", API_FLAVOURS)
+    s = top.sub("server", ServerSpec)
+    engine_name = s.choice("engine", engine_names())
+    api = s.choice("api", API_FLAVOURS, engine(engine_name).default_api or ...)
     base_argv = s.str_list("argv")
     base_env = _str_table(s, "env")
     server = ServerSpec(
-        engine=engine,
+        engine=engine_name,
         api=api,
         host=_server_host(s, vars_),
-        port=s.integer("port", 0, lo=0, hi=65535),
-        health_path=s.get("health_path", str, "/health"),
-        health_timeout_s=s.number("health_timeout_s", 300.0, lo=1, hi=7200),
-        stop_timeout_s=s.number("stop_timeout_s", 15.0, lo=0.1, hi=600),
-        request_timeout_s=s.number("request_timeout_s", 600.0, lo=0.1, hi=7200),
-        api_key_env=s.get("api_key_env", str, ""),
-        model_name=s.get("model_name", str, ""),
+        port=s.integer("port", lo=0, hi=65535),
+        health_path=s.get("health_path", str),
+        health_timeout_s=s.number("health_timeout_s", lo=1, hi=7200),
+        stop_timeout_s=s.number("stop_timeout_s", lo=0.1, hi=600),
+        request_timeout_s=s.number("request_timeout_s", lo=0.1, hi=7200),
+        api_key_env=s.get("api_key_env", str),
+        model_name=s.get("model_name", str),
         configs=_server_configs(s, base_argv, base_env),
         worker_argv=s.str_list("worker_argv"),
         token_id_range=_id_range(s),
@@ -407,31 +428,31 @@ def load_profile(path: Path | str) -> Profile:
     if not server.configs[0].argv and len(server.configs) == 1:
         pass  # attach-only profiles have no argv; --strata-server-url is then required
 
-    t = top.sub("telemetry")
-    collectors = t.str_list("collectors", TelemetrySpec.collectors)
+    t = top.sub("telemetry", TelemetrySpec)
+    collectors = t.str_list("collectors")
     for c in collectors:
         if c not in COLLECTORS:
             raise ProfileError(path, "telemetry.collectors", f"names from {list(COLLECTORS)}", c)
     telemetry = TelemetrySpec(
-        interval_s=t.number("interval_s", 0.5, lo=0.1, hi=60),
-        baseline_s=t.number("baseline_s", 15.0, lo=0, hi=3600),
-        cooldown_s=t.number("cooldown_s", 15.0, lo=0, hi=3600),
+        interval_s=t.number("interval_s", lo=0.1, hi=60),
+        baseline_s=t.number("baseline_s", lo=0, hi=3600),
+        cooldown_s=t.number("cooldown_s", lo=0, hi=3600),
         collectors=collectors,
         pid_pattern=_regex(t, "pid_pattern"),
         log_patterns=_log_patterns(t),
         link_caps=_caps(t),
-        gpu_expected=t.get("gpu_expected", bool, None),
+        gpu_expected=t.get("gpu_expected", bool),
     )
     t.reject_unknown()
 
-    pr = top.sub("prometheus")
+    pr = top.sub("prometheus", PrometheusSpec)
     jobs = _str_table(pr, "jobs")
     for job, kind in jobs:
         if kind not in ("node", "dcgm", "engine"):
             raise ProfileError(path, f"prometheus.jobs.{job}", "one of node, dcgm, engine", kind)
-    prometheus = PrometheusSpec(url=pr.get("url", str, ""), jobs=jobs,
-                                auth_env=pr.get("auth_env", str, ""),
-                                step_s=pr.number("step_s", 0.0, lo=0.0, hi=3600))
+    prometheus = PrometheusSpec(url=pr.get("url", str), jobs=jobs,
+                                auth_env=pr.get("auth_env", str),
+                                step_s=pr.number("step_s", lo=0.0, hi=3600))
     if jobs and not prometheus.url:
         raise ProfileError(path, "prometheus.url", "a URL when prometheus.jobs are given")
     pr.reject_unknown()
@@ -442,8 +463,8 @@ def load_profile(path: Path | str) -> Profile:
     for k in sc.table:
         if k not in SCALE_KEYS:
             raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
-    scale = tuple((k, sc.number(k, 1.0, lo=1e-6, hi=1e6)) for k in list(sc.table))
-    load = read_load(top.sub("load"), ProfileError)
+    scale = tuple((k, sc.number(k, lo=1e-6, hi=1e6)) for k in list(sc.table))
+    load = read_load(top.sub("load", LoadSpec), ProfileError)
     top.reject_unknown()
     _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
     _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
@@ -482,7 +503,7 @@ def _server_host(s: _Reader, vars_: tuple[tuple[str, str], ...]) -> str:
     """``server.host``: the address the server binds and the client connects to. It may
     be a ``[vars]`` placeholder (``"{head_addr}"``, the address the workers also use),
     resolved here, once, so every use (URL, bind check, ``{host}``) sees one address."""
-    text = s.get("host", str, "127.0.0.1")
+    text = s.get("host", str)
     plain = {k: v for k, v in vars_ if "{" not in v and "}" not in v}
     _check_text(s.path, s._key("host"), text, set(plain))
     host = expand_value(text, plain)
@@ -494,7 +515,7 @@ def _server_host(s: _Reader, vars_: tuple[tuple[str, str], ...]) -> str:
 
 def _regex(r: _Reader, name: str) -> str:
     """A regular expression the agent compiles: checked here, not when the agent starts."""
-    value = r.get(name, str, "")
+    value = r.get(name, str)
     try:
         re.compile(value)
     except re.error as exc:
@@ -530,14 +551,14 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
     for i, n in enumerate(raw_nodes):
         if not isinstance(n, dict):
             raise ProfileError(path, f"nodes[{i}]", "a table", n)
-        nr = _Reader(path, n, f"nodes[{i}].")
+        nr = _Reader(path, n, f"nodes[{i}].", NodeSpec)
         name = nr.get("name", str)
         if not is_name(name):  # it names the node's folder (nodes/<name>/)
             raise ProfileError(path, nr._key("name"), f"a node name: {NAME_RULE}", name)
         if name in [m.name for m in nodes]:
             raise ProfileError(path, nr._key("name"), "a name no other node has", name)
-        role = nr.choice("role", ("head", "worker"), "head")
-        host = nr.get("ssh_host", str, "")
+        role = nr.choice("role", ("head", "worker"))
+        host = nr.get("ssh_host", str)
         if host and not valid_ssh_host(host):
             raise ProfileError(path, nr._key("ssh_host"), SSH_HOST_RULE, host)
         nr.reject_unknown()

@@ -19,6 +19,7 @@ import io
 import textwrap
 import tokenize
 
+from strata_plugin.configure import engines as E
 from strata_plugin.configure import load_spec as L
 from strata_plugin.configure import profile as P
 
@@ -45,7 +46,10 @@ EXTRA_KEYS = {
 #: Defaults the reader applies where the dataclass has none (the profile's top level is
 #: built by the reader alone; a configuration's args and env start empty).
 DEFAULTS = {"description": '""', "vars": "{}", "nodes": 'one node, `name = "local"`',
-            "server.configs.<id>.argv": "[]", "server.configs.<id>.env": "{}"}
+            "server.configs.<id>.argv": "[]", "server.configs.<id>.env": "{}",
+            "server.api": "the engine's: " + ", ".join(
+                f"`{e.default_api}` ({e.name})" for e in E.ENGINE_TABLE if e.default_api)
+            + "; required for `other`"}
 #: The meaning of keys whose field has no comment (or whose TOML form differs); where a
 #: key has both, this text is used.
 MEANINGS = {
@@ -62,9 +66,9 @@ MEANINGS = {
                               "(load/sandbox.py). Only where the sandbox cannot run.",
     "setup_argv": "The command that builds what `[vars]` point at (run by the dry run's "
                   "checklist, not by a run).",
-    "server.engine": "The serving engine: " + ", ".join(f"`{e}`" for e in P.ENGINES)
+    "server.engine": "The serving engine: " + ", ".join(f"`{e}`" for e in E.ENGINES)
                      + ". Decides the engine-specific readers (metrics, log, cache flush).",
-    "server.api": "The API flavour Strata speaks: " + ", ".join(f"`{a}`" for a in P.API_FLAVOURS)
+    "server.api": "The API flavour Strata speaks: " + ", ".join(f"`{a}`" for a in E.API_FLAVOURS)
                   + " (`--strata-api` replaces it).",
     "server.argv": "The server command, an argv list with placeholders (`{host}`, `{port}`, "
                    "`{run_dir}`, `{python}`, `{root}` and any `[vars]` entry); never a shell "

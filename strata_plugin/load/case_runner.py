@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
 from strata_plugin.configure.load_spec import LoadSpec
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from strata_plugin.load.trace import TraceWorkload
 
 
-class NoTokens(RuntimeError):
+class NoTokens(StrataError, RuntimeError):
     """Every stream of a phase sent events and none parsed as a token: the profile's
     ``server.api`` is not what the server speaks. The message is the client's, with the
     raw first event."""
@@ -803,7 +804,7 @@ class CaseRunner:
         return t
 
 
-class PlanEnds(RuntimeError):
+class PlanEnds(StrataError, RuntimeError):
     """A planned (dry-run) test cannot go on without measured results or a running server:
     it stops there, and the dry run reports how far it planned."""
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import requests
 
+from strata_plugin.errors import StrataError
+
 #: A conversation: (role, content) pairs, in order.
 Messages = tuple[tuple[str, str], ...]
 
@@ -53,11 +55,11 @@ last might us great old year off come since against go came right used take thre
 FILLERS = (" a", " I", ".", ",", " o", " x", "!", "?", ";", " e", " s", " t", "a", "e")
 
 
-class ChatTokenizerError(RuntimeError):
+class ChatTokenizerError(StrataError, RuntimeError):
     """The server's tokenizer endpoint answered, but not as expected."""
 
 
-class ChatTooShort(ValueError):
+class ChatTooShort(StrataError, ValueError):
     """The ISL asked for is shorter than the chat template's own tokens."""
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.configure.load_spec import LoadSpec
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.records import RequestRecord, TokenEvent
 from strata_plugin.load import pool
 from strata_plugin.load.client.spec import Timeouts
@@ -64,7 +65,7 @@ CLOCK_ROUNDS = 8
 INTERRUPT_GRACE_S = 5.0
 
 
-class RayUnavailable(RuntimeError):
+class RayUnavailable(StrataError, RuntimeError):
     """Ray is not installed, or the cluster cannot take the load (with what to do)."""
 
 

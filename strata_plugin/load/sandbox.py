@@ -67,6 +67,8 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from strata_plugin.errors import StrataError
+
 CHILD = Path(__file__).with_name("sandbox_child.py")
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
 SCRATCH = "/tmp/strata-scratch"  # inside the sandbox's own empty /tmp
@@ -74,7 +76,7 @@ LOG_KEEP = 64 * 1024  # bytes of the program's log kept (the tail)
 KILL_GRACE_S = 5.0
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(StrataError, RuntimeError):
     """This machine cannot confine model-written code; the message says which step failed."""
 
 

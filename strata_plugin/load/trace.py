@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from strata_plugin.errors import StrataError
 from strata_plugin.load.workload import TokenSpace
 
 FORMATS = ("mooncake", "burstgpt", "azure", "strata")
@@ -72,7 +73,7 @@ MAX_SPAN_S = 366 * 86400.0
 _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", re.ASCII)
 
 
-class TraceError(ValueError):
+class TraceError(StrataError, ValueError):
     """A trace file that cannot be read: the message names the file, line and field.
 
     ``file`` is the file's name, ``line`` its 1-based line (None for the whole file),

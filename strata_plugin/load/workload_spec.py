@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from strata_plugin.errors import StrataError
 from strata_plugin.load.workload import Workload
 
 #: Key -> type of its value, from Workload's fields.
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "float | None": float}
 
 
-class WorkloadSpecError(ValueError):
+class WorkloadSpecError(StrataError, ValueError):
     """The text does not describe a workload; the message says what and where."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_write_text
 
 #: A clean arm expects nothing.
@@ -95,7 +96,7 @@ class Arm:
         return self.arm == "fault" and self.fault in self.past_threshold[:3]
 
 
-class ScorecardError(ValueError):
+class ScorecardError(StrataError, ValueError):
     """A folder that is not a fault-suite run; the message says which and why."""
 
 

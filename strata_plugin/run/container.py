@@ -27,6 +27,7 @@ from typing import Any
 
 from strata_plugin.agent.targets import Runner, run_tool
 from strata_plugin.configure.profile import ContainerSpec
+from strata_plugin.errors import StrataError
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -108,7 +109,7 @@ def build_launch(spec: ContainerSpec, *, name: str, command: list[str],
 # --- facts of a running container ------------------------------------------------------
 
 
-class ContainerError(RuntimeError):
+class ContainerError(StrataError, RuntimeError):
     """The runtime could not say what the container is (inspect failed)."""
 
 

@@ -17,12 +17,13 @@ from strata_plugin.agent.gpu_release import (
     gpu_holders,
     wait_gpu_release,
 )
+from strata_plugin.errors import StrataError
 
 __all__ = ["GpuHolder", "GpuNotReleased", "GpuReleaseResult", "gpu_holders",
            "release_on_nodes", "require_gpu_release", "wait_gpu_release"]
 
 
-class GpuNotReleased(RuntimeError):
+class GpuNotReleased(StrataError, RuntimeError):
     def __init__(self, result: GpuReleaseResult, node: str = "") -> None:
         where = f" on {node}" if node else ""
         super().__init__(f"GPU memory not released{where}: {result.detail}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata_plugin.agent import nvml_lib
+from strata_plugin.errors import StrataError
 
 #: A node check returns True/None when reachable, or False / a reason string when not.
 NodeCheck = Callable[[], "bool | str | None"]
@@ -31,7 +32,7 @@ class PreflightCheck:
     skipped: bool = False
 
 
-class PreflightError(RuntimeError):
+class PreflightError(StrataError, RuntimeError):
     """At least one preflight check failed; ``checks`` holds all of them."""
 
     def __init__(self, checks: list[PreflightCheck]) -> None:

@@ -49,13 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
+from strata_plugin.errors import StrataError
 
 #: A range query answers with at most 11000 points per series; stay below it.
 MAX_POINTS = 10_000
 CPU_BUSY_MODES = "user|nice|system|irq|softirq"
 
 
-class PromError(RuntimeError):
+class PromError(StrataError, RuntimeError):
     """The Prometheus server refused a query or could not be reached."""
 
 

@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING
 
 import requests
 
+from strata_plugin.errors import StrataError
+
 if TYPE_CHECKING:
     from strata_plugin.run.container import ContainerLaunch
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(StrataError, RuntimeError):
     """The server exited or never became healthy; carries its log tail."""
 
 

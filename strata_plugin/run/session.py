@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
@@ -48,7 +49,7 @@ def case_id_from(nodeid: str) -> str:
     return nodeid
 
 
-class RunFolderError(OSError):
+class RunFolderError(StrataError, OSError):
     """The run folder could not be written (a full or vanished results disk)."""
 
 
@@ -65,15 +66,15 @@ def _drop_derived(run_dir: Path, since: float) -> None:
                 p.unlink()
 
 
-class ServerDown(RuntimeError):
+class ServerDown(StrataError, RuntimeError):
     """A server that died earlier and was not restarted: the tests that need it cannot run."""
 
 
-class ContainerLeft(RuntimeError):
+class ContainerLeft(StrataError, RuntimeError):
     """A server's container could not be removed (it may still hold the GPUs)."""
 
 
-class PreflightFailed(RuntimeError):
+class PreflightFailed(StrataError, RuntimeError):
     """The run cannot start: a port, tool, node or GPU is not ready."""
 
 

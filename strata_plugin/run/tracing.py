@@ -33,6 +33,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata_plugin.errors import StrataError
+
 TRACEFS_PATHS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 PREFIX = "strata-"
 _NAME = re.compile(r"^strata-(\d+)-\d+$")
@@ -274,7 +276,7 @@ class TraceCapture:
             self.abort()
 
 
-class TraceUnavailable(RuntimeError):
+class TraceUnavailable(StrataError, RuntimeError):
     """This machine cannot capture the trace; the message says what is missing."""
 
 

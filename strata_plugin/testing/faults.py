@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.errors import StrataError
+
 #: No helper lives longer than this, whatever the caller asks.
 MAX_HELPER_S = 600.0
 _PR_SET_PDEATHSIG = 1
@@ -54,7 +56,7 @@ _SYS_PROCESS_MADVISE = 440
 _MADV_PAGEOUT = 21
 
 
-class FaultUnavailable(RuntimeError):
+class FaultUnavailable(StrataError, RuntimeError):
     """This machine cannot inject the fault; the message says what is missing."""
 
 

@@ -7,11 +7,13 @@ CRLF); chunk data passes straight through.
 
 from __future__ import annotations
 
+from strata_plugin.errors import StrataError
+
 _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
 _MAX_LINE = 4096
 
 
-class ChunkError(ValueError):
+class ChunkError(StrataError, ValueError):
     """The chunked framing is broken."""
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from strata_plugin.errors import StrataError
 from strata_plugin.formats.records import ERROR_CLASSES, RequestError
 
 
-class StreamError(Exception):
+class StreamError(StrataError):
     """Raised inside the client; :func:`send_streaming` turns it into a RequestError."""
 
     def __init__(self, cls: str, message: str, http_status: int | None = None) -> None:

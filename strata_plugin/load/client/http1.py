@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import requests
 from urllib3.util import parse_url
 
+from strata_plugin.errors import StrataError
+
 MAX_HEAD_BYTES = 64 * 1024
 
 
-class HeadError(ValueError):
+class HeadError(StrataError, ValueError):
     """The response head is not HTTP/1.x."""
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: OpenAI /v1/chat/completions, OpenAI /v1/completions, llama.cpp /completion, SGLang /generate.
-API_FLAVOURS = ("chat", "completions", "llamacpp", "sglang")
+from strata_plugin.configure.engines import API_FLAVOURS
+
+__all__ = ["API_FLAVOURS", "RequestSpec", "Timeouts"]
 
 
 @dataclass(frozen=True)
