@@ -92,7 +92,9 @@ def test_a_one_case_run_draws_its_timeline_once(tmp_path):
 
     run = make_run(tmp_path, RunSpec([CaseSpec("only")]))
     write_report(run)
-    assert sorted(p.name for p in (run / "plots").glob("*.png")) == ["case-only.png"]
+    timelines = sorted(p.name for p in (run / "plots").glob("*.png")
+                       if not p.name.startswith("ledger-"))  # the ledger's own pictures
+    assert timelines == ["case-only.png"]
     report = (run / "report.md").read_text()
     assert "![run timeline]" not in report
     assert "Not drawn: the run has one case" in report

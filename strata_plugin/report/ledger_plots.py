@@ -13,6 +13,7 @@ from pathlib import Path
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, stall_spans
 from strata_plugin.analysis.run_states import RunStates
+from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 
 #: One colour per part, by what the part is: the client grey, outside the server blue,
@@ -106,8 +107,9 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
         ax.legend([used[p] for p in order], order, ncol=5, loc="upper center",
                   bbox_to_anchor=(0.5, -0.45 - 0.05 * (3 - len(rows))), frameon=False)
         fig.subplots_adjust(left=0.17, right=0.98, top=0.82, bottom=0.45)
-        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None},
-                    bbox_inches="tight")
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None},
+                        bbox_inches="tight")
 
 
 def timeline(path: Path, title: str, records: Sequence[RequestRecord],
@@ -159,5 +161,6 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
         ax.legend(handles, names, ncol=len(handles), loc="lower center",
                   bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=6, handlelength=1.5,
                   columnspacing=1.0)
-        fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None},
-                    bbox_inches="tight")
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None},
+                        bbox_inches="tight")

@@ -132,10 +132,11 @@ def rescored_verdicts(run_dir: Path, case_ids: Sequence[str]) -> dict[str, dict[
         for entry in run_dir.iterdir():
             if entry.name != "cases.jsonl":
                 os.symlink(entry.resolve(), view / entry.name)
-        with open(view / "cases.jsonl", "w") as out:
-            for c in _lines(run_dir / "cases.jsonl"):
-                c.pop("verdict", None)
-                out.write(json.dumps(c) + "\n")
+        lines = []
+        for c in _lines(run_dir / "cases.jsonl"):
+            c.pop("verdict", None)
+            lines.append(json.dumps(c) + "\n")
+        atomic_write_text(view / "cases.jsonl", "".join(lines))
         return {cid: dataclasses.asdict(summarize_case(view, cid).verdict)
                 for cid in case_ids}
 

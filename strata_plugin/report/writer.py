@@ -384,7 +384,7 @@ def write_report(run_dir: Path | str) -> Path:
     data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
     data.extra_sections.append(capacity_md.section(bundle, analyses, plot_dir))
     data.extra_sections.append(ledger_md.section(bundle, analyses, plot_dir))
-    (run_dir / "ledger.jsonl").write_text("".join(
+    atomic_write_text(run_dir / "ledger.jsonl", "".join(
         r.to_json() + "\n" for a in analyses if a.ledger is not None for r in a.ledger.requests))
 
     case_metrics = {a.case_id: a.metrics for a in analyses}
