@@ -199,6 +199,11 @@ def _truth(sc: Scenario, arm: str, gt: dict) -> tuple[str, ...]:
     (run-queue wait from schedstat) half of the window or more.
     """
     out = {sc.fault} if arm == "fault" else set()
+    if arm == "fault" and sc.mechanism == "memcg_evict":
+        # the server's own memory cgroup at its limit the whole window (the injector's
+        # limit_hits): its reclaim stalls are memory pressure, of that cgroup, even with
+        # the host's MemAvailable high (PSI memory and the cgroup's limit events see it)
+        out.add("memory_pressure")
     if gt.get("harness_wait_per_s", 0) >= TRUTH["client_wait_per_s"]:
         out.add("client_bound")
     if (gt.get("other_cores_frac", 0) >= TRUTH["cpu_contention"]
