@@ -107,7 +107,7 @@ class Plan:
     why: str
 
 
-def plan(setting: int | str | None, streams: int, capacity: Capacity = CAPACITY,
+def plan(setting: int | str | None, streams: int, capacity: Capacity | None = None,
          cpus: int | None = None) -> Plan:
     """How many processes carry ``streams`` concurrent streams.
 
@@ -121,6 +121,9 @@ def plan(setting: int | str | None, streams: int, capacity: Capacity = CAPACITY,
     if setting not in (None, "auto"):
         raise ValueError(f"[load] processes: expected \"auto\" or a number >= 1, "
                          f"got {setting!r}")
+    # Looked up at call time, not bound as a default: the session's CAPACITY may be
+    # replaced (a fresh one per test) after this module is imported.
+    capacity = CAPACITY if capacity is None else capacity
     cpus = usable_cpus() if cpus is None else cpus
     per = capacity.streams
     if streams <= per or cpus < 2:
