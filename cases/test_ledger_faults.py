@@ -59,7 +59,7 @@ def _arm(strata, sess, case_id: str, figures: dict) -> object:
 
 
 @pytest.mark.fault
-@pytest.mark.strata_configs("default")
+@pytest.mark.strata_configs("default", optional=True)
 def test_the_ledger_closes_clean_and_names_the_faults_it_was_not_tuned_on(
         strata, strata_server, strata_session):
     sess, server = strata_session, strata_server
