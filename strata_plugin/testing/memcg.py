@@ -47,6 +47,7 @@ from strata_plugin.testing.faults import (
     _last_json,
     _pidfd_pageout,
     _ranges,
+    _rmdir_cgroup,
     _say,
     _spawn,
     file_mappers,
@@ -133,18 +134,14 @@ def undo_memcg(d: Path, home: Path) -> None:
     """Move every process in ``d`` back to ``home`` and remove ``d`` (retried)."""
     if not d.exists():
         return
-    deadline = time.monotonic() + 5
-    while True:
+
+    def move_back() -> None:
         for p in _members(d):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a process that just ended
                 _write(home / "cgroup.procs", str(p))
-        try:
-            d.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+
+    move_back()
+    _rmdir_cgroup(d, move_back)
 
 
 class MemcgEvict(Injector):

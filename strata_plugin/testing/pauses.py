@@ -41,6 +41,7 @@ from strata_plugin.testing.faults import (
     _helper_argv,
     _kill,
     _last_json,
+    _rmdir_cgroup,
     _say,
     _spawn,
     sweep_cgroups,
@@ -122,16 +123,8 @@ def undo_freezer(d: Path, home: Path, version: str) -> None:
         return
     with contextlib.suppress(OSError):
         _set_frozen(d, version, False)
-    deadline = time.monotonic() + 5
-    while True:
-        _move(_members(d), home)
-        try:
-            d.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    _move(_members(d), home)
+    _rmdir_cgroup(d, lambda: _move(_members(d), home))
 
 
 class FreezerPause(Injector):
