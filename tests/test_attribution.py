@@ -52,6 +52,7 @@ CPU_CLEAN = WindowSignals(
     preemptions=0.0,
     server_queue_frac=0.05,
     outside_server_frac=0.02,
+    before_server_ms=0.5,
     ledger_metric="e2e",
     ledger_residual_frac=0.02,
     server_stalled_frac=0.0,
@@ -176,7 +177,8 @@ ALONE = [
         dict(prefill_stall_frac=0.4, prefill_stall_share=0.9),
     ),
     # latency added between client and server: TTFT outside prefill, no server queue
-    ("outside_server", CPU_CLEAN, dict(outside_server_frac=0.6, server_queue_frac=0.8)),
+    ("outside_server", CPU_CLEAN,
+     dict(outside_server_frac=0.6, before_server_ms=300.0, server_queue_frac=0.8)),
     ("client_bound", CPU_CLEAN, dict(client_bound=True)),
     # the server frozen for a third of the decode time (the time ledger, runstate)
     ("server_stalled", CPU_CLEAN, dict(server_stalled_frac=0.33, server_stalled_window_frac=0.3)),
@@ -252,14 +254,29 @@ def test_outside_server_needs_no_waiting_count_once_the_ledger_split_the_queue_o
     count by Little's law): the time before the server stands alone. Merged, it needs a
     low waiting count to tell it from the queue, and is unassessable without one."""
     past = value("outside_server_frac")
-    split = v(CPU_CLEAN, outside_server_frac=past, queue_split=True, waiting_mean=None)
+    split = v(CPU_CLEAN, outside_server_frac=past, before_server_ms=300.0, queue_split=True,
+              waiting_mean=None)
     assert_only(split, "outside_server")
     assert not [e for e in split.evidence if e.metric == "waiting_mean"]
-    short = v(CPU_CLEAN, outside_server_frac=past * 0.98, queue_split=True, waiting_mean=None)
+    short = v(CPU_CLEAN, outside_server_frac=past * 0.98, before_server_ms=300.0,
+              queue_split=True, waiting_mean=None)
     assert "outside_server" not in short.past_threshold
-    merged = v(CPU_CLEAN, outside_server_frac=past, queue_split=False, waiting_mean=None)
+    merged = v(CPU_CLEAN, outside_server_frac=past, before_server_ms=300.0, queue_split=False,
+               waiting_mean=None)
     assert "outside_server" not in merged.past_threshold
     assert any(m.startswith("waiting_mean") for m in merged.missing_signals)
+
+
+def test_a_short_ttfts_front_end_is_not_a_path():
+    """A direct connection's 16-token prompt: 6 ms before prefill is 0.17 of a 35 ms TTFT
+    (the highest clean case that set ``outside_server_min_ms``), the server's own front
+    end; the same share of a TTFT with a path's 300 ms in it is the path."""
+    front_end = v(CPU_CLEAN, outside_server_frac=0.17, before_server_ms=6.05, queue_split=True)
+    assert "outside_server" not in front_end.past_threshold
+    ev = {e.metric: e for e in front_end.evidence if e.cls == "outside_server"}
+    assert ev["outside_server_frac"].met and not ev["before_server_ms"].met
+    path = v(CPU_CLEAN, outside_server_frac=0.17, before_server_ms=300.0, queue_split=True)
+    assert_only(path, "outside_server")
 
 
 def test_every_class_is_reachable():
@@ -360,6 +377,7 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
             "prefill_stall_frac",
             "prefill_stall_share",
             "outside_server_frac",
+            "before_server_ms",
             "ledger_residual_frac",
         ]
     )
@@ -368,15 +386,18 @@ def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
 
 def test_latency_outside_the_server_is_not_blamed_on_its_queue():
     # The server's own count says nothing waited: TTFT outside prefill is the path.
-    verdict = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7)
+    verdict = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7,
+                before_server_ms=300.0)
     assert_only(verdict, "outside_server")
     q = {e.metric: e for e in verdict.evidence if e.cls == "outside_server"}
     assert q["outside_server_frac"].met and q["waiting_mean"].met  # waiting < 0.5
     # The same requests with a queue on the server: queueing, not the path.
-    queued = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, waiting_mean=5.0)
+    queued = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, before_server_ms=300.0,
+                waiting_mean=5.0)
     assert_only(queued, "queueing")
     # No waiting count: the path cannot be told from a queue; queueing goes by TTFT.
-    blind = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, waiting_mean=None)
+    blind = v(CPU_CLEAN, server_queue_frac=0.85, outside_server_frac=0.7, before_server_ms=300.0,
+                waiting_mean=None)
     assert "outside_server" not in blind.classes and "queueing" in blind.classes
     assert any(m.startswith("waiting_mean") for m in blind.missing_signals)
 

@@ -87,7 +87,11 @@ CASES: tuple[Boundary, ...] = (
     Boundary("waiting_requests_mean", "queueing", CPU_CLEAN, one("waiting_mean")),
     Boundary("server_queue_frac", "queueing", CPU_CLEAN,
              one("server_queue_frac", waiting_mean=None)),
-    Boundary("outside_server_frac", "outside_server", CPU_CLEAN, one("outside_server_frac")),
+    Boundary("outside_server_frac", "outside_server", CPU_CLEAN,
+             one("outside_server_frac", before_server_ms=300.0)),
+    # the same time in ms: a short TTFT's share is the server's own front end
+    Boundary("outside_server_min_ms", "outside_server", CPU_CLEAN,
+             one("before_server_ms", outside_server_frac=0.6)),
     # the time ledger (analysis/ledger.py)
     Boundary("server_stalled_frac", "server_stalled", CPU_CLEAN, one("server_stalled_frac")),
     Boundary("ledger_residual_max", "unexplained", CPU_CLEAN, one("ledger_residual_frac")),
@@ -205,7 +209,8 @@ PINNED = {
     "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
     "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
     "net_drop_events": 1.0, "waiting_requests_mean": 0.5, "server_queue_frac": 0.5,
-    "outside_server_frac": 0.1, "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
+    "outside_server_frac": 0.1, "outside_server_min_ms": 20.0,
+    "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
     "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
     "kv_usage_high": 0.95, "preemptions_max": 0.0,
     "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,

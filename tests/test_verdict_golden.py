@@ -156,7 +156,7 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
     "disk busy, faults quiet, reads unmeasured": (
         CPU_CLEAN, dict(disk_busy_frac=0.9, read_bytes_s=None)),
     "time outside the server, waiting count unmeasured": (
-        CPU_CLEAN, dict(outside_server_frac=0.5, waiting_mean=None)),
+        CPU_CLEAN, dict(outside_server_frac=0.5, before_server_ms=300.0, waiting_mean=None)),
     "the load generator fell behind": (CPU_CLEAN, dict(client_bound=True)),
     "CPU samples disagree, with throttled GPUs and three classes past": (
         GPU_CLEAN, dict(host_busy_cores=4.0, server_cpu_cores=5.0, steal_frac=0.2,

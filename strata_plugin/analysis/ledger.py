@@ -467,6 +467,11 @@ class CaseLedger:
         xs = [r.part(part) / r.ttft_ms for r in self.requests if r.ttft_ms > 0]
         return statistics.median(xs) if xs else None
 
+    def median_ms(self, part: str) -> float | None:
+        """The median request's milliseconds in ``part``."""
+        xs = [r.part(part) for r in self.requests]
+        return statistics.median(xs) if xs else None
+
     def signals(self) -> dict[str, object]:
         """The classifier's ledger inputs (rules.WindowSignals fields)."""
         if not self.n:
@@ -484,6 +489,7 @@ class CaseLedger:
             # the median request's shares of its TTFT, as the rules read them (the table's
             # shares are ratios of sums, which a few long TTFTs dominate)
             out["outside_server_frac"] = _rn(self.median_share("before_server"))
+            out["before_server_ms"] = _rn(self.median_ms("before_server"))
             out["server_queue_frac"] = _rn(self.median_share(
                 "server_queue" if self.queue_split() else "before_server"))
         if self.has_run_state:

@@ -39,13 +39,17 @@ def rule_queueing(s: WindowSignals) -> _Outcome:
 
 def rule_outside_server(s: WindowSignals) -> _Outcome:
     """Time before the server's clock starts (network, a proxy, the HTTP front end), as a
-    share of TTFT from the time ledger. Where the ledger could not take the server's
-    queue out of it (no queue clock, no waiting count), it needs the waiting count to be
-    low to tell the two apart."""
+    share of TTFT from the time ledger, and at least ``outside_server_min_ms`` of it: a
+    short TTFT (a 16-token prompt, 20 ms) is a tenth front end on a direct connection,
+    which no path explains. Where the ledger could not take the server's queue out of it
+    (no queue clock, no waiting count), it needs the waiting count to be low to tell the
+    two apart."""
     r = _Rule("outside_server", s)
-    if not r.need("outside_server_frac"):
+    if not r.need("outside_server_frac", "before_server_ms"):
         return r.unassessable("llama.cpp timings (prompt_ms) or the engine's prefill clock")
-    if not r.cmp("outside_server_frac", ">=", "outside_server_frac"):
+    share = r.cmp("outside_server_frac", ">=", "outside_server_frac")
+    floor = r.cmp("before_server_ms", ">=", "outside_server_min_ms")
+    if not (share and floor):
         return r.o
     if s.queue_split:
         return r.fire(_m(s, "outside_server_frac", "outside_server_frac"))

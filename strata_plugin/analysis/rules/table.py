@@ -138,7 +138,8 @@ RULES: tuple[Rule, ...] = (
     Rule("outside_server", "serving", serving.rule_outside_server, (
         ("outside_server_frac",
          "requests: the ledger's time before the server in TTFT (TTFT - send - queue - "
-         "prefill)"), WAITING)),
+         "prefill)"),
+        ("before_server_ms", "requests: the same, the median request's ms"), WAITING)),
     Rule("client_bound", "serving", serving.rule_client_bound, (
         ("client_bound", "cases.jsonl: client_bound (load generator self-check)"),)),
     Rule("unexplained", "serving", serving.rule_unexplained, (
@@ -198,6 +199,7 @@ CLIENT_MEASURED = (
     "ab_prefill_stall_ratio",
     "injected_pace_factor",
     "outside_server_frac",
+    "before_server_ms",
     "ledger_residual_frac",
 )
 

@@ -87,6 +87,9 @@ class WindowSignals:
     # the ledger's time before the server (network, proxy, the HTTP front end) as a
     # share of TTFT: TTFT - the client's send - the server's queue - prefill
     outside_server_frac: float | None = None
+    # the same time in ms, the median request's: under a floor it is the server's own
+    # HTTP front end as much as a path, whatever its share of a short TTFT
+    before_server_ms: float | None = None
     # the time ledger (analysis/ledger.py): which metric the case is about ("ttft",
     # "itl", "e2e"), each part's share of it, and what no clock explains
     ledger_metric: str | None = None
