@@ -149,6 +149,10 @@ def test_exited_threads_stay_in_the_counters(procs):
     c = _collector(p.pid)
     seen = [values(c.sample_now())]
     deadline = time.monotonic() + 20
+    # 'up' comes before the threads start: first see them, then see them gone
+    while seen[-1]["threads"] == 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+        seen.append(values(c.sample_now()))
     while seen[-1]["threads"] > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
         seen.append(values(c.sample_now()))

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +48,13 @@ def quota_cgroup():
         pytest.skip(str(exc))
     name = f"strata-test-{os.getpid()}"
     made: list[Path] = []
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # A v1 memory cgroup is charged for the pages a task touches after it joins, not
+    # before: the busy loop touches 8 MiB once the go file says it has been moved in.
+    go = Path(tempfile.mkdtemp()) / "moved"
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "import os\nheld = None\nwhile True:\n"
+                             f"    if held is None and os.path.exists({str(go)!r}):\n"
+                             "        held = b'x' * (8 << 20)\n"])
     try:
         d = root / name
         d.mkdir()
@@ -66,10 +74,12 @@ def quota_cgroup():
                 (d / "memory.max").write_text(str(MEM_LIMIT))
         for m in made:
             (m / "cgroup.procs").write_text(str(busy.pid))
+        go.touch()
         yield busy.pid, version, len(made) > 1 or version == "v2"
     finally:
         busy.send_signal(signal.SIGKILL)
         busy.wait()
+        shutil.rmtree(go.parent, ignore_errors=True)
         for m in reversed(made):
             for _ in range(50):
                 try:
