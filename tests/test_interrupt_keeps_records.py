@@ -13,7 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from sse_script_server import Reply, ScriptServer, Seen, sse
+
+pytestmark = pytest.mark.integration  # a whole pytest run of the plugin, in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -267,6 +267,8 @@ def _blast(host: str, port: int, seconds: float) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.netlab
+@pytest.mark.root
 def test_agent_over_ssh_sees_the_capped_link_in_its_window(lab, tmp_path):
     run = tmp_path / "run"
     sink = _sink(lab, 5201)
@@ -324,6 +326,8 @@ def test_agent_over_ssh_sees_the_capped_link_in_its_window(lab, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.netlab
+@pytest.mark.root
 def test_ssh_killed_mid_run_marks_the_node_and_leaves_nothing_running(lab, tmp_path):
     run = tmp_path / "run"
     head = _start_local_agent(run)
@@ -354,6 +358,8 @@ def test_ssh_killed_mid_run_marks_the_node_and_leaves_nothing_running(lab, tmp_p
 
 
 @pytest.mark.integration
+@pytest.mark.netlab
+@pytest.mark.root
 def test_remote_command_dies_with_its_ssh_session(lab, tmp_path):
     marker = tmp_path / "worker-env.txt"
     script = (
@@ -409,6 +415,8 @@ def test_remote_command_dies_with_its_ssh_session(lab, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.netlab
+@pytest.mark.root
 def test_clock_uncertainty_over_a_slow_path_is_measured_and_warned(lab, tmp_path):
     """Through a relay that holds every chunk 120 ms, the round trip is >= 240 ms: the
     offset (truly 0: one host) must fall within the stated uncertainty, and the report

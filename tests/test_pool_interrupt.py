@@ -12,8 +12,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sse_script_server import ScriptServer
 from test_interrupt_keeps_records import N_TOKENS, PROFILE, ROOT, _slow
+
+pytestmark = pytest.mark.integration  # a whole pytest run of the plugin, in a subprocess
 
 
 def test_sigint_mid_case_keeps_the_pool_workers_in_flight_requests(tmp_path):
