@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from bundle_factory import cpu_run
+from bundle_factory import CaseSpec, RunSpec, make_run
 
 from strata_plugin.formats.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from strata_plugin.report import write_report
@@ -103,14 +103,18 @@ else:
 def test_a_report_that_fails_midway_keeps_every_previous_file(tmp_path):
     """The report is written once; then again in a child whose file-size limit is below
     the size of some of its files, so a write fails with EFBIG part way (a full disk).
-    Every file is then byte for byte the first report's: none is cut short."""
-    run = cpu_run(tmp_path)
+    Every file is then byte for byte the first report's: none is cut short.
+
+    Two cases (seven plots, the run's among them) are enough to have summary.json, written
+    after every plot and CSV, as the largest file: the write that fails comes last."""
+    run = make_run(tmp_path, RunSpec([CaseSpec("a"), CaseSpec("b")]))
     inputs = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     write_report(run)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    derived = sorted(len(b) for p, b in before.items() if inputs.get(p) != b)
+    derived = sorted((len(b), p.name) for p, b in before.items() if inputs.get(p) != b)
     assert len(derived) >= 8  # report.md, summary.json, the CSVs, the CI files, plots
-    limit = derived[-1] - 1  # the largest derived file is written part way, then fails
+    assert derived[-1][1] == "summary.json" and (run / "plots" / "run.png").is_file()
+    limit = derived[-1][0] - 1  # the largest derived file is written part way, then fails
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK.format(tests=str(ROOT / "tests"), limit=limit,
                                                  run=str(run))],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bundle_factory import cpu_run
+from bundle_factory import CaseSpec, RunSpec, make_run
 
 from strata_plugin.analysis.rules import Verdict
 from strata_plugin.analysis.thresholds import THRESHOLDS
@@ -54,7 +54,9 @@ def test_what_the_target_could_have_had_stays_listed():
 
 
 def test_the_thresholds_have_a_file_of_their_own(tmp_path):
-    run = cpu_run(tmp_path)
+    # one case: the thresholds file and its link do not depend on the cases (cpu_run's
+    # four cases drew 14 plots for it)
+    run = make_run(tmp_path, RunSpec([CaseSpec("only")]))
     write_report(run)
     report = (run / "report.md").read_text()
     table = (run / "thresholds.md").read_text()
@@ -88,8 +90,6 @@ def test_the_engine_log_says_when_it_runs_on_a_gpu(tmp_path):
 def test_a_one_case_run_draws_its_timeline_once(tmp_path):
     """The run timeline of a one-case run is that case's timeline but for the baseline and
     cooldown seconds: one figure, not two (the bench of one request drew both)."""
-    from bundle_factory import CaseSpec, RunSpec, make_run
-
     run = make_run(tmp_path, RunSpec([CaseSpec("only")]))
     write_report(run)
     timelines = sorted(p.name for p in (run / "plots").glob("*.png")
@@ -107,8 +107,6 @@ def test_gpu_rules_only_where_the_profile_or_the_server_says_a_gpu_is_there(tmp_
     """No GPU said (profile) or seen (NVML): the CPU rules judge, no "GPU expected" limit.
     The engine's log naming a GPU device: the GPU rules apply, and say what they lack."""
     import json
-
-    from bundle_factory import CaseSpec, RunSpec, make_run
 
     said = make_run(tmp_path / "cpu", RunSpec([CaseSpec("c")]))
     write_report(said)
