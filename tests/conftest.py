@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,17 @@ def confinable() -> None:
     reason = sandbox.probe()
     if reason:
         pytest.skip(f"this machine cannot confine model-written code: {reason}")
+
+
+@pytest.fixture(scope="session")
+def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bundle_factory's CPU run with its report written, once per session: the report
+    tests and the CI-file tests only read it, and drawing its 14 plots is the costliest
+    step of the fast lane."""
+    from bundle_factory import cpu_run
+
+    from strata_plugin.report import write_report
+
+    run = cpu_run(tmp_path_factory.mktemp("cpu_report"))
+    write_report(run)
+    return run

@@ -9,10 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from bundle_factory import cpu_run
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from strata_plugin.report import write_report
 from strata_plugin.report.ci_outputs import (
     BIGGER,
     CI_FILES,
@@ -30,11 +28,9 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    r = cpu_run(tmp_path_factory.mktemp("ci"))
-    write_report(r)
-    return r
+@pytest.fixture
+def run(cpu_report) -> Path:
+    return cpu_report  # tests/conftest.py: the CPU run's report, written once a session
 
 
 def headlines(run: Path) -> dict[str, dict]:

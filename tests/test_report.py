@@ -36,13 +36,6 @@ SECTIONS = (
 
 
 @pytest.fixture(scope="module")
-def cpu_report(tmp_path_factory) -> Path:
-    run = cpu_run(tmp_path_factory.mktemp("cpu"))
-    write_report(run)
-    return run
-
-
-@pytest.fixture(scope="module")
 def gpu_report(tmp_path_factory) -> Path:
     run = gpu_run(tmp_path_factory.mktemp("gpu"))
     write_report(run)
