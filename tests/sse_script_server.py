@@ -87,6 +87,8 @@ class ScriptServer:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):  # wakes accept() now, not at its 0.1 s timeout
+            self._listener.shutdown(socket.SHUT_RDWR)
         for conn in list(self._conns):  # wake threads waiting for a next request
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)

@@ -82,7 +82,7 @@ class _Flushable(http.server.BaseHTTPRequestHandler):
 
 def test_the_flush_is_the_table_s_call_on_a_real_http_server(monkeypatch):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flushable)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True).start()  # quick shutdown
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     try:
         new = EngineSpec("myengine", flush=("POST", "/flush_me"))

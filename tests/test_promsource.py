@@ -233,7 +233,7 @@ class _Api(BaseHTTPRequestHandler):
 def test_http_client_splits_long_ranges_and_reports_errors():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     srv.calls = []
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True).start()  # quick shutdown
     try:
         c = ps.PromClient(f"http://127.0.0.1:{srv.server_port}", headers={"Authorization": "x"})
         series = c.query_range("up", 0.0, 0.5 * 25_000, 0.5)
@@ -277,7 +277,8 @@ def test_the_bearer_token_is_not_sent_on_to_another_origin(where, keeps):
     for srv in servers:
         srv.calls, srv.seen = [], []
         srv.target = lambda rest, to=to: to + rest
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        # polled every 10 ms: shutdown() does not wait out the default 0.5 s
+        threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True).start()
     try:
         c = ps.PromClient(f"http://127.0.0.1:{hop.server_port}/old",
                           headers={"Authorization": "Bearer s3cret"})
