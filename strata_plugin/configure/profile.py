@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.agent.cli import ALL_COLLECTORS
+from strata_plugin.agent.collectors import registry as collector_registry
 from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.load_spec import LoadSpec, read_load
@@ -24,8 +24,8 @@ from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, val
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
-#: Telemetry collectors a profile may ask for: the agent's own list (it owns the names).
-COLLECTORS = ALL_COLLECTORS
+#: Telemetry collectors a profile may ask for: the agent's registry (it owns the names).
+COLLECTORS = collector_registry.names()
 
 
 #: The ``[scale]`` keys a profile may set (``Workload.scaled``'s factors).
@@ -430,9 +430,10 @@ def load_profile(path: Path | str) -> Profile:
 
     t = top.sub("telemetry", TelemetrySpec)
     collectors = t.str_list("collectors")
+    known = collector_registry.names()  # read now: the registry is the one list
     for c in collectors:
-        if c not in COLLECTORS:
-            raise ProfileError(path, "telemetry.collectors", f"names from {list(COLLECTORS)}", c)
+        if c not in known:
+            raise ProfileError(path, "telemetry.collectors", f"names from {list(known)}", c)
     telemetry = TelemetrySpec(
         interval_s=t.number("interval_s", lo=0.1, hi=60),
         baseline_s=t.number("baseline_s", lo=0, hi=3600),

@@ -54,6 +54,9 @@ class Collector:
     """Base class: override ``probe`` and ``sample``; the rest is bookkeeping."""
 
     source = "base"
+    #: follows the server's processes: ``pids`` lines from the harness reach it (and
+    #: start it, when it was waiting for a target)
+    follows_targets = False
 
     def __init__(self) -> None:
         self._unavailable: dict[str, str] = {}
@@ -100,3 +103,15 @@ class Collector:
         commands, self._commands = self._commands, []
         events, self._events = self._events, []
         return unavailable, info, commands, events
+
+
+class Missing(Collector):
+    """Stands in for a collector that lacks its configuration, so it is reported, not skipped."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__()
+        self.source = source
+        self.reason = reason
+
+    def probe(self) -> None:
+        raise Unavailable(self.reason)
