@@ -6,6 +6,8 @@ Tuples rather than dataclasses because a tick can emit hundreds of values and
 the agent's own CPU cost is budgeted (benchmarks/test_agent_cost.py).
 Per-metric problems (an NVML field NOT_SUPPORTED, an unreadable counter) are
 queued with :meth:`Collector.mark_unavailable` and reported once each.
+Each collector module also has ``from_args(args, targets)``, the factory its line in
+``registry.py`` names.
 """
 
 from __future__ import annotations
