@@ -68,6 +68,13 @@ class NodeSpec:
     role: str = "head"  # head | worker
     ssh_host: str = ""  # "" = this machine
 
+    @property
+    def is_head(self) -> bool:
+        """The server runs on this node. The one place the head rule is written: the
+        loader requires exactly one head, the run's agent fleet (``run/agents.py``) names
+        it, and everything else asks one of the two."""
+        return self.role == "head"
+
 
 @dataclass(frozen=True)
 class TelemetrySpec:
@@ -564,7 +571,7 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
             raise ProfileError(path, nr._key("ssh_host"), SSH_HOST_RULE, host)
         nr.reject_unknown()
         nodes.append(NodeSpec(name, role, host))
-    heads = [n.name for n in nodes if n.role == "head"]
+    heads = [n.name for n in nodes if n.is_head]
     if len(heads) != 1:
         raise ProfileError(path, "nodes", 'exactly one node with role = "head" (the server '
                            "runs there; a node's role defaults to head)", heads)
