@@ -15,28 +15,44 @@ After a deliberate change to the report or the metrics, regenerate them with
 ``STRATA_REGEN_GOLDEN=1 pytest tests/test_report_sections.py`` and review the diff like
 code.
 
-Marked ``integration``: rebuilding the whole matrix's files takes about 35 s of CPU.
+The golden files were written by main's code before report sections became one list
+(``report/sections.py``), and the list keeps them byte for byte. Marked ``integration``:
+rebuilding the whole matrix's files takes about 35 s of CPU.
+
+The rest, on a fabricated run (``tests/bundle_factory.py``, seconds): rendering is pure
+(it opens no file: every read is the writer's), and docs/extending.md's "Adding a report
+section", step by step.
 """
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import difflib
+import gzip
+import io
 import json
 import os
+import pathlib
 import re
+import shutil
 import tarfile
+import textwrap
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from bundle_factory import cpu_run
 
 from strata_plugin.analysis.run_folder import DERIVED, DERIVED_DIRS
-from strata_plugin.report import write_report
+from strata_plugin.report import diagnostic, sections, write_report
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "data" / "runs" / "smoke.tar.xz"
 GOLDEN_REPORT = HERE / "golden" / "report_smoke.md"
 GOLDEN_JUNIT = HERE / "golden" / "junit_smoke.txt"
+DOC = (HERE.parent / "docs" / "extending.md").read_text()
 
 
 def unpack(dest: Path) -> Path:
@@ -122,3 +138,146 @@ def test_the_recording_is_the_whole_smoke_matrix():
     report = GOLDEN_REPORT.read_text()
     assert "\n## A/B comparisons\n\n### " in report
     assert len(set(re.findall(r"strata_config = '([^']+)'", text))) >= 2
+
+
+# Rendering is pure; a section is one list entry (on a fabricated run: seconds)
+
+#: The last line the fabricated run's server wrote (the example section shows it).
+LOG_LAST = "srv  log_server_r: request: POST /completion 127.0.0.1 200"
+
+
+def add_diagnostic_round(run: Path, timed: str, traced: str) -> None:
+    """Make ``traced`` the kernel-traced repetition of ``timed``, its trace the real
+    capture ``tests/data/traces/sched-clean`` (what ``--strata-escalate`` leaves)."""
+    src = HERE / "data" / "traces" / "sched-clean"
+    dest = run / "traces" / traced
+    dest.mkdir(parents=True)
+    meta = json.loads((src / "meta.json").read_text())
+    meta["captured"] = ["sched"]  # which tracers ran: the round records it beside the capture
+    (dest / "meta.json").write_text(json.dumps(meta))
+    with gzip.open(src / "trace.txt.gz", "rt") as fh:
+        (dest / "trace.txt").write_text(fh.read())
+    lines = [json.loads(x) for x in (run / "cases.jsonl").read_text().splitlines()]
+    line = [x for x in lines if x["case_id"] == traced][-1]
+    line = {**line, "diagnostic_of": timed, "window_mono_ns": meta["window_ns"]}
+    with (run / "cases.jsonl").open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fabricated(tmp_path_factory) -> tuple[Path, object]:
+    """A fabricated run with its report written; and the ReportData it was rendered from."""
+    run = cpu_run(tmp_path_factory.mktemp("fabricated"))
+    (run / "service" / "default").mkdir(parents=True)
+    (run / "service" / "default" / "server.log").write_text(f"main: server is listening\n"
+                                                             f"{LOG_LAST}\n")
+    add_diagnostic_round(run, timed="light", traced="cpu_bound")
+    seen = []
+    original = sections.render
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sections, "render", lambda d, *a: seen.append(d) or original(d, *a))
+        write_report(run)
+    (data,) = seen
+    return run, data
+
+
+#: What rendering must not call: every way this code base opens, lists or stats a file.
+FILE_CALLS = [
+    (builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (os, "listdir"),
+    (os, "scandir"), (pathlib.Path, "open"), (pathlib.Path, "read_text"),
+    (pathlib.Path, "read_bytes"), (pathlib.Path, "exists"), (pathlib.Path, "stat"),
+    (pathlib.Path, "glob"), (pathlib.Path, "iterdir"),
+]
+
+
+def _refuse_files(monkeypatch) -> list:
+    calls: list = []
+
+    def refuse(*a, **k):
+        calls.append(a[:1])
+        raise AssertionError(f"touched a file: {a[:1]}")
+
+    for owner, name in FILE_CALLS:
+        monkeypatch.setattr(owner, name, refuse)
+    return calls
+
+
+def test_render_reads_no_file(fabricated, monkeypatch):
+    run, data = fabricated
+    calls = _refuse_files(monkeypatch)
+    text = sections.render(data)
+    monkeypatch.undo()
+    assert not calls
+    assert text == (run / "report.md").read_text()  # the report the writer wrote, again
+
+
+def test_a_section_that_reads_a_file_fails_under_the_guard(fabricated, monkeypatch):
+    """The guard above is live: the example section's reading, done in render instead of
+    in prepare, is caught."""
+    _, data = fabricated
+    log = data.bundle.run_dir / "service" / "default" / "server.log"
+    reading = sections.Section("reads", lambda d: log.read_text())
+    _refuse_files(monkeypatch)
+    with pytest.raises(AssertionError, match="touched a file"):
+        sections.render(data, (*sections.SECTIONS, reading))
+
+
+def test_section_names_are_unique():
+    names = [s.name for s in sections.SECTIONS]
+    assert len(names) == len(set(names))
+    twice = (*sections.SECTIONS, sections.Section(names[3], lambda d: ""))
+    with pytest.raises(ValueError, match=f"named twice: {names[3]}"):
+        sections.prepare(None, Path("."), twice)  # type: ignore[arg-type]
+
+
+def _doc_blocks() -> list[str]:
+    part = DOC[DOC.index("## Adding a report section"):]
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", part, flags=re.S)]
+
+
+def test_adding_a_report_section_as_the_page_says(fabricated, tmp_path, monkeypatch):
+    module_src, entry_src = _doc_blocks()[:2]
+    mod = types.ModuleType("server_log_md")  # step 1: the module, the page's own text
+    exec(compile(module_src, "server_log_md.py", "exec"), mod.__dict__)
+    entry = eval(entry_src.strip().rstrip(","), {"Section": sections.Section,  # step 2
+                                                 "server_log_md": mod})
+    names = [s.name for s in sections.SECTIONS]
+    at = names.index("run timeline") + 1  # where the page puts it
+    monkeypatch.setattr(sections, "SECTIONS",
+                        (*sections.SECTIONS[:at], entry, *sections.SECTIONS[at:]))
+
+    run, _ = fabricated
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    write_report(copy)  # the writer as it is finds the new entry in the list
+    text = (copy / "report.md").read_text()
+    head, nxt = f"\n## {mod.TITLE}\n", "\n## Sample sufficiency"
+    assert text.count(head) == 1
+    assert text.index("\n## Run timeline\n") < text.index(head) < text.index(nxt)
+    section = text[text.index(head):text.index(nxt)]
+    assert section == f"{head}\n- `default`: {LOG_LAST}\n"  # what prepare read, rendered
+    # The rest is as before: taken out, the report is the one written without it.
+    assert text.replace(section, "") == (run / "report.md").read_text()
+
+
+def test_the_diagnostic_round_is_read_by_prepare(fabricated, monkeypatch, tmp_path):
+    """Its traces are read in ``prepare`` (the writer's step); a failure to read them is
+    the section's one line, and the rest of the report stands."""
+    run, data = fabricated
+    (diag,) = data.prepared[diagnostic.TITLE]
+    assert (diag.case_id, diag.traced_case_id) == ("light", "cpu_bound")
+    assert diag.sched is not None  # the trace was read, before rendering
+    assert "\n## Diagnostic round\n" in (run / "report.md").read_text()
+    assert "\n### light (traced repetition: cpu_bound)\n" in diagnostic.report_section(data)
+
+    def unreadable(run_dir, analyses):
+        assert run_dir == data.bundle.run_dir
+        raise OSError("trace folder gone")
+
+    monkeypatch.setattr(diagnostic, "diagnose", unreadable)
+    again = sections.prepare(dataclasses.replace(data, prepared={}), tmp_path)
+    assert again.prepared[diagnostic.TITLE] == "OSError: trace folder gone"
+    text = sections.render(again)
+    assert "\n## Diagnostic round\n\nnot rendered: OSError: trace folder gone\n" in text
+    assert text.index("\n## Cases\n") < text.index("\n## Diagnostic round") \
+        < text.index("\n## Run timeline")
