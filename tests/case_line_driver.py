@@ -16,8 +16,9 @@ import json
 import threading
 import types
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from strata_plugin.analysis.metrics import Slo
 from strata_plugin.analysis.sufficiency import SampleTarget
@@ -106,6 +107,10 @@ def _setup(api: str = "completions", scale: tuple = ()) -> CaseSetup:
                      engine="llamacpp", startup_s=3.25)
 
 
+def _shared(name: str, isl: int, osl: int, **kw: Any) -> Workload:
+    return Workload(name, isl, osl, prefix="shared", shared_prefix_tokens=16, **kw)
+
+
 def half_valid(text: str):
     """A validator (its name is written): passes every other request."""
     from strata_plugin.load.validators import Verdict
@@ -133,7 +138,7 @@ def drive(tmp: Path, patch: Callable[[object, str, object], None],
     marks: list = []
     runner = CaseRunner(_setup(scale=(("context", 0.5), ("output", 0.5))), record=lambda r: None,
                         mark=lambda *a: marks.append(a), add_case=rec.add_case)
-    warm = Workload("decode", 64, 8, concurrency=2, requests=4, warmups=1, prefix="shared", shared_prefix_tokens=16)
+    warm = _shared("decode", 64, 8, concurrency=2, requests=4, warmups=1)
     runner.run(warm, case_id="t::plain")
     runner.run(warm, case_id="t::unscaled", scale=False, ab=ABArm("g", "treat", 2),
                extra={"note": "kept as written", "where": Path("/x/y"),
@@ -145,7 +150,7 @@ def drive(tmp: Path, patch: Callable[[object, str, object], None],
                until=SampleTarget((50.0,), max_requests=12))
     load.wait_for_injection = True
     runner.run(warm, case_id="t::inject",
-               inject=Injection(Workload("probe", 32, 2, prefix="shared", shared_prefix_tokens=16), offset_s=0.0,
+               inject=Injection(_shared("probe", 32, 2), offset_s=0.0,
                                 after="start"))
     load.wait_for_injection = False
     try:
@@ -155,8 +160,8 @@ def drive(tmp: Path, patch: Callable[[object, str, object], None],
     chat = CaseRunner(_setup(api="chat"), record=lambda r: None, mark=lambda *a: None,
                       add_case=rec.add_case)
     chat._chat = ChatPrompter(None, "no tokenizer endpoint (driver)")
-    chat.run(Workload("chatty", 64, 4, requests=2, prefix="shared", shared_prefix_tokens=16), case_id="t::chat")
-    runner.sweep(CapacitySweep(Workload("cap", 32, 2, prefix="shared", shared_prefix_tokens=16), Slo(ttft_ms=500),
+    chat.run(_shared("chatty", 64, 4, requests=2), case_id="t::chat")
+    runner.sweep(CapacitySweep(_shared("cap", 32, 2), Slo(ttft_ms=500),
                                start_rate=4.0, max_steps=2, refine=0, step_s=1.0,
                                min_requests=3), case_id="t::sweep")
     for cid, line in runner.case_lines.items():
