@@ -165,3 +165,20 @@ def test_the_report_reads_the_typed_line(tmp_path: Path) -> None:
     assert (first["ab_group"], first["ab_arm"], first["outcome"]) == ("g", "treat", "failed")
     bundle = load_bundle(run)
     assert bundle.case_info(lines[0]["case_id"]).line.extra == {"unknown_key": 3}
+
+
+def test_the_report_command_names_a_bad_line_and_exits_2(tmp_path: Path, capsys) -> None:
+    """``python -m strata_plugin report``: the error in the user's terms, no traceback,
+    and the raw files untouched."""
+    from strata_plugin.report.cli import report_main
+
+    run = cpu_run(tmp_path)
+    path = run / "cases.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "warmup_s": "0.5"})
+    path.write_text("\n".join(lines) + "\n")
+    before = path.read_text()
+    assert report_main([str(run), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}:2: key 'warmup_s': expected a number, got str \"0.5\"\n"
+    assert path.read_text() == before
