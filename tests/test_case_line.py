@@ -182,3 +182,12 @@ def test_the_report_command_names_a_bad_line_and_exits_2(tmp_path: Path, capsys)
     err = capsys.readouterr().err
     assert err == f"error: {path}:2: key 'warmup_s': expected a number, got str \"0.5\"\n"
     assert path.read_text() == before
+
+
+def test_a_test_extra_that_names_a_field_with_another_type_is_refused_when_written() -> None:
+    """``strata.run(..., extra={"offered_rate": "fast"})``: refused before a line no
+    reader could use reaches cases.jsonl, naming the case and the key."""
+    with pytest.raises(CaseLineError, match=r"^the line of case 'a': key 'offered_rate': "
+                       r"expected a number, got str \"fast\"$"):
+        CaseLine.written({"offered_rate": "fast"}, case_id="a")
+    assert CaseLine.written({"offered_rate": 2}, case_id="a").offered_rate == 2
