@@ -147,7 +147,7 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
         if not flushed:
             extra["telemetry_flushed"] = False
-        sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid, **extra})
+        sess.recorder.add_case(line.updated(outcome=outcome, nodeid=item.nodeid, **extra))
     item.user_properties.extend(props)
     item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
     item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))

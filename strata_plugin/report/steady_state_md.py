@@ -46,7 +46,7 @@ def by_case(bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -> dict[str, Ca
             arrival=str(a.params.get("arrival", "closed")),
             metrics_of=bundle.metrics_of,
         )
-        slice_s = a.info.get("timeslice_s")
+        slice_s = a.line.timeslice_s if a.line else None
         slices: tuple = ()
         if isinstance(slice_s, (int, float)) and slice_s > 0:
             slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))

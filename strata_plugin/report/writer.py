@@ -63,11 +63,11 @@ def run_limits(
     if m.get("incomplete_reason"):
         out.append(f"run incomplete: {m['incomplete_reason']}")
     for cid, info in sorted(bundle.cases.items()):  # cached tokens the server did not report
-        cold = str(info.raw.get("cold_prefix") or "")
+        cold = info.line.cold_prefix or ""
         if cold.startswith(("cold prefix not verifi", "NOT cold")):
             out.append(f"case {cid}: {cold}")
-        if info.raw.get("isl_exact") is False:  # chat without a tokenizer endpoint, or texts
-            out.append(f"case {cid}: {info.raw.get('isl_note') or 'ISL not exact'}")
+        if info.line.isl_exact is False:  # chat without a tokenizer endpoint, or texts
+            out.append(f"case {cid}: {info.line.isl_note or 'ISL not exact'}")
     if not ctx.gpu_present:
         why = "; ".join(
             f"{n}: {r}"
@@ -249,9 +249,9 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                 "name": a.name,
                 "config_id": a.config_id,
                 "params": a.params,
-                "outcome": a.info.get("outcome", ""),
-                "ab_group": a.info.get("ab_group", ""),
-                "ab_arm": a.info.get("ab_arm", ""),
+                "outcome": (a.line.outcome if a.line else None) or "",
+                "ab_group": (a.line.ab_group if a.line else None) or "",
+                "ab_arm": (a.line.ab_arm if a.line else None) or "",
                 "window": None
                 if a.window is None
                 else {

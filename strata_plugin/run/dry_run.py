@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
 from strata_plugin.formats.atomic import atomic_write_text
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.case_runner import Injection, PlanEnds
 from strata_plugin.run.server import write_command
 
@@ -150,10 +151,10 @@ class DryRunPlan:
     preflight: dict
     commands: dict
     prometheus: dict
-    cases: list[dict] = field(default_factory=list)
+    cases: list[CaseLine] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)
 
-    def add_case(self, line: dict) -> None:
+    def add_case(self, line: CaseLine) -> None:
         self.cases.append(line)
         self.write()
 
@@ -165,11 +166,12 @@ class DryRunPlan:
     def as_json(self) -> dict:
         blocks: list[str] = []
         for c in self.cases:
-            if not blocks or blocks[-1] != c["block_id"]:
-                blocks.append(c["block_id"])
+            if not blocks or blocks[-1] != c.block_id:
+                blocks.append(c.block_id)
         return {"dry_run": True, "profile": self.profile, "preflight": self.preflight,
                 "commands": self.commands, "prometheus": self.prometheus,
-                "server_blocks": blocks, "cases": self.cases, "tests": self.tests}
+                "server_blocks": blocks, "cases": [c.to_dict() for c in self.cases],
+                "tests": self.tests}
 
     def write(self) -> None:
         data = self.as_json()
@@ -226,13 +228,14 @@ def checklist_markdown(d: dict) -> str:
     lines += ["## Case plan (run order)", "",
               "| # | case | block | config | workload as run | nominal | injection | A/B |",
               "|---|---|---|---|---|---|---|---|"]
-    for i, c in enumerate(d["cases"], 1):
-        inj = c.get("injection")
+    for i, raw in enumerate(d["cases"], 1):
+        c = CaseLine.from_dict(raw, f"dry_run.json case {i}")
+        inj = c.injection
         inj_s = (f"{inj['name']} ({_params(inj['params'])}) {Injection.placement(inj)}"
                  if inj else "-")
-        ab = f"{c['ab_group']}:{c['ab_arm']}" if c.get("ab_group") else "-"
-        lines.append(f"| {i} | {c['case_id']} | {c['block_id']} | {c['config_id']} | "
-                     f"{_params(c['params'])} | {_params(c.get('scaled_from'))} | {inj_s} | {ab} |")
+        ab = f"{c.ab_group}:{c.ab_arm}" if c.ab_group else "-"
+        lines.append(f"| {i} | {c.case_id} | {c.block_id} | {c.config_id} | "
+                     f"{_params(c.params)} | {_params(c.scaled_from)} | {inj_s} | {ab} |")
     lines += ["", "## Tests", ""]
     for t in d["tests"]:
         stop = f"; stopped: {t['stopped']}" if t["stopped"] else ""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
@@ -465,11 +466,11 @@ class StrataSession:
             tally = self.failures[rec.case_id] = FailureTally()
         tally.add(rec)  # type: ignore[attr-defined]
 
-    def add_case(self, line: dict) -> None:
+    def add_case(self, line: CaseLine) -> None:
         """A case line to cases.jsonl; the failures it allows are kept for the end."""
         self.recorder.add_case(line)
-        if line.get("allow_errors") and line.get("case_id"):
-            self.allowed_errors[str(line["case_id"])] = line["allow_errors"]
+        if line.allow_errors and line.case_id:
+            self.allowed_errors[line.case_id] = line.allow_errors
 
     def server_failed(self, why: str) -> None:
         """A server that could not be started or reached: the run is incomplete, and the
