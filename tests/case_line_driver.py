@@ -5,7 +5,7 @@ The case runner, the planning runner, the sweep, the run recorder and the dry-ru
 are the real ones. What is replaced is the boundary a byte comparison cannot have: the
 load generator's ``run_load`` (the server's answers: fabricated records, FAKE, with
 fixed times) and the case runner's monotonic clock (a counter), so that two runs of the
-same cases write the same numbers. ``tests/data/case_lines_main.jsonl`` holds what main's
+same cases write the same numbers. ``tests/data/case_lines_main.json`` holds what main's
 code wrote through this driver before ``formats/cases.py`` existed (see
 ``record_main_fixture``).
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import case_line_driver as driver
 import pytest
 from bundle_factory import cpu_run
 from case_line_driver import drive
@@ -191,3 +192,24 @@ def test_a_test_extra_that_names_a_field_with_another_type_is_refused_when_writt
                        r"expected a number, got str \"fast\"$"):
         CaseLine.written({"offered_rate": "fast"}, case_id="a")
     assert CaseLine.written({"offered_rate": 2}, case_id="a").offered_rate == 2
+
+
+@pytest.mark.parametrize("runner_kind", ["case", "planning"])
+def test_a_bad_extra_is_refused_before_any_request(monkeypatch, tmp_path, runner_kind) -> None:
+    """The wrong type under a field's name in ``extra=`` fails the case before its load
+    runs (no request sent, nothing written), not after it, nor inside a Ctrl-C."""
+    from strata_plugin.load import case_runner as cr
+    from strata_plugin.load.workload import Workload
+
+    calls: list = []
+    monkeypatch.setattr(cr, "run_load", lambda jobs, **kw: calls.append(jobs))
+    lines: list = []
+    if runner_kind == "case":
+        runner = cr.CaseRunner(driver._setup(), record=lambda r: None, mark=lambda *a: None,
+                               add_case=lines.append)
+    else:
+        runner = cr.PlanningRunner(driver._setup(), plan=lines.append)
+    w = Workload("decode", 32, 4, requests=2, warmups=1)
+    with pytest.raises(CaseLineError, match="key 'offered_rate': expected a number"):
+        runner.run(w, case_id="t::bad", extra={"offered_rate": "fast"})
+    assert calls == [] and lines == []

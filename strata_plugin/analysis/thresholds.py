@@ -430,7 +430,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "outside_server_min_ms",
         20.0,
         "ms",
-        "[inferred] and the median request spent at least 20 ms there: under it the server's "
+        "[inferred] the median request spent at least 20 ms before the server: under it its "
         "own HTTP front end (parsing, tokenizing, taking a slot) reads as much as a path. Set "
         "from the clean side: llama-server on a direct loopback connection, in two full runs "
         "of the suite on the 2-core host, read at most 6.1 ms at load average 1-2 (5 cases at "

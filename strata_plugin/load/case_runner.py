@@ -504,6 +504,9 @@ class CaseRunner:
                 raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
                                  f"the classes are {', '.join(ERROR_CLASSES)}")
         extra, ab = _ab_from_extra(extra, ab)
+        # the test's extra= is checked now, not once the load has run (nor in the middle of
+        # a Ctrl-C): a value of the wrong type for a field it names is the test's error
+        CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
         nominal = w
         w = self.scaled(w) if scale else w
         salt = self.repetition_salt(w, ab)
@@ -832,6 +835,7 @@ class PlanningRunner(CaseRunner):
             timeslice_s: float | None = None) -> CaseResult:
         case_id = case_id or self.default_case_id
         extra, ab = _ab_from_extra(extra, ab)
+        CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
         scaled = self.scaled(w) if scale else w
         if until is not None:
             extra["sample_target"] = {"percentiles": list(until.percentiles),
