@@ -44,9 +44,10 @@ from pathlib import Path
 
 import pytest
 
-from strata_plugin.agent.cli import CPU_SIDE_COLLECTORS, Agent, LineWriter
+from strata_plugin.agent.cli import Agent, LineWriter
 from strata_plugin.agent.collectors.cpu import CpuCollector
 from strata_plugin.agent.collectors.proc import ProcCollector
+from strata_plugin.agent.collectors.registry import CPU_SIDE as CPU_SIDE_COLLECTORS
 from strata_plugin.agent.handle import AgentHandle, agent_argv
 from strata_plugin.agent.procfs import CLK_TCK, process_tree
 from strata_plugin.agent.targets import ProcessTargets

@@ -247,13 +247,13 @@ def _private_model(sess, server, tmp: Path) -> Iterator[str]:
                   server.spec.to_json())
     try:
         server.start()
-        sess.retrack(server)
+        sess.fleet.retrack(server)
         yield str(copy)
     finally:
         server.stop()
         server.spec = original
         server.start()
-        sess.retrack(server)
+        sess.fleet.retrack(server)
         copy.unlink(missing_ok=True)
 
 

@@ -8,8 +8,8 @@ import sys
 from types import SimpleNamespace
 
 from strata_plugin.configure.profile import load_profile, packaged_profiles
+from strata_plugin.run.agents import AgentFleet
 from strata_plugin.run.listener import attached_server_pid
-from strata_plugin.run.nodes import agent_commands
 
 LISTEN = """
 import socket, sys, time
@@ -41,18 +41,18 @@ def test_the_process_listening_on_a_loopback_port_is_found():
         proc.wait()
 
 
-def test_the_agent_follows_the_attached_server_it_found():
+def test_the_agent_follows_the_attached_server_it_found(tmp_path):
     proc, port = _listener()
     url = f"http://127.0.0.1:{port}"
     try:
         prof = load_profile(packaged_profiles()["local"])
-        sess = SimpleNamespace(cfg=SimpleNamespace(profile=prof, server_url=url))
         server = SimpleNamespace(base_url=url, log_path=None)
-        argv = agent_commands(sess, None, server)["local"]
+        attached = AgentFleet(prof.nodes, prof.telemetry, tmp_path, None, attached=True)
+        argv = attached.commands(None, server)["local"]
         assert argv[argv.index("--pid") + 1] == str(proc.pid)
         assert argv[argv.index("--cgroup") + 1] == "server"
-        launched = SimpleNamespace(cfg=SimpleNamespace(profile=prof, server_url=""))
-        assert "--pid" not in agent_commands(launched, None, server)["local"]
+        launched = AgentFleet(prof.nodes, prof.telemetry, tmp_path, None, attached=False)
+        assert "--pid" not in launched.commands(None, server)["local"]
     finally:
         proc.kill()
         proc.wait()

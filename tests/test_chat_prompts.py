@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.chat_prompts import (
     ChatTooShort,
@@ -75,7 +76,7 @@ def test_most_words_takes_few_counts():
 
 @pytest.mark.integration
 def test_chat_on_llama_server_has_exact_isl_from_usage(llama):  # noqa: F811
-    cases: list[dict] = []
+    cases: list[CaseLine] = []
     w = Workload("chat", isl=300, osl=8, concurrency=2, requests=4, warmups=1, seed=5)
     res = _runner(llama.base_url, "llamacpp", cases).run(w, scale=False)
     assert res.problems == ()
@@ -83,10 +84,10 @@ def test_chat_on_llama_server_has_exact_isl_from_usage(llama):  # noqa: F811
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 8)
         assert r.usage.cached_tokens == 0 and r.isl == 300
         assert sum(e.n_tokens for e in r.events) == 8
-    assert cases[-1]["isl_exact"] is True
-    assert cases[-1]["isl_note"].startswith("exact: counted by the server's tokenizer (POST "
+    assert cases[-1].isl_exact is True
+    assert cases[-1].isl_note.startswith("exact: counted by the server's tokenizer (POST "
                                             "/apply-template + POST /tokenize")
-    assert cases[-1]["cold_prefix"] == "verified cold: 0 cached prompt tokens in 4 requests"
+    assert cases[-1].cold_prefix == "verified cold: 0 cached prompt tokens in 4 requests"
     # one token more is a different prompt, exact too: the check would catch a miss
     more = _runner(llama.base_url, "llamacpp", cases).run(replace(w, isl=301, requests=1,
                                                                   warmups=0), scale=False)
@@ -190,7 +191,7 @@ def test_the_users_prompts_and_conversations_are_sent_as_written(tmp_path):
     path.write_text(json.dumps({"prompt": "tell me about tokens"}) + "\n\n"
                     + json.dumps({"messages": conv}) + "\n")
     server = ChatNoTokenizer()
-    cases: list[dict] = []
+    cases: list[CaseLine] = []
     w = parse_workload(f"texts={path},osl=3,requests=3")
     assert w.isl == 0 and w.texts == str(path)
     with ScriptServer(server) as srv:
@@ -200,8 +201,8 @@ def test_the_users_prompts_and_conversations_are_sent_as_written(tmp_path):
     assert sent[:2] == [[{"role": "user", "content": "tell me about tokens"}]] * 2  # 0 and 2
     assert sent[2] == conv  # round-robin: request 1 is the conversation
     assert [r.usage.prompt_tokens for r in res.records] == [7, 8, 7]
-    assert cases[-1]["isl_exact"] is False
-    assert cases[-1]["isl_note"].startswith(f"the user's own texts ({path})")
+    assert cases[-1].isl_exact is False
+    assert cases[-1].isl_note.startswith(f"the user's own texts ({path})")
 
 
 @pytest.mark.parametrize("line, says", [

@@ -61,11 +61,11 @@ def test_repetitions_differ_arms_pair_and_each_cold_case_flushes_first():
     assert a[0] != a[1]  # requests within a case differ too
     # the flush comes before each case's measured requests
     assert paths == ["/reset_prefix_cache", "/v1/completions", "/v1/completions"] * 3
-    assert [line["cold_prefix"] for line in lines] == [
+    assert [line.cold_prefix for line in lines] == [
         "verified cold: 0 cached prompt tokens in 2 requests"] * 3
-    assert lines[0]["cache_flush"] == {"how": "POST /reset_prefix_cache", "ok": True,
+    assert lines[0].cache_flush == {"how": "POST /reset_prefix_cache", "ok": True,
                                        "detail": "HTTP 200"}
-    assert len({line["prompt_salt"] for line in lines}) == 3
+    assert len({line.prompt_salt for line in lines}) == 3
 
     lines = []
     with ScriptServer(_server(cached=0)) as srv:
@@ -83,12 +83,12 @@ def test_cached_tokens_fail_the_case_and_silence_is_not_verifiable():
     with ScriptServer(_server(cached=16)) as srv:
         res = _runner(srv.url, lines).run(W, scale=False)
     assert any("16 cached prompt tokens on a cold prefix" in p for p in res.problems)
-    assert lines[0]["cold_prefix"] == "NOT cold: 32 cached prompt tokens in 2 requests"
+    assert lines[0].cold_prefix == "NOT cold: 32 cached prompt tokens in 2 requests"
     lines = []
     with ScriptServer(_server(cached=None)) as srv:
         res = _runner(srv.url, lines).run(W, scale=False)
     assert res.problems == ()
-    assert lines[0]["cold_prefix"] == ("cold prefix not verifiable: the server reported no "
+    assert lines[0].cold_prefix == ("cold prefix not verifiable: the server reported no "
                                        "cached-token count for 2 of 2 requests")
 
 

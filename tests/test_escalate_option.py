@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.run.diagnostic_round import parse_escalate
 from tests.sse_script_server import ScriptServer
 from tests.test_plugin import CASES, PROFILE, llama_reply
@@ -118,7 +119,7 @@ def test_auto_traces_a_case_exactly_when_its_verdict_needs_it(tmp_path, monkeypa
         v = Verdict(classes=("cpu_compute", "queueing"), evidence=(), confidence=0.8,
                     inconclusive=False, finer_trace=(), missing_signals=())
     monkeypatch.setattr(case_summary, "summarize_case", lambda d, c: SimpleNamespace(verdict=v))
-    lines: list[dict] = []
+    lines: list[CaseLine] = []
     with ScriptServer(llama_reply) as srv:
         setup = CaseSetup(srv.url, "llamacpp", "x", TokenSpace(300, 1000), Timeouts(read_s=10))
         runner = DiagnosticRunner(setup, record=lambda r: None, mark=lambda *a: None,
@@ -128,9 +129,9 @@ def test_auto_traces_a_case_exactly_when_its_verdict_needs_it(tmp_path, monkeypa
     assert runner.results == [r]
     if inconclusive:
         assert [d.case_id for d in runner.diagnostics] == ["c1~traced"]
-        traced = next(x for x in lines if x["case_id"] == "c1~traced")
-        assert traced["escalated"] == "verdict 'inconclusive: cpu_compute + cpu_contention'"
-        assert traced["traces"] == ["sched"]
+        traced = next(x for x in lines if x.case_id == "c1~traced")
+        assert traced.escalated == "verdict 'inconclusive: cpu_compute + cpu_contention'"
+        assert traced.traces == ("sched",)
     else:
-        assert runner.diagnostics == [] and [x["case_id"] for x in lines] == ["c1"]
+        assert runner.diagnostics == [] and [x.case_id for x in lines] == ["c1"]
         assert runner.decisions["c1"] == "not traced: verdict 'cpu_compute + queueing'"

@@ -180,7 +180,7 @@ def test_injection_lands_a_fixed_delay_after_every_stream_has_a_first_token():
         w = Workload("decode", isl=8, osl=20, concurrency=4, requests=4, warmups=0)
         res = runner.run(w, inject=Injection(Workload("inj", isl=64, osl=1), 0.1))
     assert not res.problems, res.problems
-    placed = lines[-1]["injection"]
+    placed = lines[-1].injection
     firsts = sorted(min(e.t_ns for e in r.events) for r in res.records)
     assert placed["after"] == "first_tokens" and placed["steady_mono_ns"] == firsts[-1]
     (inj,) = res.injected
@@ -202,7 +202,7 @@ def test_injection_at_a_share_of_the_output_waits_for_every_streams_token_mark()
         res = runner.run(w, inject=Injection(Workload("inj", isl=64, osl=1), 0.0,
                                              at_output=0.5))
     assert not res.problems, res.problems
-    placed = lines[-1]["injection"]
+    placed = lines[-1].injection
     assert placed["token_mark"] == 10
     # Every stream's 10th token (one per event here) is in; the last of them is the moment.
     assert placed["steady_mono_ns"] == max(r.events[9].t_ns for r in res.records)

@@ -136,9 +136,13 @@ collectors = ["proc", "cpu", "mem", "prom", "log"]
     assert "outside_server" in delayed.past_threshold, delayed
     assert "queueing" not in delayed.past_threshold, delayed
     ev = {e.metric: e for e in delayed.evidence if e.cls == "outside_server"}
-    # the ledger's share of TTFT on the way there: the path's two delays in a TTFT of them
-    # plus a short prefill (the way there told from the queue by the case's floor)
-    assert ev["outside_server_frac"].met and ev["outside_server_frac"].value > 0.9, ev
+    # the ledger's time on the way there is the path's two delays (the way there told from
+    # the queue by the case's floor) plus the front end's few ms; its share of TTFT is most
+    # of it, less what the host's load adds to a 16-token prefill
+    path_ms = 2 * DELAY_S * 1e3
+    assert ev["before_server_ms"].met, ev
+    assert path_ms <= ev["before_server_ms"].value < path_ms + 100, ev
+    assert ev["outside_server_frac"].met and ev["outside_server_frac"].value > 0.5, ev
     # the decomposition: what no server clock accounts for is the path's two delays
     from strata_plugin.analysis.case_summary import load_run
     from strata_plugin.analysis.metrics import request_metrics

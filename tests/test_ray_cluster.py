@@ -222,7 +222,7 @@ def test_a_case_runs_on_ray_from_the_profile(lab, llama) -> None:
                               warmups=1), scale=False)
     assert not res.problems, res.problems
     assert len(records) == 13 and all(r.ok for r in records)
-    sc = cases[0]["self_check"]
+    sc = cases[0].self_check
     assert sc["engine"] == "ray" and sc["processes"] == 3 and sc["hosts"] == 3
     assert sc["clock_alignment_error_ms"] is not None and len(sc["per_process"]) == 3
 

@@ -20,6 +20,7 @@ from strata_plugin.analysis.sufficiency import (
     support,
     upper_rank,
 )
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
@@ -112,7 +113,7 @@ def llama_reply(seen: Seen) -> Reply:
     return Reply(items)
 
 
-def _runner(url: str, lines: list[dict]) -> CaseRunner:
+def _runner(url: str, lines: list[CaseLine]) -> CaseRunner:
     setup = CaseSetup(url, "llamacpp", "c", TokenSpace(300, 1000), Timeouts(read_s=10))
     return CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
                       add_case=lines.append)
@@ -155,31 +156,31 @@ def test_each_percentile_cell_says_whether_its_count_supports_it_89_vs_90(tmp_pa
 
 
 def test_until_runs_exactly_to_the_count_that_supports_p90():
-    lines: list[dict] = []
+    lines: list[CaseLine] = []
     with ScriptServer(llama_reply) as srv:
         r = _runner(srv.url, lines).run(
             Workload("u", isl=4, osl=2, concurrency=2, requests=5), scale=False,
             until=SampleTarget(percentiles=(90.0,), max_requests=200, max_s=60))
     assert len(r.records) == 44 and r.metrics.n_ok == 44
     assert len({x.request_id for x in r.records}) == 44
-    assert lines[-1]["sample_target"]["met"] is True
-    assert lines[-1]["sample_target"]["stopped_by"] == "supported"
+    assert lines[-1].sample_target["met"] is True
+    assert lines[-1].sample_target["stopped_by"] == "supported"
     assert support("ttft_ms", [1.0] * r.metrics.n_ok, (90.0,))[0].supported
 
 
 def test_until_stops_at_max_requests():
-    lines: list[dict] = []
+    lines: list[CaseLine] = []
     with ScriptServer(llama_reply) as srv:
         r = _runner(srv.url, lines).run(
             Workload("u", isl=4, osl=2, requests=3), scale=False,
             until=SampleTarget(percentiles=(99.0,), max_requests=20, max_s=60))
     assert len(r.records) == 20
-    t = lines[-1]["sample_target"]
+    t = lines[-1].sample_target
     assert (t["met"], t["stopped_by"], t["needed"]) == (False, "max_requests", 459)
 
 
 def test_until_stops_near_max_s():
-    lines: list[dict] = []
+    lines: list[CaseLine] = []
     slow = lambda seen: Reply(  # noqa: E731
         [(0.05, x) for _, x in llama_reply(seen).items]) if seen.method == "POST" \
         else llama_reply(seen)
@@ -187,7 +188,7 @@ def test_until_stops_near_max_s():
         r = _runner(srv.url, lines).run(
             Workload("u", isl=4, osl=2, requests=2), scale=False,
             until=SampleTarget(percentiles=(99.0,), max_requests=10_000, max_s=1.5))
-    t = lines[-1]["sample_target"]
+    t = lines[-1].sample_target
     assert t["stopped_by"] == "max_s" and not t["met"]
     window_s = (r.window_ns[1] - r.window_ns[0]) / 1e9
     assert 1.5 <= window_s < 4.0, window_s  # ~0.15 s a request: ends near the limit

@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
 from strata_plugin.formats.windows import Marker, read_markers, write_markers
-from strata_plugin.run.nodes import stop_agents
+from strata_plugin.run.agents import AgentFleet
 
 
 @dataclass
 class FakeAgent:
-    """The part of an AgentHandle that stop_agents uses; it can fail where asked."""
+    """The part of an AgentHandle that AgentFleet.stop uses; it can fail where asked."""
 
     node: str
     fail_clock: bool = False
@@ -42,15 +43,22 @@ class FakeRecorder:
         self.manifest.update(fields)
 
 
-def test_every_agent_is_stopped_when_one_fails_to_stop_or_to_answer():
+def _fleet(tmp_path, recorder=None) -> AgentFleet:
+    nodes = (NodeSpec("a"), NodeSpec("b", "worker"), NodeSpec("c", "worker"))
+    return AgentFleet(nodes, TelemetrySpec(), tmp_path, recorder or FakeRecorder())
+
+
+def test_every_agent_is_stopped_when_one_fails_to_stop_or_to_answer(tmp_path):
     agents = [FakeAgent("a", fail_stop=True), FakeAgent("b", fail_clock=True, offsets=[object()]),
               FakeAgent("c")]
-    sess = SimpleNamespace(recorder=FakeRecorder())
+    fleet = _fleet(tmp_path)
+    fleet.blocks["default"] = agents
     with pytest.raises(RuntimeError, match="could not stop the agent on a: OSError"):
-        stop_agents(sess, agents)
+        fleet.stop("default")
     assert [a.stopped for a in agents] == [True, True, True]
-    nodes = sess.recorder.manifest["nodes"]
+    nodes = fleet.recorder.manifest["nodes"]
     assert nodes["b"]["clock_end_error"] == "TimeoutError: no pong within 5 s"
+    assert fleet.handles("default") == []  # the block has no agents left to stop twice
 
 
 def test_a_failed_markers_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -97,12 +105,13 @@ class FakeProc:
         self._alive = True
 
 
-def _session(log: list, workers: list):
+def _session(log: list, workers: list, tmp_path):
     from strata_plugin.run.session import StrataSession
 
     sess = object.__new__(StrataSession)  # only what ensure_alive touches
     sess.cfg = SimpleNamespace(server_url=None)
-    sess.recorder, sess.blocks = FakeRecorder(), {}
+    sess.recorder = FakeRecorder()
+    sess.fleet = _fleet(tmp_path, sess.recorder)  # no agents: a retrack has nothing to do
     sess.workers = {"default": workers}
 
     def start_workers(spec, block_id):
@@ -113,11 +122,11 @@ def _session(log: list, workers: list):
     return sess
 
 
-def test_a_dead_worker_restarts_the_whole_group_once_then_skips():
+def test_a_dead_worker_restarts_the_whole_group_once_then_skips(tmp_path):
     log: list[str] = []
     head = FakeProc("default", log)
     workers = [FakeProc("w0", log, alive=False, code=137), FakeProc("w1", log)]
-    sess = _session(log, workers)
+    sess = _session(log, workers, tmp_path)
     assert sess.ensure_alive(head) is head
     # the live head is stopped too (it cannot finish a collective), workers start first
     assert log == ["stop default", "stop w0", "stop w1", "start workers of default",
@@ -131,10 +140,10 @@ def test_a_dead_worker_restarts_the_whole_group_once_then_skips():
         sess.ensure_alive(head)
 
 
-def test_a_healthy_group_is_left_alone():
+def test_a_healthy_group_is_left_alone(tmp_path):
     log: list[str] = []
     head = FakeProc("default", log)
-    sess = _session(log, [FakeProc("w0", log)])
+    sess = _session(log, [FakeProc("w0", log)], tmp_path)
     assert sess.ensure_alive(head) is head and log == []
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin import TraceWorkload, read_trace
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.generator import CLIENT_LATENESS_P99_MS
@@ -163,7 +164,7 @@ def llama_reply(seen: Seen) -> Reply:
     return Reply(items)
 
 
-def _replay_once(tw: TraceWorkload, lines: list[dict]) -> str:
+def _replay_once(tw: TraceWorkload, lines: list[CaseLine]) -> str:
     """One replay against the scripted server; "" when it kept the times, else why not."""
     with ScriptServer(llama_reply) as srv:
         setup = CaseSetup(srv.url, "llamacpp", "c", SPACE, Timeouts(read_s=10), salt="r")
@@ -190,17 +191,17 @@ def test_replay_keeps_the_trace_times_against_a_scripted_server():
     """Up to 3 tries (as the client timing tests): a host busy with other work can make
     the client itself late, which its self-check then reports."""
     tw = TraceWorkload(read_trace(TRACES / "burstgpt_sample.csv"), time_scale=0.5)
-    lines: list[dict] = []
+    lines: list[CaseLine] = []
     why = []
     for _ in range(3):
         why.append(_replay_once(tw, lines))
         if not why[-1]:
             break
     assert not why[-1], f"outside the tolerance on all 3 tries: {why}"
-    p = lines[-1]["params"]
+    p = lines[-1].params
     assert (p["arrival"], p["trace_format"], p["requests"], p["time_scale"]) == (
         "trace", "burstgpt", 15, 0.5)
-    assert lines[-1]["headline"]["n_ok"] == 15
+    assert lines[-1].headline["n_ok"] == 15
 
 
 CASES = """

@@ -21,6 +21,7 @@ import pytest
 from strata_plugin.agent.collectors.prom import NameMapper, parse_exposition
 from strata_plugin.configure.profile import expand_placeholders, load_profile, packaged_profiles
 from strata_plugin.embedded.llama_setup import cache_root
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.cache_flush import flush_prefix_cache
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.client import Timeouts
@@ -71,13 +72,13 @@ def _runner(server, salt="it", cases=None):
 
 def test_exact_lengths_and_a_verified_cold_prefix(vllm):
     w = Workload("it", isl=300, osl=17, concurrency=2, requests=4, warmups=1, seed=7)
-    cases: list[dict] = []
+    cases: list[CaseLine] = []
     res = _runner(vllm, cases=cases).run(w, scale=False)
     assert res.problems == ()
     # the flush ran after the warm-up, and usage proved the measured requests cold
-    assert cases[0]["cache_flush"]["how"] == "POST /reset_prefix_cache"
-    assert cases[0]["cache_flush"]["ok"], cases[0]["cache_flush"]
-    assert cases[0]["cold_prefix"] == "verified cold: 0 cached prompt tokens in 4 requests"
+    assert cases[0].cache_flush["how"] == "POST /reset_prefix_cache"
+    assert cases[0].cache_flush["ok"], cases[0].cache_flush
+    assert cases[0].cold_prefix == "verified cold: 0 cached prompt tokens in 4 requests"
     for r in res.records:
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 17)
         assert r.usage.cached_tokens == 0
@@ -107,7 +108,7 @@ def test_chat_has_exact_isl_from_usage(vllm):
     messages; the profile's --chat-template), checked against usage.prompt_tokens."""
     setup = CaseSetup(vllm.base_url, "chat", "it", TokenSpace(300, 1000), Timeouts(read_s=120),
                       salt="chat", engine="vllm", model=PROFILE.server.model_name)
-    cases: list[dict] = []
+    cases: list[CaseLine] = []
     runner = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
                         add_case=cases.append)
     w = Workload("chat", isl=300, osl=8, concurrency=2, requests=4, warmups=1, seed=3)
@@ -116,9 +117,9 @@ def test_chat_has_exact_isl_from_usage(vllm):
     for r in (*res.records, *res.warmup_records):
         assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 8)
         assert sum(e.n_tokens for e in r.events) == 8
-    assert cases[-1]["isl_exact"] is True
-    assert "POST /tokenize with messages (vllm)" in cases[-1]["isl_note"]
-    assert cases[-1]["cold_prefix"] == "verified cold: 0 cached prompt tokens in 4 requests"
+    assert cases[-1].isl_exact is True
+    assert "POST /tokenize with messages (vllm)" in cases[-1].isl_note
+    assert cases[-1].cold_prefix == "verified cold: 0 cached prompt tokens in 4 requests"
     one_more = runner.run(replace(w, isl=301, requests=1, warmups=0), scale=False)
     assert one_more.problems == () and one_more.records[0].usage.prompt_tokens == 301
 

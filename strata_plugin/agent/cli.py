@@ -21,43 +21,16 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from . import protocol
+from .collectors import registry
 from .collectors.base import Collector, Emit, Unavailable
 from .protocol import AGENT_VERSION
 from .targets import ProcessTargets
 
-ALL_COLLECTORS = (
-    "proc",
-    "cpu",
-    "mem",
-    "disk",
-    "net",
-    "rdma",
-    "nvml",
-    "dcgm",
-    "prom",
-    "log",
-    "perf",
-    "numa",
-    "runstate",
-)
-#: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).
-CPU_SIDE_COLLECTORS = ("proc", "cpu", "mem", "disk", "net", "rdma", "log", "numa")
-TARGET_COLLECTORS = ("proc", "perf", "numa", "runstate")
+#: Every collector name, in the default order: the registry's (collectors/registry.py).
+ALL_COLLECTORS = registry.names()
 MIN_INTERVAL_S = 0.1
 _INF = (float("inf"), float("-inf"))
 MAX_FAILURES = 5
-
-
-class _Missing(Collector):
-    """Stands in for a collector that lacks its configuration, so it is reported, not skipped."""
-
-    def __init__(self, source: str, reason: str) -> None:
-        super().__init__()
-        self.source = source
-        self.reason = reason
-
-    def probe(self) -> None:
-        raise Unavailable(self.reason)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,89 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_collectors(args: argparse.Namespace, targets: ProcessTargets) -> list[Collector]:
-    """One collector per requested name, in the order given."""
-    out: list[Collector] = []
+    """One collector per requested name, in the order given, each built by its registry
+    entry (ValueError naming the known ones for a name the registry lacks)."""
     names = [n.strip() for n in args.collectors.split(",") if n.strip()]
-    for name in names:
-        if name == "proc":
-            from .collectors.proc import ProcCollector
-
-            out.append(
-                ProcCollector(targets, top_threads=args.top_threads, threads=not args.no_threads)
-            )
-        elif name == "cpu":
-            from .collectors.cpu import CpuCollector
-
-            out.append(CpuCollector(cgroup=args.cgroup, targets=targets))
-        elif name == "mem":
-            from .collectors.mem import MemCollector
-
-            out.append(MemCollector(cgroup=args.cgroup, targets=targets))
-        elif name == "disk":
-            from .collectors.disk import DiskCollector
-
-            out.append(DiskCollector())
-        elif name == "net":
-            from .collectors.net import NetCollector
-
-            out.append(NetCollector())
-        elif name == "rdma":
-            from .collectors.rdma import RdmaCollector
-
-            out.append(RdmaCollector(root=args.ib_root))
-        elif name == "nvml":
-            from .collectors.nvml import NvmlCollector
-
-            if args.nvml_stub:
-                out.append(NvmlCollector(nvml=_load_stub(args.nvml_stub), gpm=not args.no_gpm,
-                                         source="nvml-stub"))
-            else:
-                out.append(NvmlCollector(gpm=not args.no_gpm))
-        elif name == "dcgm":
-            from .collectors.dcgm import DcgmCollector
-
-            fields = tuple(int(f) for f in args.dcgm_fields.split(",") if f.strip())
-            out.append(DcgmCollector(fields=fields, interval_s=args.interval))
-        elif name == "prom":
-            if not args.prom_url:
-                out.append(_Missing("prom", "no --prom-url given"))
-            else:
-                from .collectors.prom import PromCollector
-
-                out.append(PromCollector(args.prom_url, args.prom_interval or args.interval))
-        elif name == "log":
-            if not args.log_file:
-                out.append(_Missing("log", "no --log-file given"))
-            else:
-                from .collectors.log import LogCollector, parse_pattern
-
-                patterns = dict(
-                    (n, rx.pattern) for n, rx in (parse_pattern(s) for s in args.log_pattern)
-                )
-                out.append(
-                    LogCollector(
-                        args.log_file,
-                        patterns,
-                        defaults=not args.no_default_log_patterns,
-                        from_start=args.log_from_start,
-                    )
-                )
-        elif name == "perf":
-            from .collectors.perf import PerfCollector
-
-            events = tuple(e for e in args.perf_events.split(",") if e)
-            out.append(PerfCollector(targets, events=events, interval_s=args.interval))
-        elif name == "numa":
-            from .collectors.numa import NumaCollector
-
-            out.append(NumaCollector(targets))
-        elif name == "runstate":
-            from .collectors.runstate import RunstateCollector
-
-            out.append(RunstateCollector(targets, interval_s=args.runstate_interval))
-        else:
-            raise ValueError(f"unknown collector {name!r}; known: {', '.join(ALL_COLLECTORS)}")
-    return out
+    return [registry.make(name, args, targets) for name in names]
 
 
 class LineWriter:
@@ -399,7 +293,7 @@ class Agent:
             return
         self.targets.set_pids(pids)
         for c in self.collectors:
-            if c.source not in TARGET_COLLECTORS:
+            if not c.follows_targets:
                 continue
             if c in self.active:
                 c.set_pids(pids)
@@ -576,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def nvml_fn() -> object:
         if args.nvml_stub and stub[0] is None:
-            stub[0] = _load_stub(args.nvml_stub)
+            from .nvml_lib import load_stub
+
+            stub[0] = load_stub(args.nvml_stub)
         return stub[0]
 
     agent = Agent(args.node, args.interval, collectors, targets, writer, snapshot_fn, nvml_fn)
@@ -591,15 +487,3 @@ def main(argv: list[str] | None = None) -> int:
             target=agent.control_loop, args=(sys.stdin.buffer,), name="control", daemon=True
         ).start()
     return agent.run(duration_s=args.duration)
-
-
-def _load_stub(path: str) -> object:
-    """A pynvml stand-in from a file outside the package: the stub never ships with the agent."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("strata_nvml_stub", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"--nvml-stub {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.stub()

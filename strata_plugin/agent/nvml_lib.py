@@ -65,3 +65,16 @@ def decode(value: Any) -> str:
 def const(nv: Any, name: str, default: Any) -> Any:
     """A pynvml constant, with the documented value as fallback for older bindings."""
     return getattr(nv, name, default)
+
+
+def load_stub(path: str) -> Any:
+    """A pynvml stand-in from a file outside the package (``--nvml-stub``): the stub never
+    ships with the agent; its ``stub()`` returns the module object the callers use."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("strata_nvml_stub", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--nvml-stub {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.stub()

@@ -48,6 +48,7 @@ from strata_plugin.analysis.timeline import (
     summarize_window,
 )
 from strata_plugin.configure.profile import COLLECTORS
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.formats.telemetry import TelemetryFacts, engine_reports_gpu
 
@@ -83,6 +84,8 @@ class CaseAnalysis:
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
     interference: interference.Interference | None = None  # decode stalls against prefills
     ledger: CaseLedger | None = None  # where each request's time went (analysis/ledger.py)
+    #: ``info`` typed (formats/cases.py); None until the line is written
+    line: CaseLine | None = None
 
     def hw_headline(self) -> dict[str, float]:
         """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
@@ -170,9 +173,9 @@ def _energy(hw: Sequence[HwStat], cm: CaseMetrics) -> Energy | None:
 
 def _mono_window(bundle: RunBundle, case_id: str, window: Window | None) -> tuple[int, int] | None:
     """The measured window on the monotonic clock, for throughput denominators."""
-    raw = bundle.case_info(case_id).raw.get("window_mono_ns")
-    if isinstance(raw, (list, tuple)) and len(raw) == 2:
-        return int(raw[0]), int(raw[1])
+    mono = bundle.case_info(case_id).line.window_mono_ns
+    if mono is not None:
+        return mono
     a = bundle.anchor
     if window is not None and a is not None:
         return window.start_ns - a.wall_ns + a.mono_ns, window.end_ns - a.wall_ns + a.mono_ns
@@ -267,9 +270,8 @@ def metrics_for(bundle: RunBundle, case_id: str) -> CaseMetrics:
     return case_metrics(records, window_ns=_mono_window(bundle, case_id, window))
 
 
-def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
+def recorded_verdict(d: dict[str, Any] | None) -> Verdict | None:
     """The verdict computed at the end of the case (``cases.jsonl`` ``verdict``), if any."""
-    d = raw.get("verdict")
     if not isinstance(d, dict):
         return None
     try:
@@ -283,7 +285,7 @@ def recorded_verdict(raw: dict[str, Any]) -> Verdict | None:
 
 
 def the_verdict(
-    raw: dict[str, Any],
+    recorded: dict[str, Any] | None,
     sig: WindowSignals,
     inter: interference.Interference | None = None,
     background: frozenset[str] = frozenset(),
@@ -297,7 +299,7 @@ def the_verdict(
     fresh = classify(sig, background)
     if inter is not None and "prefill_decode_interference" in fresh.classes + fresh.also_flagged:
         fresh = replace(fresh, notes=(*fresh.notes, f"interference: {inter.line()}"))
-    kept = recorded_verdict(raw)
+    kept = recorded_verdict(recorded)
     if kept is None:
         return fresh
     if kept.summary() != fresh.summary():
@@ -452,7 +454,7 @@ def analyze_case(
     # Failures first: a case whose requests mostly failed is named for that, never for a
     # resource (analysis/failures.py); the rules are not consulted.
     failed = mostly_failed(records)
-    verdict = failed_verdict(failed) if failed else the_verdict(info.raw, sig, inter, idle)
+    verdict = failed_verdict(failed) if failed else the_verdict(info.line.verdict, sig, inter, idle)
     if idle:  # a recorded verdict: mark its background classes all the same
         verdict = replace(
             verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
@@ -475,7 +477,8 @@ def analyze_case(
         signals=sig,
         verdict=verdict,
         energy=_energy(hw, cm),
-        info=dict(info.raw),
+        info=info.as_dict(),
+        line=info.line if info.recorded else None,
         rails=rep,
         interference=inter,
         ledger=ledger,

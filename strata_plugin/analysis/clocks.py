@@ -3,7 +3,7 @@
 Why a module of its own: the agent handle measures an offset at a node's start and at
 its end (NTP-style, the round trip with the smallest RTT wins); between the two the
 node's clock is taken to drift linearly. Everything here is a pure function, so the
-live run (``run/nodes.py`` writes the manifest), the timeline (``NodeClock`` applies it)
+live run (``run/agents.py`` writes the manifest), the timeline (``NodeClock`` applies it)
 and the report (warnings) agree on one arithmetic, and it can be checked on recorded
 data with a known offset.
 

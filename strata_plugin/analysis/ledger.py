@@ -469,7 +469,7 @@ class CaseLedger:
 
     def median_ms(self, part: str) -> float | None:
         """The median request's milliseconds in ``part``."""
-        xs = [r.part(part) for r in self.requests]
+        xs = [r.part(part) for r in self.requests if r.ttft_ms > 0]  # median_share's
         return statistics.median(xs) if xs else None
 
     def signals(self) -> dict[str, object]:

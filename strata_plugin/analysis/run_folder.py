@@ -16,6 +16,7 @@ from typing import Any
 
 from strata_plugin.analysis.metrics import RequestMetrics, request_metrics
 from strata_plugin.analysis.timeline import Window, case_windows, load_markers, run_windows
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 from strata_plugin.formats.windows import Marker
 
@@ -38,31 +39,45 @@ DERIVED_DIRS = ("plots",)
 
 @dataclass(frozen=True)
 class CaseInfo:
-    """One case as run: the last ``cases.jsonl`` line for its id (may be absent)."""
+    """One case as run: the last ``cases.jsonl`` line for its id (may be absent: then
+    ``line`` holds the id alone and ``recorded`` is False)."""
 
     case_id: str
     name: str
     params: dict[str, Any]
     config_id: str
     outcome: str
-    raw: dict[str, Any]
+    line: CaseLine
+    recorded: bool = True
+
+    @classmethod
+    def of(cls, line: CaseLine) -> CaseInfo:
+        return cls(line.case_id, line.name or line.case_id, dict(line.params or {}),
+                   line.config_id or "", line.outcome or "", line)
 
     @property
     def ab_group(self) -> str:
-        return str(self.raw.get("ab_group") or "")
+        return self.line.ab_group or ""
 
     @property
     def ab_arm(self) -> str:
-        return str(self.raw.get("ab_arm") or "")
+        return self.line.ab_arm or ""
 
     @property
     def client_bound(self) -> bool | None:
-        v = self.raw.get("client_bound", (self.raw.get("self_check") or {}).get("client_bound"))
+        """The line's ``client_bound``, else its self-check's (lines before the copy)."""
+        v = self.line.client_bound
+        if v is None and "client_bound" not in self.line.nulls:
+            v = (self.line.self_check or {}).get("client_bound")
         return None if v is None else bool(v)
 
     def self_check(self, key: str) -> float | None:
-        v = (self.raw.get("self_check") or {}).get(key)
+        v = (self.line.self_check or {}).get(key)
         return None if v is None else float(v)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The line as read ({} where the case has none)."""
+        return self.line.to_dict() if self.recorded else {}
 
 
 @dataclass
@@ -114,7 +129,8 @@ class RunBundle:
         return sorted(ids, key=lambda c: (wins[c].start_ns if c in wins else 2**63, c))
 
     def case_info(self, case_id: str) -> CaseInfo:
-        return self.cases.get(case_id) or CaseInfo(case_id, case_id, {}, "", "", {})
+        return self.cases.get(case_id) or CaseInfo(case_id, case_id, {}, "", "",
+                                                   CaseLine(case_id), recorded=False)
 
     def request_wall(self, mono_ns: int) -> int | None:
         a = self.anchor
@@ -157,20 +173,26 @@ def _jsonl(path: Path, must_contain: str | None = None) -> tuple[list[dict[str, 
 
 
 def read_cases(path: Path) -> dict[str, CaseInfo]:
-    lines, _ = _jsonl(path)
+    """The last line of each case id. A torn last line (a live run) is skipped, as is a
+    line without an id; a key of the wrong type raises ``CaseLineError`` naming
+    ``path:line`` and the key (formats/cases.py)."""
+    if not path.exists():
+        return {}
     out: dict[str, CaseInfo] = {}
-    for d in lines:
-        cid = str(d.get("case_id") or "")
-        if not cid:
-            continue
-        out[cid] = CaseInfo(
-            case_id=cid,
-            name=str(d.get("name") or cid),
-            params=dict(d.get("params") or {}),
-            config_id=str(d.get("config_id") or ""),
-            outcome=str(d.get("outcome") or ""),
-            raw=d,
-        )
+    with path.open() as fh:
+        for n, text in enumerate(fh, 1):
+            text = text.strip()
+            if not text:
+                continue
+            try:
+                d = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(d, dict):
+                continue
+            line = CaseLine.from_dict(d, f"{path}:{n}")
+            if line.case_id:
+                out[line.case_id] = CaseInfo.of(line)
     return out
 
 

@@ -129,7 +129,7 @@ def node_static(node_dir: Path) -> NodeStatic:
 
 def _container_fact(c: dict) -> str:
     """The server's container in one line (``container.json``, written on the head by
-    ``run/nodes.py`` when the server runs in a container): runtime, image, image id."""
+    ``run/agents.py`` when the server runs in a container): runtime, image, image id."""
     if not c:
         return ""
     info, image = c.get("container") or {}, c.get("image") or {}

@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.agent.cli import ALL_COLLECTORS
+from strata_plugin.agent.collectors import registry as collector_registry
 from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.load_spec import LoadSpec, read_load
@@ -24,8 +24,8 @@ from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, val
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
-#: Telemetry collectors a profile may ask for: the agent's own list (it owns the names).
-COLLECTORS = ALL_COLLECTORS
+#: Telemetry collectors a profile may ask for: the agent's registry (it owns the names).
+COLLECTORS = collector_registry.names()
 
 
 #: The ``[scale]`` keys a profile may set (``Workload.scaled``'s factors).
@@ -67,6 +67,13 @@ class NodeSpec:
     name: str
     role: str = "head"  # head | worker
     ssh_host: str = ""  # "" = this machine
+
+    @property
+    def is_head(self) -> bool:
+        """The server runs on this node. The one place the head rule is written: the
+        loader requires exactly one head, the run's agent fleet (``run/agents.py``) names
+        it, and everything else asks one of the two."""
+        return self.role == "head"
 
 
 @dataclass(frozen=True)
@@ -430,9 +437,10 @@ def load_profile(path: Path | str) -> Profile:
 
     t = top.sub("telemetry", TelemetrySpec)
     collectors = t.str_list("collectors")
+    known = collector_registry.names()  # read now: the registry is the one list
     for c in collectors:
-        if c not in COLLECTORS:
-            raise ProfileError(path, "telemetry.collectors", f"names from {list(COLLECTORS)}", c)
+        if c not in known:
+            raise ProfileError(path, "telemetry.collectors", f"names from {list(known)}", c)
     telemetry = TelemetrySpec(
         interval_s=t.number("interval_s", lo=0.1, hi=60),
         baseline_s=t.number("baseline_s", lo=0, hi=3600),
@@ -563,7 +571,7 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
             raise ProfileError(path, nr._key("ssh_host"), SSH_HOST_RULE, host)
         nr.reject_unknown()
         nodes.append(NodeSpec(name, role, host))
-    heads = [n.name for n in nodes if n.role == "head"]
+    heads = [n.name for n in nodes if n.is_head]
     if len(heads) != 1:
         raise ProfileError(path, "nodes", 'exactly one node with role = "head" (the server '
                            "runs there; a node's role defaults to head)", heads)

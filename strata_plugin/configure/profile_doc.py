@@ -99,8 +99,9 @@ MEANINGS = {
     "telemetry.baseline_s": "Seconds of idle baseline sampled after the server is up, before "
                             "the first case.",
     "telemetry.cooldown_s": "Seconds sampled after the last case, before the server stops.",
-    "telemetry.collectors": "Which collectors the agent runs: "
-                            + ", ".join(f"`{c}`" for c in P.COLLECTORS) + ".",
+    "telemetry.collectors": "Which collectors the agent runs, by name: docs/agent.md, "
+                            "\"Collectors\", lists every name the agent's registry "
+                            "(`agent/collectors/registry.py`) has and what each samples.",
     "telemetry.pid_pattern": "A regular expression matched against process command lines to "
                              "find the server's processes when Strata did not start it (an "
                              "attached server, a container's workers); \"\": none.",

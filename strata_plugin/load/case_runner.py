@@ -20,6 +20,7 @@ from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
 from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
@@ -391,7 +392,7 @@ class CaseRunner:
 
     def __init__(self, setup: CaseSetup, *, record: Callable[[RequestRecord], None],
                  mark: Callable[[str, str, str, int, int], object],
-                 add_case: Callable[[dict], None],
+                 add_case: Callable[[CaseLine], None],
                  counters: Callable[[], tuple[float, int, int]] | None = None,
                  progress_line: Callable[[str, bool], None] | None = None,
                  default_case_id: str = "case", history: dict | None = None,
@@ -402,7 +403,7 @@ class CaseRunner:
         self._progress_line = progress_line
         self.default_case_id = default_case_id
         self.results: list[CaseResult] = []
-        self.case_lines: dict[str, dict] = {}  # as written to cases.jsonl, for the outcome
+        self.case_lines: dict[str, CaseLine] = {}  # as written to cases.jsonl, for the outcome
         #: Results by A/B group, shared across the session's tests (blocks); read it with
         #: ``ab_results(group)``.
         self.history: dict[str, list[CaseResult]] = history if history is not None else {}
@@ -503,6 +504,9 @@ class CaseRunner:
                 raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
                                  f"the classes are {', '.join(ERROR_CLASSES)}")
         extra, ab = _ab_from_extra(extra, ab)
+        # the test's extra= is checked now, not once the load has run (nor in the middle of
+        # a Ctrl-C): a value of the wrong type for a field it names is the test's error
+        CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
         nominal = w
         w = self.scaled(w) if scale else w
         salt = self.repetition_salt(w, ab)
@@ -547,10 +551,11 @@ class CaseRunner:
         except KeyboardInterrupt:  # the records so far are on disk (generator.py): the
             now = time.monotonic_ns()  # case's window and line say it was cut short
             self._mark("case", case_id, case_id, t_case, now)
-            self._add_case({"case_id": case_id, "name": w.name, "params": w.params(),
-                            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
-                            "api": self.setup.api, "interrupted": True, "prompt_salt": salt,
-                            **extra, **(ab.fields() if ab else {})})
+            self._add_case(CaseLine.written(
+                {**extra, **(ab.fields() if ab else {})},
+                case_id=case_id, name=w.name, params=w.params(),
+                config_id=self.setup.config_id, block_id=self.setup.block_id,
+                api=self.setup.api, interrupted=True, prompt_salt=salt))
             raise
         finally:
             if clock:
@@ -579,28 +584,28 @@ class CaseRunner:
                             problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
                             tuple(injected), validation, ab,
                             allow_errors)
-        self.case_lines[case_id] = line = {
-            "case_id": case_id, "name": w.name, "params": w.params(),
-            "scaled_from": nominal.params() if nominal != w else None,
-            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
-            "server_startup_s": self.setup.startup_s, "api": self.setup.api,
-            "window_mono_ns": [res.start_ns, res.end_ns], "warmup_s": result.warmup_s,
-            "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
-            "problems": list(problems), "headline": result.headline,
-            "validation": [{"validator": n, "passed": p, "total": t} for n, p, t in validation],
-            "injection": ({**inject.fields(w.osl), **placed} if inject else None),
-            "prompt_salt": salt,
-            "cache_flush": flush.as_dict() if flush else None,
-            "cold_prefix": cold_prefix_status(w, res.records),
-            **isl_fields(self.isl_note(w), res.records),
-            **({"allow_errors": allow_errors if isinstance(allow_errors, bool)
-                else list(allow_errors)} if allow_errors else {}),
-            **extra, **(ab.fields() if ab else {}),
-        }
+        # The test's extra= and the A/B arm come last and win, then the sample target
+        # and the timeslice (CaseLine.written's tail).
+        tail = {**extra, **(ab.fields() if ab else {})}
         if target_line is not None:
-            line["sample_target"] = target_line
+            tail["sample_target"] = target_line
         if timeslice_s is not None:
-            line["timeslice_s"] = float(timeslice_s)
+            tail["timeslice_s"] = float(timeslice_s)
+        self.case_lines[case_id] = line = CaseLine.written(
+            tail, case_id=case_id, name=w.name, params=w.params(),
+            scaled_from=nominal.params() if nominal != w else None,
+            config_id=self.setup.config_id, block_id=self.setup.block_id,
+            server_startup_s=self.setup.startup_s, api=self.setup.api,
+            window_mono_ns=(res.start_ns, res.end_ns), warmup_s=result.warmup_s,
+            self_check=res.self_check.__dict__, client_bound=res.self_check.client_bound,
+            problems=problems, headline=result.headline,
+            validation=[{"validator": n, "passed": p, "total": t} for n, p, t in validation],
+            injection=({**inject.fields(w.osl), **placed} if inject else None),
+            prompt_salt=salt,
+            cache_flush=flush.as_dict() if flush else None,
+            cold_prefix=cold_prefix_status(w, res.records),
+            **isl_fields(self.isl_note(w), res.records),
+            **({"allow_errors": allow_errors} if allow_errors else {}))
         self._add_case(line)
         self.results.append(result)
         if ab is not None:
@@ -708,14 +713,13 @@ class CaseRunner:
         result = CaseResult(case_id, tw, setup.config_id, res.records, (), metrics,
                             res.self_check, problems, (res.start_ns, res.end_ns), 0.0,
                             allow_errors=allow_errors)
-        self.case_lines[case_id] = line = {
-            "case_id": case_id, "name": tw.name, "params": tw.params(), "scaled_from": None,
-            "config_id": setup.config_id, "block_id": setup.block_id,
-            "server_startup_s": setup.startup_s, "api": setup.api,
-            "window_mono_ns": [res.start_ns, res.end_ns], "warmup_s": 0.0,
-            "self_check": res.self_check.__dict__, "client_bound": res.self_check.client_bound,
-            "problems": list(problems), "headline": result.headline, "validation": [],
-            "injection": None}
+        self.case_lines[case_id] = line = CaseLine.written(
+            case_id=case_id, name=tw.name, params=tw.params(), scaled_from=None,
+            config_id=setup.config_id, block_id=setup.block_id,
+            server_startup_s=setup.startup_s, api=setup.api,
+            window_mono_ns=(res.start_ns, res.end_ns), warmup_s=0.0,
+            self_check=res.self_check.__dict__, client_bound=res.self_check.client_bound,
+            problems=problems, headline=result.headline, validation=[], injection=None)
         self._add_case(line)
         self.results.append(result)
         return result
@@ -818,7 +822,7 @@ class PlanningRunner(CaseRunner):
     need measured results stops there, and the dry run reports how far it planned.
     """
 
-    def __init__(self, setup: CaseSetup, *, plan: Callable[[dict], None],
+    def __init__(self, setup: CaseSetup, *, plan: Callable[[CaseLine], None],
                  default_case_id: str = "case", history: dict | None = None) -> None:
         super().__init__(setup, record=_not_recorded, mark=_not_recorded,
                          add_case=plan, default_case_id=default_case_id, history=history)
@@ -831,6 +835,7 @@ class PlanningRunner(CaseRunner):
             timeslice_s: float | None = None) -> CaseResult:
         case_id = case_id or self.default_case_id
         extra, ab = _ab_from_extra(extra, ab)
+        CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
         scaled = self.scaled(w) if scale else w
         if until is not None:
             extra["sample_target"] = {"percentiles": list(until.percentiles),
@@ -846,15 +851,14 @@ class PlanningRunner(CaseRunner):
             injected = {**inject.fields(scaled.osl), "name": iw.name, "params": iw.params(),
                         "scaled_from": (inject.workload.params() if iw != inject.workload
                                         else None)}
-        line = {
-            "planned": True, "case_id": case_id, "name": scaled.name,
-            "params": scaled.params(), "scaled_from": w.params() if scaled != w else None,
-            "config_id": self.setup.config_id, "block_id": self.setup.block_id,
-            "api": self.setup.api, "injection": injected,
-            "extra_body_keys": sorted(extra_body or {}),
-            "validators": [getattr(v, "__name__", "validator") for v in validators],
-            **extra, **(ab.fields() if ab else {}),
-        }
+        line = CaseLine.written(
+            {**extra, **(ab.fields() if ab else {})},
+            planned=True, case_id=case_id, name=scaled.name,
+            params=scaled.params(), scaled_from=w.params() if scaled != w else None,
+            config_id=self.setup.config_id, block_id=self.setup.block_id,
+            api=self.setup.api, injection=injected,
+            extra_body_keys=sorted(extra_body or {}),
+            validators=[getattr(v, "__name__", "validator") for v in validators])
         self.case_lines[case_id] = line
         self._add_case(line)
         empty = case_metrics((), window_ns=(0, 0))
@@ -870,9 +874,9 @@ class PlanningRunner(CaseRunner):
     def replay(self, tw: TraceWorkload, *, case_id: str | None = None,
                allow_errors: bool | tuple[str, ...] = False) -> CaseResult:
         case_id = case_id or self.default_case_id
-        line = {"planned": True, "case_id": case_id, "name": tw.name, "params": tw.params(),
-                "config_id": self.setup.config_id, "block_id": self.setup.block_id,
-                "api": self.setup.api, "replay": True}
+        line = CaseLine.written(planned=True, case_id=case_id, name=tw.name,
+                                params=tw.params(), config_id=self.setup.config_id,
+                                block_id=self.setup.block_id, api=self.setup.api, replay=True)
         self.case_lines[case_id] = line
         self._add_case(line)
         raise PlanEnds("a trace replay is planned as one case; its requests are sent only "
@@ -880,11 +884,12 @@ class PlanningRunner(CaseRunner):
 
     def sweep(self, sweep: CapacitySweep, *, case_id: str | None = None) -> SweepResult:
         case_id = case_id or self.default_case_id
-        line = {"planned": True, "case_id": case_id, "name": sweep.workload.name,
-                "params": sweep.workload.params(), "config_id": self.setup.config_id,
-                "block_id": self.setup.block_id, "api": self.setup.api,
-                "sweep": {"start_rate": sweep.start_rate, "factor": sweep.factor,
-                          "max_steps": sweep.max_steps, "refine": sweep.refine}}
+        line = CaseLine.written(
+            planned=True, case_id=case_id, name=sweep.workload.name,
+            params=sweep.workload.params(), config_id=self.setup.config_id,
+            block_id=self.setup.block_id, api=self.setup.api,
+            sweep={"start_rate": sweep.start_rate, "factor": sweep.factor,
+                   "max_steps": sweep.max_steps, "refine": sweep.refine})
         self.case_lines[case_id] = line
         self._add_case(line)
         raise PlanEnds("a capacity sweep's later steps depend on the measured ones: only its "

@@ -63,6 +63,10 @@ LEAD_S = 0.2
 CLOCK_ROUNDS = 8
 #: How long a Ctrl-C waits for the actors' records of their requests in flight.
 INTERRUPT_GRACE_S = 5.0
+#: The ``strata_plugin`` folder, which ``ship_package`` hands Ray's runtime_env. Found
+#: from this file rather than by importing the package: ``strata_plugin/__init__.py``
+#: names the case runner, which runs this engine (no import circle, tests/test_import_cycles.py).
+PACKAGE_DIR = Path(__file__).parent.parent
 
 
 class RayUnavailable(StrataError, RuntimeError):
@@ -130,9 +134,7 @@ class RayActors:
             if not ray.is_initialized():
                 env: dict[str, Any] = {}
                 if spec.ship_package:
-                    import strata_plugin
-
-                    env["py_modules"] = [str(Path(strata_plugin.__file__).parent)]
+                    env["py_modules"] = [str(PACKAGE_DIR)]
                 try:
                     ray.init(address=spec.address, namespace=spec.namespace,
                              runtime_env=env or None, log_to_driver=False,

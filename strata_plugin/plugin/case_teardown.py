@@ -133,7 +133,7 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     outcome = _outcome(item)
     # The verdict is computed once, here, after the agents have written the samples that
     # cover the case's end; cases.jsonl keeps it, and every derived file reports it.
-    flushed = sess.flush_telemetry(server) if runner.results else True
+    flushed = sess.fleet.flush(server.block_key) if runner.results else True
     # Before the analysis: a verdict of a case that lost an agent says so.
     lost = sess.recover_agents(server, tuple(r.case_id for r in runner.results))
     if lost:
@@ -147,7 +147,7 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
         if not flushed:
             extra["telemetry_flushed"] = False
-        sess.recorder.add_case({**line, "outcome": outcome, "nodeid": item.nodeid, **extra})
+        sess.recorder.add_case(line.updated(outcome=outcome, nodeid=item.nodeid, **extra))
     item.user_properties.extend(props)
     item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
     item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))

@@ -70,8 +70,8 @@ def benchmark_json(
             label = cid
             if info.ab_arm:
                 label += f"::{info.ab_arm}"
-            if info.raw.get("repetition") is not None:
-                label += f"::rep{info.raw['repetition']}"
+            if info.line.repetition is not None:
+                label += f"::rep{info.line.repetition}"
             params = _scalar_params(info.params)
             extra_info = {
                 "unit": "s",

@@ -2,12 +2,14 @@
 
 The steps are ordinary cases tagged ``sweep`` in cases.jsonl; everything here is
 recomputed from their requests (analysis/capacity.py), so the offline report draws
-the same figure.
+the same figure. :func:`prepare` figures each sweep and draws its plot (the writer calls
+it before rendering, ``report/sections.py``); :func:`report_section` writes the text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from strata_plugin.analysis.capacity import (
@@ -24,6 +26,7 @@ from strata_plugin.analysis.metrics import Slo
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.report.fmt import md_num
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Capacity"
@@ -94,8 +97,32 @@ def plot(path: Path, name: str, steps: Sequence[SweepStep], slo: Slo,
             fig.savefig(fh, format="png", dpi=110, metadata={"Software": None})
 
 
-def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path) -> str:
-    groups = sweeps(bundle, analyses)
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep as the section shows it: its steps (each with its case, SLO and goodput
+    target), knee, capacity at the SLO and the plot's file name under plots/."""
+
+    name: str
+    items: tuple[tuple[CaseAnalysis, SweepStep, Slo, float], ...]
+    knee: SweepStep | None
+    capacity: SweepStep | None
+    png: str
+
+
+def prepare(d: ReportData, plot_dir: Path) -> list[Sweep]:
+    """Each sweep's figures, its plot drawn into ``plot_dir``."""
+    out = []
+    for name, items in sweeps(d.bundle, d.analyses).items():
+        steps = [s for _, s, _, _ in items]
+        slo, gf = items[0][2], items[0][3]
+        k, cap = knee(steps), capacity_at_slo(steps, gf)
+        png = f"capacity-{_safe(name)}.png"
+        plot(plot_dir / png, name, steps, slo, k, cap)
+        out.append(Sweep(name, tuple(items), k, cap, png))
+    return out
+
+
+def section(groups: Sequence[Sweep]) -> str:
     if not groups:
         return ""
     out = [f"\n## {TITLE}\n\n",
@@ -109,10 +136,9 @@ def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path)
            "the highest offered rate whose goodput fraction (succeeded and met every SLO) "
            "reaches the target. The verdict column is each step's own bottleneck verdict, "
            "so it says what saturates first.\n"]
-    for name, items in groups.items():
-        steps = [s for _, s, _, _ in items]
+    for g in groups:
+        name, items, k, cap = g.name, g.items, g.knee, g.capacity
         slo, gf = items[0][2], items[0][3]
-        k, cap = knee(steps), capacity_at_slo(steps, gf)
         out.append(f"\n### Sweep `{name}`\n\n")
         out.append(f"SLO {slo.describe()}, goodput target {md_num(100 * gf)}% of requests. "
                    f"**Knee: {md_num(k.offered_rate) + ' req/s offered' if k else 'not found'}"
@@ -132,7 +158,9 @@ def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path)
                              "ttft p50 ms",
                              "ttft p99 ms", "tpot p50 ms", "tpot p99 ms", "good", "saturated",
                              "verdict"), rows))
-        png = f"capacity-{_safe(name)}.png"
-        plot(plot_dir / png, name, steps, slo, k, cap)
-        out.append(f"\n![capacity {name}](plots/{png})\n")
+        out.append(f"\n![capacity {name}](plots/{g.png})\n")
     return "".join(out)
+
+
+def report_section(d: ReportData) -> str:
+    return section(d.prepared.get(TITLE, ()))

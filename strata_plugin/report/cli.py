@@ -24,9 +24,14 @@ def report_main(argv: list[str]) -> int:
     if not (args.run_dir / "manifest.json").exists():
         print(f"error: {args.run_dir} is not a run folder (no manifest.json)", file=sys.stderr)
         return 2
+    from strata_plugin.formats.cases import CaseLineError
     from strata_plugin.report.writer import write_report
 
-    path = write_report(args.run_dir)
+    try:
+        path = write_report(args.run_dir)
+    except CaseLineError as exc:  # a hand-edited or foreign line: which file, line, key
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not args.quiet:
         print(path)
     return 0

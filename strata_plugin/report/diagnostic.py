@@ -1,4 +1,8 @@
-"""report.md's "Diagnostic round" section: before/after verdicts, overhead, key tables."""
+"""report.md's "Diagnostic round" section: before/after verdicts, overhead, key tables.
+
+The traces are read by :func:`prepare`, which the writer calls before rendering
+(``report/sections.py``); :func:`report_section` renders what it read.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ from pathlib import Path
 
 from strata_plugin.analysis.traces.diagnostics import COMPARED, Diagnostic, diagnose
 from strata_plugin.report.fmt import md_num
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
+
+TITLE = "Diagnostic round"
 
 
 def _verdict_cell(v) -> str:
@@ -71,15 +78,23 @@ def diagnostic_md(d: Diagnostic) -> str:
     return "".join(out)
 
 
-def diagnostic_section(run_dir: Path, analyses: Sequence) -> str:
-    """Empty when the run had no diagnostic round."""
+def prepare(d: ReportData, plot_dir: Path) -> list[Diagnostic] | str:
+    """The run's diagnostic rounds, read from their trace folders; or why they could not
+    be read (the rest of the report stands without this section)."""
     try:
-        diags = diagnose(run_dir, analyses)
-    except Exception as exc:  # the rest of the report stands without this section
-        return f"\n## Diagnostic round\n\nnot rendered: {type(exc).__name__}: {exc}\n"
+        return diagnose(d.bundle.run_dir, d.analyses)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def section(diags: Sequence[Diagnostic] | str) -> str:
+    """Empty when the run had no diagnostic round; ``diags`` a string: why it is not
+    rendered."""
+    if isinstance(diags, str):
+        return f"\n## {TITLE}\n\nnot rendered: {diags}\n"
     if not diags:
         return ""
-    head = ("\n## Diagnostic round\n\nCases re-run with a kernel trace over the measured "
+    head = (f"\n## {TITLE}\n\nCases re-run with a kernel trace over the measured "
             "window (`--strata-escalate`), and the verdict decided again with the trace's "
             "evidence.\n\n")
     summary = md_table(
@@ -89,3 +104,7 @@ def diagnostic_section(run_dir: Path, analyses: Sequence) -> str:
           ", ".join(d.settlement.settled_by) or "-",
           f"{d.overhead:.1%}" if d.overhead is not None else "-") for d in diags])
     return head + summary + "".join(diagnostic_md(d) for d in diags)
+
+
+def report_section(d: ReportData) -> str:
+    return section(d.prepared.get(TITLE, ()))

@@ -5,19 +5,21 @@ ledger closes (residual under ``ledger_residual_max``), which parts are merged a
 the clock error the identity holds to, a stacked bar of the shares and the request
 timeline with its stalls coloured by the server's state (report/ledger_plots.py). A/B
 arms with repetitions get each part's mean share with a t interval over repetitions.
+The pictures are drawn by :func:`prepare`, which the writer calls before rendering
+(``report/sections.py``); :func:`report_section` writes the text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger
-from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.stats import mean_ci
 from strata_plugin.analysis.thresholds import value
 from strata_plugin.report import ledger_plots
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Time ledger"
@@ -80,8 +82,36 @@ def repetition_rows(analyses: Sequence[CaseAnalysis]) -> list[tuple[str, ...]]:
     return rows
 
 
-def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path) -> str:
-    cases = [a for a in analyses if a.ledger is not None and a.ledger.n]
+def _cases(analyses: Sequence[CaseAnalysis]) -> list[CaseAnalysis]:
+    return [a for a in analyses if a.ledger is not None and a.ledger.n]
+
+
+def prepare(d: ReportData, plot_dir: Path) -> dict[str, tuple[str, bool]]:
+    """Each case's pictures drawn into ``plot_dir``: case id -> (file stem, whether the
+    stall timeline was drawn)."""
+    anchor = d.bundle.anchor
+    used: set[str] = set()
+    out = {}
+    for a in _cases(d.analyses):
+        led = a.ledger
+        assert led is not None
+        base = f"ledger-{_safe(a.case_id)}"
+        k = 2
+        name = base
+        while name in used:
+            name, k = f"{base}-{k}", k + 1
+        used.add(name)
+        ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
+        drew = ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
+                                     f"{a.name}: requests, stalls by server state",
+                                     d.bundle.records.get(a.case_id, []), led.states, anchor)
+        out[a.case_id] = (name, drew)
+    return out
+
+
+def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, bool]]) -> str:
+    """``drawn``: what :func:`prepare` drew, by case id."""
+    cases = _cases(analyses)
     if not cases:
         return ""
     out = [
@@ -101,23 +131,12 @@ def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path)
     if reps:
         out.append("\nShares over repetitions (mean, 95% t interval):\n\n")
         out.append(md_table(("group", "arm", "metric", "part", "n", "mean", "interval"), reps))
-    anchor = bundle.anchor
-    used: set[str] = set()
     for a in cases:
         led = a.ledger
         assert led is not None
-        base = f"ledger-{_safe(a.case_id)}"
-        k = 2
-        name = base
-        while name in used:
-            name, k = f"{base}-{k}", k + 1
-        used.add(name)
-        ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
-        ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
-                              f"{a.name}: requests, stalls by server state",
-                              bundle.records.get(a.case_id, []), led.states, anchor)
+        name, timeline = drawn[a.case_id]
         out.append(f"\n### {a.name} (`{a.case_id}`)\n\n![ledger](plots/{name}.png)\n")
-        if (plot_dir / f"{name}-timeline.png").exists():
+        if timeline:
             out.append(f"\n![stalls by server state](plots/{name}-timeline.png)\n")
         w = [(k, x) for k, x in a.verdict.weights if abs(x) >= 0.005]
         if w:
@@ -129,3 +148,7 @@ def section(bundle: RunBundle, analyses: Sequence[CaseAnalysis], plot_dir: Path)
         if led.has_run_state:
             out.append("\n" + led.stall_line() + ".\n")
     return "".join(out)
+
+
+def report_section(d: ReportData) -> str:
+    return section(d.analyses, d.prepared.get(TITLE, {}))

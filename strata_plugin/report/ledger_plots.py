@@ -114,15 +114,16 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
 
 def timeline(path: Path, title: str, records: Sequence[RequestRecord],
              states: RunStates | None, anchor: ClockAnchor | None,
-             max_requests: int = 64) -> None:
+             max_requests: int = 64) -> bool:
     """Each measured request a row: TTFT light, decode grey, every decode stall coloured
-    by the server's state during it (black: no run-state sample covered it)."""
+    by the server's state during it (black: no run-state sample covered it). False, and
+    nothing drawn, when no measured request has tokens."""
     import matplotlib
 
     recs = sorted((r for r in records if r.phase == "measured" and r.ok and r.events),
                   key=lambda r: r.dispatched_ns)[:max_requests]
     if not recs:
-        return
+        return False
     t0 = recs[0].dispatched_ns
     with matplotlib.rc_context():
         fig = _figure(7.5, 1.2 + 0.06 * len(recs))
@@ -164,3 +165,4 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
         with atomic_open(path, "wb") as fh:
             fig.savefig(fh, format="png", dpi=DPI, metadata={"Software": None},
                         bbox_inches="tight")
+    return True

@@ -3,13 +3,16 @@ plots), the A/B comparisons, and a link to the thresholds the verdicts used
 (``thresholds.md``, rendered here too).
 
 Pure text assembly from already-computed results; nothing here reads files or the
-clock, so the same inputs always give the same document.
+clock, so the same inputs always give the same document. The sections and their order
+are ``report/sections.py``'s list; ``report/writer.py`` reads the run folder and builds
+the :class:`ReportData` they all render from.
 """
 
 from __future__ import annotations
 
 import html
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +31,6 @@ from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report import load_spread
-from strata_plugin.report.diagnostic import diagnostic_section
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import (
     TOO_FEW,
@@ -51,23 +53,28 @@ class AbGroup:
     plot: str = ""  # plots/<name>: request timeline, inter-token ECDF, per repetition
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReportData:
+    """The analysed run: everything a report section renders from, built once by
+    ``report/writer.py`` (which does all the file reading and the drawing), so that
+    rendering is a function of this alone."""
+
     bundle: RunBundle
     store: SampleStore
     ctx: RunContext
     analyses: list[CaseAnalysis]
     limits: list[str]
-    case_plots: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    case_plots: Mapping[str, tuple[str, list[str]]] = field(default_factory=dict)
     run_plot: tuple[str, list[str]] | None = None
     ab: list[AbGroup] = field(default_factory=list)
     static: list[NodeStatic] = field(default_factory=list)
     #: each case's reported percentiles with their counts (analysis/sufficiency.py)
-    sufficiency: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    sufficiency: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     #: lines under a case's percentile table, by case id (e.g. sample sufficiency)
-    case_notes: dict[str, list[str]] = field(default_factory=dict)
-    #: whole sections, before the thresholds
-    extra_sections: list[str] = field(default_factory=list)
+    case_notes: Mapping[str, list[str]] = field(default_factory=dict)
+    #: what each section's ``prepare`` returned (``report/sections.py``), by section name:
+    #: the files it read, the plots it drew
+    prepared: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _cmd(argv: Any) -> str:
@@ -797,9 +804,9 @@ def run_timeline(d: ReportData) -> str:
 THRESHOLDS_FILE = "thresholds.md"
 
 
-def thresholds_section() -> str:
+def thresholds_section(d: ReportData) -> str:
     """A link: the table has a file of its own, the same in every run (76 rows that the
-    report's reader rarely needs beside each case)."""
+    report's reader rarely needs beside each case); the same whatever the run."""
     return (f"\n## Thresholds\n\nThe {len(THRESHOLDS)} numbers the rules compare against, "
             f"each with its source: [{THRESHOLDS_FILE}]({THRESHOLDS_FILE}).\n")
 
@@ -816,16 +823,11 @@ def thresholds_md() -> str:
     )
 
 
-def render(d: ReportData) -> str:
-    """Read in a minute: the summary, then the A/B groups, then the details (collapsed)."""
-    parts = [header(d), summary_section(d), ab_section(d), limits(d), static_section(d),
-             summary_table(d), run_details(d), "\n## Cases\n"]
-    for a in d.analyses:
-        parts.append(
-            f"\n<details><summary>{html.escape(a.case_id)}: "
-            f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
-            + case_section(d, a) + "\n</details>\n"
-        )
-    parts.extend([diagnostic_section(d.bundle.run_dir, d.analyses), run_timeline(d),
-                  *d.extra_sections, thresholds_section()])
-    return "".join(parts)
+def cases_section(d: ReportData) -> str:
+    """Each case in full, collapsed under its verdict."""
+    return "\n## Cases\n" + "".join(
+        f"\n<details><summary>{html.escape(a.case_id)}: "
+        f"{html.escape(a.verdict.summary() or 'none')}</summary>\n"
+        + case_section(d, a) + "\n</details>\n"
+        for a in d.analyses
+    )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.report.fmt import md_num
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Prefix cache"
@@ -34,3 +35,7 @@ def section(analyses: Sequence[CaseAnalysis]) -> str:
             "shared blocks show what the cache saved.\n\n"
             + md_table(("case", "prefix / arrival", "requests", "prompt tokens",
                         "cached tokens", "hit rate"), rows))
+
+
+def report_section(d: ReportData) -> str:
+    return section(d.analyses)

@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_write_text
+from strata_plugin.formats.cases import CaseLine, CaseLineError
 
 #: A clean arm expects nothing.
 NONE = "none"
@@ -100,12 +101,13 @@ class ScorecardError(StrataError, ValueError):
     """A folder that is not a fault-suite run; the message says which and why."""
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
+def _lines(path: Path) -> list[CaseLine]:
+    """Every case line (formats/cases.py); the fault suite's keys are in ``extra``."""
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                out.append(json.loads(line))
+                out.append(CaseLine.from_json(line, f"{path}:{n}"))
             except json.JSONDecodeError as exc:
                 raise ScorecardError(f"{path}:{n}: not JSON ({exc.msg})") from None
     return out
@@ -134,8 +136,8 @@ def rescored_verdicts(run_dir: Path, case_ids: Sequence[str]) -> dict[str, dict[
                 os.symlink(entry.resolve(), view / entry.name)
         lines = []
         for c in _lines(run_dir / "cases.jsonl"):
-            c.pop("verdict", None)
-            lines.append(json.dumps(c) + "\n")
+            lines.append(replace(c, verdict=None, nulls=c.nulls - {"verdict"}).to_json()
+                         + "\n")
         atomic_write_text(view / "cases.jsonl", "".join(lines))
         return {cid: dataclasses.asdict(summarize_case(view, cid).verdict)
                 for cid in case_ids}
@@ -157,18 +159,19 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
         recorded = tuple(doc.get("fault_classes", ()))
         for a in doc.get("arms", []):
             truth[a["case_id"]] = tuple(a.get("truth", ()))
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[str, CaseLine] = {}
     for c in _lines(cases):
-        if c.get("fault") and c.get("fault_arm") and isinstance(c.get("verdict"), dict):
-            latest[c["case_id"]] = c  # a case line written again replaces the first
-    scenarios = tuple(sorted({c["fault"] for c in latest.values()}))
+        if c.extra.get("fault") and c.extra.get("fault_arm") and c.verdict is not None:
+            latest[c.case_id] = c  # a case line written again replaces the first
+    scenarios = tuple(sorted({c.extra["fault"] for c in latest.values()}))
     # the classes a fault could be (the suite records its list; an older run: what it ran)
     fault_classes = tuple(sorted(set(recorded) | set(scenarios)
                                  | {x for t in truth.values() for x in t}))
     arms = []
     fresh = rescored_verdicts(run_dir, list(latest)) if rescore else {}
-    for cid, c in latest.items():
-        v = fresh[cid] if rescore else c["verdict"]
+    for cid, line in latest.items():
+        c = line.extra  # the fault suite's keys: fault, fault_arm, fault_set, fault_scenario
+        v = fresh[cid] if rescore else line.verdict or {}
         classes = tuple(v.get("classes", ()))
         evidence = tuple(
             f"{e['cls']}: {e['metric']} {e['value']:g} {e['op']} {e['threshold_value']:g}"
@@ -186,7 +189,7 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
             evidence=evidence,
             truth=tuple(sorted(set(truth.get(cid, injected)) | set(injected))),
             fault_classes=fault_classes,
-            fault_set=_fault_set(c, cases),
+            fault_set=_fault_set(cid, c, cases),
             scenario=str(c.get("fault_scenario") or c["fault"]),
         ))
     if not arms:
@@ -195,10 +198,10 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
     return arms
 
 
-def _fault_set(case: dict[str, Any], path: Path) -> str:
+def _fault_set(case_id: str, case: Mapping[str, Any], path: Path) -> str:
     value = case.get("fault_set", TUNING)
     if value not in SETS:
-        raise ScorecardError(f"{path}: case {case['case_id']!r} has fault_set {value!r}; "
+        raise ScorecardError(f"{path}: case {case_id!r} has fault_set {value!r}; "
                              f"expected one of {', '.join(SETS)}")
     return value
 
@@ -317,7 +320,7 @@ def scorecard_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         arms = [a for run in args.runs for a in read_run(run, rescore=args.rescore)]
-    except (ScorecardError, OSError) as exc:
+    except (ScorecardError, CaseLineError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = scorecard_markdown(arms)

@@ -5,17 +5,22 @@ Rendering only; the plateau and the slices come from analysis/steady_state.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.metrics import CaseMetrics
+from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.steady_state import (
     MIN_PLATEAU_REQUESTS,
     MIN_PLATEAU_SHARE,
     SpanFigures,
     SteadyState,
+    steady_state,
+    timeslices,
 )
 from strata_plugin.report.fmt import md_num
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Steady state"
@@ -27,6 +32,26 @@ class CaseSteady:
     steady: SteadyState | None
     slices: tuple[SpanFigures, ...] = ()
     slice_s: float | None = None
+
+
+def by_case(bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -> dict[str, CaseSteady]:
+    """Each case's plateau, and its timeslices when the case asked for them."""
+    out = {}
+    for a in analyses:
+        recs = bundle.records.get(a.case_id, [])
+        conc = a.params.get("concurrency")
+        steady = steady_state(
+            recs,
+            concurrency=conc if isinstance(conc, int) else None,
+            arrival=str(a.params.get("arrival", "closed")),
+            metrics_of=bundle.metrics_of,
+        )
+        slice_s = a.line.timeslice_s if a.line else None
+        slices: tuple = ()
+        if isinstance(slice_s, (int, float)) and slice_s > 0:
+            slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))
+        out[a.case_id] = CaseSteady(a.metrics, steady, slices, float(slice_s) if slices else None)
+    return out
 
 
 def _pair(whole: float | None, plateau: float | None) -> str:
@@ -79,3 +104,7 @@ def section(by_case: Mapping[str, CaseSteady]) -> str:
               md_num(x.ttft_p50_ms), md_num(x.tpot_p50_ms), md_num(x.tpot_p99_ms))
              for x in c.slices]))
     return "".join(out)
+
+
+def report_section(d: ReportData) -> str:
+    return section(by_case(d.bundle, d.analyses))

@@ -15,6 +15,7 @@ from strata_plugin.analysis.sufficiency import (
     min_count,
 )
 from strata_plugin.report.fmt import md_num
+from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import TOO_FEW, md_table
 
 TITLE = "Sample sufficiency"
@@ -80,3 +81,7 @@ def section(by_case: Mapping[str, Sequence[PercentileSupport]]) -> str:
     else:
         out.append("No measured requests.\n")
     return "".join(out)
+
+
+def report_section(d: ReportData) -> str:
+    return section(d.sufficiency)

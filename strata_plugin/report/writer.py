@@ -32,21 +32,12 @@ from strata_plugin.analysis.clocks import clock_warnings
 from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import run_static
-from strata_plugin.analysis.steady_state import steady_state, timeslices
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.thresholds import THRESHOLDS
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.formats.telemetry import TelemetryFacts
-from strata_plugin.report import (
-    ab_plots,
-    capacity_md,
-    ledger_md,
-    plots,
-    prefix_cache_md,
-    steady_state_md,
-    sufficiency_md,
-)
+from strata_plugin.report import ab_plots, plots, sections, sufficiency_md
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -55,7 +46,6 @@ from strata_plugin.report.markdown import (
     THRESHOLDS_FILE,
     AbGroup,
     ReportData,
-    render,
     thresholds_md,
 )
 from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
@@ -73,11 +63,11 @@ def run_limits(
     if m.get("incomplete_reason"):
         out.append(f"run incomplete: {m['incomplete_reason']}")
     for cid, info in sorted(bundle.cases.items()):  # cached tokens the server did not report
-        cold = str(info.raw.get("cold_prefix") or "")
+        cold = info.line.cold_prefix or ""
         if cold.startswith(("cold prefix not verifi", "NOT cold")):
             out.append(f"case {cid}: {cold}")
-        if info.raw.get("isl_exact") is False:  # chat without a tokenizer endpoint, or texts
-            out.append(f"case {cid}: {info.raw.get('isl_note') or 'ISL not exact'}")
+        if info.line.isl_exact is False:  # chat without a tokenizer endpoint, or texts
+            out.append(f"case {cid}: {info.line.isl_note or 'ISL not exact'}")
     if not ctx.gpu_present:
         why = "; ".join(
             f"{n}: {r}"
@@ -233,30 +223,6 @@ def _sufficiency(
     return out
 
 
-def _steady(
-    bundle: RunBundle, analyses: list[CaseAnalysis]
-) -> dict[str, steady_state_md.CaseSteady]:
-    """Each case's plateau, and its timeslices when the case asked for them."""
-    out = {}
-    for a in analyses:
-        recs = bundle.records.get(a.case_id, [])
-        conc = a.params.get("concurrency")
-        steady = steady_state(
-            recs,
-            concurrency=conc if isinstance(conc, int) else None,
-            arrival=str(a.params.get("arrival", "closed")),
-            metrics_of=bundle.metrics_of,
-        )
-        slice_s = a.info.get("timeslice_s")
-        slices: tuple = ()
-        if isinstance(slice_s, (int, float)) and slice_s > 0:
-            slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))
-        out[a.case_id] = steady_state_md.CaseSteady(
-            a.metrics, steady, slices, float(slice_s) if slices else None
-        )
-    return out
-
-
 def _ci_bounds(
     a: CaseAnalysis, supports: tuple[PercentileSupport, ...]
 ) -> dict[str, tuple[float, float]]:
@@ -283,9 +249,9 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                 "name": a.name,
                 "config_id": a.config_id,
                 "params": a.params,
-                "outcome": a.info.get("outcome", ""),
-                "ab_group": a.info.get("ab_group", ""),
-                "ab_arm": a.info.get("ab_arm", ""),
+                "outcome": (a.line.outcome if a.line else None) or "",
+                "ab_group": (a.line.ab_group if a.line else None) or "",
+                "ab_arm": (a.line.ab_arm if a.line else None) or "",
                 "window": None
                 if a.window is None
                 else {
@@ -346,24 +312,12 @@ def write_report(run_dir: Path | str) -> Path:
     ra = analyze_run(run_dir)
     bundle, store, windows, hw_by_window = ra.bundle, ra.store, ra.windows, ra.hw_by_window
     ctx, analyses = ra.ctx, ra.analyses
-    data = ReportData(
-        bundle=bundle,
-        store=store,
-        ctx=ctx,
-        analyses=analyses,
-        limits=run_limits(bundle, store, ctx, analyses),
-        static=run_static(run_dir),
-    )
-
     sufficiency = _sufficiency(bundle, analyses)
-    data.sufficiency = sufficiency
+    case_notes: dict[str, list[str]] = {}
     for a in analyses:
         line = sufficiency_md.case_line(sufficiency[a.case_id])
         if line:
-            data.case_notes.setdefault(a.case_id, []).append(line)
-    data.extra_sections.append(sufficiency_md.section(sufficiency))
-    data.extra_sections.append(steady_state_md.section(_steady(bundle, analyses)))
-    data.extra_sections.append(prefix_cache_md.section(analyses))
+            case_notes.setdefault(a.case_id, []).append(line)
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
@@ -371,6 +325,7 @@ def write_report(run_dir: Path | str) -> Path:
     # a report that fails part way leaves the previous one whole, its plots included.
     earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
     used: set[str] = set()
+    case_plots: dict[str, tuple[str, list[str]]] = {}
     for a in analyses:
         if a.window is None:
             continue
@@ -380,27 +335,40 @@ def write_report(run_dir: Path | str) -> Path:
             name = f"case-{_safe(a.case_id)}-{k}.png"
             k += 1
         used.add(name)
-        data.case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
-    data.run_plot = _run_plot(store, bundle, analyses, plot_dir)
-    data.extra_sections.append(capacity_md.section(bundle, analyses, plot_dir))
-    data.extra_sections.append(ledger_md.section(bundle, analyses, plot_dir))
+        case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
+    run_plot = _run_plot(store, bundle, analyses, plot_dir)
     atomic_write_text(run_dir / "ledger.jsonl", "".join(
         r.to_json() + "\n" for a in analyses if a.ledger is not None for r in a.ledger.requests))
 
     case_metrics = {a.case_id: a.metrics for a in analyses}
-    for group, arms in ab_groups(bundle).items():
-        data.ab.append(
-            AbGroup(
-                group,
-                arms,
-                arm_deltas(bundle, group, arms),
-                same_output_pairs(bundle, group, arms),
-                group_effects(
-                    group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
-                ),
-                _ab_plot(bundle, analyses, group, arms, plot_dir),
-            )
+    ab = [
+        AbGroup(
+            group,
+            arms,
+            arm_deltas(bundle, group, arms),
+            same_output_pairs(bundle, group, arms),
+            group_effects(
+                group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
+            ),
+            _ab_plot(bundle, analyses, group, arms, plot_dir),
         )
+        for group, arms in ab_groups(bundle).items()
+    ]
+    # The analysed run, once; then each section's own reading and drawing
+    # (report/sections.py), so that rendering report.md reads nothing.
+    data = sections.prepare(ReportData(
+        bundle=bundle,
+        store=store,
+        ctx=ctx,
+        analyses=analyses,
+        limits=run_limits(bundle, store, ctx, analyses),
+        case_plots=case_plots,
+        run_plot=run_plot,
+        ab=ab,
+        static=run_static(run_dir),
+        sufficiency=sufficiency,
+        case_notes=case_notes,
+    ), plot_dir)
 
     header, rows = case_summary_rows(analyses)
     write_csv(run_dir / "case_summary.csv", header, rows)
@@ -436,7 +404,7 @@ def write_report(run_dir: Path | str) -> Path:
         atomic_write_text(run_dir / name, text)
     atomic_write_text(run_dir / THRESHOLDS_FILE, thresholds_md())
     report = run_dir / "report.md"
-    atomic_write_text(report, render(data))
+    atomic_write_text(report, sections.render(data))
     for p, was in earlier.items():
         if _file_id(p) == was:  # not rewritten (an atomic write is a new inode)
             p.unlink(missing_ok=True)

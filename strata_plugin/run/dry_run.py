@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import expand_placeholders
 from strata_plugin.formats.atomic import atomic_write_text
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.case_runner import Injection, PlanEnds
-from strata_plugin.run.nodes import agent_commands
 from strata_plugin.run.server import write_command
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def planned_server(sess: StrataSession, config_id: str, block_id: str) -> Planne
     return PlannedServer(config_id, block_id or config_id, base.rstrip("/"), log)
 
 
-def collector_commands(sess: StrataSession, node_role: str) -> dict[str, object]:
+def collector_commands(sess: StrataSession, head: bool) -> dict[str, object]:
     """What the agent's collectors on one node would spawn or read, by collector."""
     from strata_plugin.agent.collectors.dcgm import DEFAULT_FIELDS, dmon_argv
     from strata_plugin.agent.collectors.perf import DEFAULT_EVENTS, perf_argv
@@ -87,7 +87,7 @@ def collector_commands(sess: StrataSession, node_role: str) -> dict[str, object]
     if "perf" in t.collectors:
         out["perf"] = [SERVER_PID if a == "0" else a
                        for a in perf_argv("perf", DEFAULT_EVENTS, (0,), interval_ms)]
-    if node_role == "head":
+    if head:
         if "prom" in t.collectors:
             out["prom"] = "GET <server>/metrics every interval"
         if "log" in t.collectors:
@@ -99,8 +99,7 @@ def dry_run_commands(sess: StrataSession) -> dict[str, dict]:
     p = sess.cfg.profile
     port = p.server.port or DRY_RUN_PORT
     values = sess.placeholder_values(port)
-    roles = {n.name: n.role for n in p.nodes}
-    head = next((n.name for n in p.nodes if n.role == "head"), "local")
+    head = sess.fleet.head
     out: dict[str, dict] = {}
     for conf in p.server.configs:
         spec = sess.launch_spec(conf.config_id)
@@ -119,14 +118,14 @@ def dry_run_commands(sess: StrataSession) -> dict[str, dict]:
                 container={**launch.to_json(p.server.stop_timeout_s), "command": argv,
                            "server_pid": f"State.Pid of `{' '.join(launch.inspect_argv())}`"})
         if p.server.worker_argv:
-            for node in (n for n in p.nodes if n.role == "worker"):
+            for node in (n for n in p.nodes if not n.is_head):
                 out[f"worker-{conf.config_id}-{node.name}"] = {
                     "argv": expand_placeholders(p.server.worker_argv, values),
                     "env_names": env_names, "node": node.name, "ssh_host": node.ssh_host}
     server = planned_server(sess, p.server.configs[0].config_id, "")
-    for name, argv in agent_commands(sess, server_pid=None, server=server).items():
+    for name, argv in sess.fleet.commands(server_pid=None, server=server).items():
         out[f"agent-{name}"] = {"argv": argv, "node": name,
-                                "collectors": collector_commands(sess, roles.get(name, "head"))}
+                                "collectors": collector_commands(sess, name == head)}
     return out
 
 
@@ -152,10 +151,10 @@ class DryRunPlan:
     preflight: dict
     commands: dict
     prometheus: dict
-    cases: list[dict] = field(default_factory=list)
+    cases: list[CaseLine] = field(default_factory=list)
     tests: list[dict] = field(default_factory=list)
 
-    def add_case(self, line: dict) -> None:
+    def add_case(self, line: CaseLine) -> None:
         self.cases.append(line)
         self.write()
 
@@ -167,11 +166,12 @@ class DryRunPlan:
     def as_json(self) -> dict:
         blocks: list[str] = []
         for c in self.cases:
-            if not blocks or blocks[-1] != c["block_id"]:
-                blocks.append(c["block_id"])
+            if not blocks or blocks[-1] != c.block_id:
+                blocks.append(c.block_id)
         return {"dry_run": True, "profile": self.profile, "preflight": self.preflight,
                 "commands": self.commands, "prometheus": self.prometheus,
-                "server_blocks": blocks, "cases": self.cases, "tests": self.tests}
+                "server_blocks": blocks, "cases": [c.to_dict() for c in self.cases],
+                "tests": self.tests}
 
     def write(self) -> None:
         data = self.as_json()
@@ -228,13 +228,14 @@ def checklist_markdown(d: dict) -> str:
     lines += ["## Case plan (run order)", "",
               "| # | case | block | config | workload as run | nominal | injection | A/B |",
               "|---|---|---|---|---|---|---|---|"]
-    for i, c in enumerate(d["cases"], 1):
-        inj = c.get("injection")
+    for i, raw in enumerate(d["cases"], 1):
+        c = CaseLine.from_dict(raw, f"dry_run.json case {i}")
+        inj = c.injection
         inj_s = (f"{inj['name']} ({_params(inj['params'])}) {Injection.placement(inj)}"
                  if inj else "-")
-        ab = f"{c['ab_group']}:{c['ab_arm']}" if c.get("ab_group") else "-"
-        lines.append(f"| {i} | {c['case_id']} | {c['block_id']} | {c['config_id']} | "
-                     f"{_params(c['params'])} | {_params(c.get('scaled_from'))} | {inj_s} | {ab} |")
+        ab = f"{c.ab_group}:{c.ab_arm}" if c.ab_group else "-"
+        lines.append(f"| {i} | {c.case_id} | {c.block_id} | {c.config_id} | "
+                     f"{_params(c.params)} | {_params(c.scaled_from)} | {inj_s} | {ab} |")
     lines += ["", "## Tests", ""]
     for t in d["tests"]:
         stop = f"; stopped: {t['stopped']}" if t["stopped"] else ""

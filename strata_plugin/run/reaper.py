@@ -18,7 +18,9 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -42,6 +44,41 @@ def register(proc: Stoppable) -> None:
         atexit.register(stop_all)
         _atexit_registered = True
     _live[id(proc)] = proc
+
+
+def die_with_parent(sig: int = signal.SIGTERM, *, main_thread_only: bool = False
+                    ) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when the harness dies (Linux
+    ``PR_SET_PDEATHSIG``; None elsewhere). Why: a SIGKILLed pytest (a CI job's timeout, an
+    OOM kill) runs no atexit hook and no signal handler, and a server in its own session
+    would go on holding its port, its memory and its GPUs. The signal reaches the process
+    Strata started, which survives its exec: a server that is that process (llama-server,
+    ``vllm serve``) stops with its own children; a wrapper that does not pass SIGTERM on (a
+    shell script) or a container runtime's client does not stop what it started.
+
+    The kernel sends it when the *thread* that forked the child ends, not the process:
+    ``main_thread_only`` sets it only from the main thread, for a child that must outlive
+    a worker thread which started it (a server restarted from a monitor thread).
+    ``run/remote.py`` keeps a copy of its own: it is shipped alone to other nodes."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if main_thread_only and threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+    parent = os.getpid()
+
+    def set_it() -> None:
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the harness died before the signal was armed
+            os._exit(1)
+
+    return set_it
 
 
 def unregister(proc: Stoppable) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.configure.names import NAME_RULE, is_name
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 from strata_plugin.formats.windows import Marker, write_markers
 
@@ -190,8 +191,8 @@ class RunRecorder:
             if self._markers_dirty:
                 self._write_markers(time.monotonic())
 
-    def add_case(self, case: dict[str, Any]) -> None:
-        self.cases.write(json.dumps(case, sort_keys=True, default=str))
+    def add_case(self, case: CaseLine) -> None:
+        self.cases.write(case.to_json())
 
     def update_manifest(self, **fields: Any) -> None:
         with self._lock:

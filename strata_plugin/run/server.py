@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import requests
 
 from strata_plugin.errors import StrataError
+from strata_plugin.run.reaper import die_with_parent
 
 if TYPE_CHECKING:
     from strata_plugin.run.container import ContainerLaunch
@@ -176,6 +177,7 @@ class Server:
             self.proc = subprocess.Popen(
                 list(spec.argv), stdout=self._log_fh, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM, main_thread_only=True),
             )
             self.wait_healthy(spec.health_timeout_s)
             if spec.container is not None:

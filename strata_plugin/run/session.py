@@ -12,21 +12,17 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
-from strata_plugin.run.nodes import (
-    restart_agent,
-    snapshot_agents,
-    start_agents,
-    stop_agents,
-)
+from strata_plugin.run.agents import AgentFleet
 from strata_plugin.run.run_folder import (
     RunRecorder,
     base_manifest,
@@ -80,8 +76,9 @@ class PreflightFailed(StrataError, RuntimeError):
 
 @dataclass
 class Block:
+    """One server configuration's lifetime; its agents are the fleet's, under its key."""
+
     server: Server
-    agents: list = field(default_factory=list)
 
 
 def _ssh_probe(host: str):
@@ -132,8 +129,10 @@ class StrataSession:
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.repetitions: dict = {}  # runs of each workload (per A/B arm): prompt salts
         self.incomplete_reason = ""
-        self.blocks: dict[str, Block] = {}  # by block id: whose agents follow which server
-        self.agents_lost: list[dict] = []  # as in the manifest's "agents_lost"
+        #: the telemetry agents of every block (whose agents follow which server), and
+        #: those lost (the manifest's "agents_lost")
+        self.fleet = AgentFleet(cfg.profile.nodes, cfg.profile.telemetry, self.run_dir,
+                                self.recorder, attached=bool(cfg.server_url))
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
         self.containers_left: list[str] = []  # containers a stop could not remove
@@ -235,7 +234,7 @@ class StrataSession:
     def start_workers(self, spec: LaunchSpec, block_id: str) -> list:
         """The profile's worker command on every remote worker node, tied to its ssh session."""
         p = self.cfg.profile
-        remote = [n for n in p.nodes if n.role == "worker" and n.ssh_host]
+        remote = [n for n in p.nodes if not n.is_head and n.ssh_host]
         if not p.server.worker_argv or not remote:
             return []
         from strata_plugin.run.remote import RemoteProcess
@@ -293,8 +292,7 @@ class StrataSession:
         if live:
             results = release_on_nodes(live, timeout_s=30.0)
         elif pid is not None:
-            head = next((n.name for n in self.cfg.profile.nodes if n.role == "head"), "local")
-            results = {head: wait_gpu_release([pid], timeout_s=30.0)}
+            results = {self.fleet.head: wait_gpu_release([pid], timeout_s=30.0)}
         else:
             return
         releases = dict(self.recorder.manifest.get("gpu_release", {}))
@@ -348,17 +346,16 @@ class StrataSession:
 
     def begin_block(self, server: Server) -> Block:
         """Start the telemetry agents on this server, then hold the idle baseline."""
-        agents = start_agents(self, server)
+        self.fleet.start(server)
         try:
-            block = Block(server=server, agents=agents)
-            self.blocks[server.block_key] = block
-            snapshot_agents(self, block.agents, "before", block.server)
+            block = Block(server=server)
+            self.fleet.snapshot(server, "before")
             t0 = time.monotonic_ns()
             time.sleep(self.cfg.profile.telemetry.baseline_s)
             self.recorder.mark("baseline", f"baseline:{server.config_id}", "", t0,
                                time.monotonic_ns())
         except BaseException:  # Ctrl-C in the baseline: the fixture's teardown never runs
-            stop_agents(self, agents)
+            self.fleet.stop(server.block_key)
             raise
         return block
 
@@ -373,35 +370,18 @@ class StrataSession:
         finally:
             try:
                 if not reaper.INTERRUPTED.is_set():
-                    snapshot_agents(self, block.agents, "after", block.server)
+                    self.fleet.snapshot(block.server, "after")
             finally:
                 self._stop_block(block)
 
     def _stop_block(self, block: Block) -> None:
         """The server first (its agents then check every node's GPUs were released), the
         agents last, whatever either does: a dead agent never keeps the server running."""
+        key = block.server.block_key
         try:
-            self.stop_server(block.server, block.agents)
+            self.stop_server(block.server, self.fleet.handles(key))
         finally:
-            stop_agents(self, block.agents)
-
-    def flush_telemetry(self, server: Server, timeout_s: float | None = None) -> bool:
-        """Wait until every live agent of the server's block has sent a line one sampling
-        interval after now: the samples covering a case's last moments are then on disk
-        (the handle writes each line as it reads it), so a verdict computed next sees the
-        same window the report will. False when an agent stayed silent past the timeout
-        (default two intervals and a second)."""
-        block = self.blocks.get(server.block_key)
-        if block is None:
-            return True
-        interval = self.cfg.profile.telemetry.interval_s
-        due = time.monotonic() + interval
-        deadline = due + (timeout_s if timeout_s is not None else 2 * interval + 1.0)
-        while any(h.alive and h.last_line_mono < due for h in block.agents):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+            self.fleet.stop(key)
 
     def dead_workers(self, server: Server) -> list:
         """The remote workers of this server's block that have exited."""
@@ -430,52 +410,18 @@ class StrataSession:
         if server.spec is not None:
             self.workers[server.block_key] = self.start_workers(server.spec, server.block_key)
         server.start()
-        self.retrack(server)
+        self.fleet.retrack(server)
         return server
 
     def recover_agents(self, server: Server, cases: tuple[str, ...] = ()) -> list[str]:
-        """Agents of this server's block that ended without being asked: each is recorded
-        (the run is then incomplete; ``cases`` lacked its signals) and started again for
-        the next case. Returns one line per lost agent, for the terminal."""
-        block = self.blocks.get(server.block_key)
-        if block is None:
-            return []
-        lines = []
-        for i, h in enumerate(list(block.agents)):
-            if h.alive:
-                continue
-            with contextlib.suppress(Exception):
-                h.stop(2.0)  # collect its exit and close its files
-            info = h.exit_info
-            reason = info.reason if info is not None else "ended"
-            entry = {"node": h.node, "reason": reason, "cases": list(cases),
-                     "detected_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            try:
-                block.agents[i] = restart_agent(self, server, h.node)
-                entry["restarted"] = True
-            except Exception as exc:  # the run goes on without this node's telemetry
-                entry["restarted"] = False
-                entry["restart_error"] = f"{type(exc).__name__}: {exc}"
-            self.agents_lost.append(entry)
-            during = f"during {', '.join(cases)}" if cases else "between cases"
-            again = ("restarted" if entry["restarted"]
-                     else f"not restarted: {entry['restart_error']}")
-            lines.append(f"agent on {h.node} lost {during} ({reason}); {again}")
+        """Agents of this server's block that ended without being asked are recorded and
+        started again (``AgentFleet.recover``); the run is then incomplete, and says why.
+        Returns one line per lost agent, for the terminal."""
+        lines = self.fleet.recover(server, cases)
         if lines:
-            self.recorder.update_manifest(agents_lost=self.agents_lost)
             self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, *lines) if x)
             self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
         return lines
-
-    def retrack(self, server: Server) -> None:
-        """Point the block's agents at a restarted server's new PID (else they lose it)."""
-        block = self.blocks.get(server.block_key)
-        if block is None or server.pid is None:
-            return
-        heads = {n.name for n in self.cfg.profile.nodes if n.role == "head"}
-        for h in block.agents:
-            if h.alive and h.node in heads:
-                h.track_pids([server.pid])
 
     def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
         from strata_plugin.load.case_runner import PlanningRunner
@@ -520,11 +466,11 @@ class StrataSession:
             tally = self.failures[rec.case_id] = FailureTally()
         tally.add(rec)  # type: ignore[attr-defined]
 
-    def add_case(self, line: dict) -> None:
+    def add_case(self, line: CaseLine) -> None:
         """A case line to cases.jsonl; the failures it allows are kept for the end."""
         self.recorder.add_case(line)
-        if line.get("allow_errors") and line.get("case_id"):
-            self.allowed_errors[str(line["case_id"])] = line["allow_errors"]
+        if line.allow_errors and line.case_id:
+            self.allowed_errors[line.case_id] = line.allow_errors
 
     def server_failed(self, why: str) -> None:
         """A server that could not be started or reached: the run is incomplete, and the
@@ -608,7 +554,7 @@ class StrataSession:
             self.restore_umask()
             raise RunFolderError(self.incomplete_reason) from exc
         try:
-            return self._write_report(complete=not interrupted and not self.agents_lost
+            return self._write_report(complete=not interrupted and not self.fleet.lost
                                       and not self.containers_left
                                       and not self.failed_to_start
                                       and not self.failed_cases())

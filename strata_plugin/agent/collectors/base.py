@@ -6,6 +6,8 @@ Tuples rather than dataclasses because a tick can emit hundreds of values and
 the agent's own CPU cost is budgeted (benchmarks/test_agent_cost.py).
 Per-metric problems (an NVML field NOT_SUPPORTED, an unreadable counter) are
 queued with :meth:`Collector.mark_unavailable` and reported once each.
+Each collector module also has ``from_args(args, targets)``, the factory its line in
+``registry.py`` names.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Collector:
     """Base class: override ``probe`` and ``sample``; the rest is bookkeeping."""
 
     source = "base"
+    #: follows the server's processes: ``pids`` lines from the harness reach it (and
+    #: start it, when it was waiting for a target)
+    follows_targets = False
 
     def __init__(self) -> None:
         self._unavailable: dict[str, str] = {}
@@ -100,3 +105,15 @@ class Collector:
         commands, self._commands = self._commands, []
         events, self._events = self._events, []
         return unavailable, info, commands, events
+
+
+class Missing(Collector):
+    """Stands in for a collector that lacks its configuration, so it is reported, not skipped."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__()
+        self.source = source
+        self.reason = reason
+
+    def probe(self) -> None:
+        raise Unavailable(self.reason)

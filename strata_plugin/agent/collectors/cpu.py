@@ -23,9 +23,16 @@ which is exact for any window and needs no state in the agent.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import cgroups, procfs
 from ..procfs import PreadFile, parse_kv
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 _TICK = float(procfs.CLK_TCK)
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -220,3 +227,8 @@ def server_pid(targets) -> int | None:
         return None
     roots = getattr(targets, "roots", ()) or getattr(targets, "pids", ())
     return roots[0] if roots else None
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return CpuCollector(cgroup=args.cgroup, targets=targets)

@@ -18,8 +18,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .base import Collector, Emit, Unavailable, spawn_line_tool, stop_line_tool
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1009, 1010, 1011, 1012)
 #: field id -> (metric, kind); ratios are 0..1, PCIe/NVLink in bytes/s
@@ -170,3 +176,9 @@ class DcgmCollector(Collector):
         stop_line_tool(self._proc)
         if self._thread is not None:
             self._thread.join(1)
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    fields = tuple(int(f) for f in args.dcgm_fields.split(",") if f.strip())
+    return DcgmCollector(fields=fields, interval_s=args.interval)

@@ -11,10 +11,16 @@ gauge ``in_flight``.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .. import procfs
 from ..procfs import PreadFile
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 SYS_BLOCK = "/sys/block"
 
@@ -68,3 +74,8 @@ class DiskCollector(Collector):
             out.append((wall_ns, dev, "weighted_io_s", wio_ms / 1e3, "counter"))
             out.append((wall_ns, dev, "in_flight", inflight, "gauge"))
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return DiskCollector()

@@ -19,8 +19,14 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
-from .base import Collector, Emit, Unavailable
+from .base import Collector, Emit, Missing, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 #: llama.cpp server per-request timing lines (print_timing), old and new layouts.
 LLAMACPP_PATTERNS: dict[str, str] = {
@@ -206,3 +212,12 @@ class LogCollector(Collector):
                     )
                 t += 1
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    if not args.log_file:
+        return Missing(LogCollector.source, "no --log-file given")
+    patterns = dict((n, rx.pattern) for n, rx in (parse_pattern(s) for s in args.log_pattern))
+    return LogCollector(args.log_file, patterns, defaults=not args.no_default_log_patterns,
+                        from_start=args.log_from_start)

@@ -13,9 +13,16 @@ container runs short of memory while the host's MemAvailable stays high.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import cgroups, procfs
 from ..procfs import PreadFile
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 MEMINFO = {
     b"MemTotal": "mem_total_bytes",
@@ -95,3 +102,8 @@ class MemCollector(Collector):
             for name, (val, kind) in cgroups.memory_values(self._cg_dirs).items():
                 out.append((wall_ns, "", name, val, kind))
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return MemCollector(cgroup=args.cgroup, targets=targets)

@@ -7,9 +7,16 @@ fell back to sockets. ``lo`` is kept: it carries the local client's HTTP.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import procfs
 from ..procfs import PreadFile
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 # /proc/net/dev columns after "iface:": 8 receive then 8 transmit fields.
 _FIELDS = (
@@ -68,3 +75,8 @@ class NetCollector(Collector):
             if speed is not None:
                 out.append((wall_ns, dev, "link_speed_mbps", speed, "gauge"))
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return NetCollector()

@@ -13,10 +13,14 @@ changes.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..procfs import PreadFile
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
 
 NODE_ROOT = "/sys/devices/system/node"
 MEMINFO = {
@@ -47,6 +51,7 @@ def cpulist(cpus: set[int]) -> str:
 
 class NumaCollector(Collector):
     source = "numa"
+    follows_targets = True
 
     def __init__(self, targets: ProcessTargets | None = None, root: str = NODE_ROOT) -> None:
         super().__init__()
@@ -120,3 +125,8 @@ class NumaCollector(Collector):
                     )
                 out.append((wall_ns, f"pid{pid}", "affinity_ncpus", len(cpus), "gauge"))
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return NumaCollector(targets)

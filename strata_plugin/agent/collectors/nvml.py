@@ -31,10 +31,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Tuple, Union
 
 from .. import nvml_lib
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 Values = List[Tuple[str, Union[float, int], str]]
 
@@ -500,3 +505,11 @@ class NvmlCollector(Collector):
                             pass
                     gpu.gpm = None
         self._shutdown()
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    if args.nvml_stub:
+        return NvmlCollector(nvml=nvml_lib.load_stub(args.nvml_stub), gpm=not args.no_gpm,
+                             source="nvml-stub")
+    return NvmlCollector(gpm=not args.no_gpm)

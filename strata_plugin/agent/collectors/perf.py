@@ -19,9 +19,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable, spawn_line_tool, stop_line_tool
+
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_EVENTS = ("cycles", "instructions", "cache-misses")
 
@@ -61,6 +65,7 @@ def parse_perf_line(line: str) -> tuple[str, float | None, str] | None:
 
 class PerfCollector(Collector):
     source = "perf"
+    follows_targets = True
 
     def __init__(
         self,
@@ -174,3 +179,9 @@ class PerfCollector(Collector):
 
     def close(self) -> None:
         self._stop_proc()
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    events = tuple(e for e in args.perf_events.split(",") if e)
+    return PerfCollector(targets, events=events, interval_s=args.interval)

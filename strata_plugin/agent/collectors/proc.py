@@ -23,11 +23,15 @@ describe the main thread.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .. import procfs
 from ..procfs import PreadFile, parse_ctx_switches, parse_kv, parse_schedstat, parse_stat
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
 
 _TICK = float(procfs.CLK_TCK)
 COUNTERS = (
@@ -145,6 +149,7 @@ def _listdir(path: str) -> list[str]:
 
 class ProcCollector(Collector):
     source = "proc"
+    follows_targets = True
 
     def __init__(
         self,
@@ -329,3 +334,8 @@ class ProcCollector(Collector):
                     out.append((wall_ns, dev, "run_delay_s", task.run_delay_s, "counter"))
                     out.append((wall_ns, dev, "cpu_frac", d / dt, "gauge"))
         return out
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return ProcCollector(targets, top_threads=args.top_threads, threads=not args.no_threads)

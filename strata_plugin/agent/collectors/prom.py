@@ -23,8 +23,14 @@ import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .base import Collector, Emit, Unavailable
+from .base import Collector, Emit, Missing, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
     "llamacpp": {
@@ -313,3 +319,10 @@ class PromCollector(Collector):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.timeout_s + 1)
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    if not args.prom_url:
+        return Missing(PromCollector.source, "no --prom-url given")
+    return PromCollector(args.prom_url, args.prom_interval or args.interval)

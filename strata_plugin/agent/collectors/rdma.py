@@ -13,9 +13,15 @@ The root is configurable (``--ib-root``) so tests can point it at saved files.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..procfs import PreadFile
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..targets import ProcessTargets
 
 IB_ROOT = "/sys/class/infiniband"
 WORD_COUNTERS = {"port_xmit_data": "xmit_bytes", "port_rcv_data": "rcv_bytes"}
@@ -134,3 +140,8 @@ def _read_text(path: str) -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return RdmaCollector(root=args.ib_root)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import procfs
 from ..cgroups import FreezerFiles, cgroup_dirs, cpu_quota_cores, cpu_stat_files, freezer_files
@@ -41,6 +42,9 @@ from ..cgroups import is_frozen as _is_frozen
 from ..procfs import PreadFile, parse_ctx_switches, parse_schedstat
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
+
+if TYPE_CHECKING:
+    import argparse
 
 COUNTERS = ("run_s", "wait_s", "ctx_voluntary", "ctx_involuntary")
 STATES = ("state_R", "state_S", "state_D", "state_T", "state_other")
@@ -134,6 +138,7 @@ class RunstateCollector(Collector):
     """The server tree's scheduler state every ``interval_s``, from a thread of its own."""
 
     source = "runstate"
+    follows_targets = True
 
     def __init__(
         self,
@@ -398,3 +403,8 @@ class RunstateCollector(Collector):
         if not path:
             self._say_once("throttled_s", "the server's cgroup has no CPU quota "
                                           "(nothing to throttle it)")
+
+
+def from_args(args: argparse.Namespace, targets: ProcessTargets) -> Collector:
+    """The registry's factory (``registry.py``): the agent's options -> this collector."""
+    return RunstateCollector(targets, interval_s=args.runstate_interval)

@@ -1,0 +1,283 @@
+"""The run's telemetry agents: one per node of the profile, for each server block.
+
+``AgentFleet`` owns their whole life: which command each node's agent runs, start
+(with a clock offset per node), the static snapshots that bracket a block, the flush
+before a case's verdict, the recovery of an agent that ended unasked, and the stop
+(with a second clock offset, for drift). It is built from what it needs, the profile's
+nodes and telemetry, the run folder and the recorder, and not from the session: the
+session holds one fleet and calls it, nothing here calls the session back.
+
+The agent itself (``strata_plugin.agent``) knows nothing of profiles or pytest; this
+module turns a profile and a live server into agent command lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
+
+if TYPE_CHECKING:
+    from strata_plugin.run.run_folder import RunRecorder
+    from strata_plugin.run.server import Server
+
+#: The fine-grained run-state collector, enabled on every node that follows a server.
+RUNSTATE = "runstate"
+
+
+def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | None,
+               log_file: str | None, prom_url: str | None) -> list[str]:
+    """One node's agent command as it runs on that node (before any ssh prefix)."""
+    from strata_plugin.agent.handle import agent_argv
+
+    t = telemetry
+    # The server's own cgroup (its quota, throttling, memory limit), not the agent's: on
+    # a node without a server process to follow there is no cgroup worth reading.
+    cgroup = "server" if server_pid or t.pid_pattern else "none"
+    collectors = list(t.collectors)
+    if (server_pid or t.pid_pattern) and RUNSTATE not in collectors:
+        # The server's run state on its grid of 20 ms (docs/agent.md, "runstate"): where
+        # the server runs, always; the ledger's decode gaps are classified by it.
+        collectors.append(RUNSTATE)
+    return agent_argv(
+        node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
+        pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
+        log_patterns=dict(t.log_patterns), collectors=collectors,
+        python=sys.executable, cgroup=cgroup)
+
+
+class AgentFleet:
+    """The agents of every server block of a run, by block key.
+
+    ``attached`` is a run against a server Strata did not start (``--strata-server-url``):
+    its head agent then follows the process listening on the server's port.
+    """
+
+    def __init__(self, nodes: Sequence[NodeSpec], telemetry: TelemetrySpec, run_dir: Path,
+                 recorder: RunRecorder, *, attached: bool = False) -> None:
+        self.nodes = tuple(nodes)
+        self.telemetry = telemetry
+        self.run_dir = Path(run_dir)
+        self.recorder = recorder
+        self.attached = attached
+        #: the live agent handles of each server block (the list a recovery restarts into)
+        self.blocks: dict[str, list] = {}
+        #: every agent that ended unasked, as in the manifest's ``agents_lost``
+        self.lost: list[dict] = []
+
+    # --- which node is which ------------------------------------------------------------
+
+    @property
+    def head(self) -> str:
+        """The node the server runs on (``local`` for a profile without nodes): its agent
+        follows the server's process, log and metrics. The profile has exactly one."""
+        return next((n.name for n in self.nodes if n.is_head), "local")
+
+    def commands(self, server_pid: int | None,
+                 server: Server | None = None) -> dict[str, list[str]]:
+        """The agent command for every node of the profile (ssh-prefixed for remote ones);
+        the head's follows ``server_pid``, the server's log and its ``/metrics``."""
+        out = {}
+        if server_pid is None and server is not None and self.attached:
+            # An attached server on this machine: follow the process listening on its port.
+            from strata_plugin.run.listener import attached_server_pid
+
+            server_pid = attached_server_pid(server.base_url)
+        log_file = str(server.log_path) if server is not None and server.log_path else None
+        prom_url = f"{server.base_url}/metrics" if server is not None else None
+        for node in self.nodes:
+            head = node.name == self.head
+            argv = local_argv(self.telemetry, node.name, server_pid if head else None,
+                              log_file if head else None, prom_url if head else None)
+            if node.ssh_host:
+                from strata_plugin.run.remote import remote_agent_argv
+
+                # The agent package travels over the connection: the node needs only python3.
+                argv = remote_agent_argv(node.ssh_host, argv)
+            out[node.name] = argv
+        return out
+
+    def handles(self, block_key: str) -> list:
+        """The agents of one server block (empty when it has none)."""
+        return self.blocks.get(block_key, [])
+
+    # --- a block's life -----------------------------------------------------------------
+
+    def start(self, server: Server) -> list:
+        """One agent per node for this server's lifetime; clock offsets measured at start.
+        Nothing stays running when a start or a clock measurement fails (Ctrl-C too)."""
+        from strata_plugin.agent.handle import AgentHandle
+        from strata_plugin.analysis.clocks import fit
+        from strata_plugin.run.remote import on_agent_exit
+
+        handles = []
+        nodes = dict(self.recorder.manifest.get("nodes", {}))
+        try:
+            for name, argv in self.commands(server.pid, server).items():
+                out_dir = self.run_dir / "nodes" / name
+                h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+                handles.append(h)
+                nodes[name] = fit(name, h.measure_clock_offset()).manifest()
+            self.recorder.update_manifest(nodes=nodes)  # a Ctrl-C here too: handles not kept
+        except BaseException:  # Ctrl-C (in a clock measurement too) or a failed start:
+            # the agents already up must not stay
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    h.stop(2.0)
+            raise
+        self.blocks[server.block_key] = handles
+        return handles
+
+    def restart(self, server: Server, node: str):
+        """A fresh agent for ``node`` (one that was lost), appending to the same folder; its
+        clock offset is measured again. Raises AgentStartError when it cannot start."""
+        from strata_plugin.agent.handle import AgentHandle
+        from strata_plugin.analysis.clocks import fit
+        from strata_plugin.run.remote import on_agent_exit
+
+        argv = self.commands(server.pid, server)[node]
+        out_dir = self.run_dir / "nodes" / node
+        h = AgentHandle.start(node, out_dir, argv, on_exit=on_agent_exit(out_dir))
+        nodes = dict(self.recorder.manifest.get("nodes", {}))
+        nodes[node] = fit(node, h.measure_clock_offset()).manifest()
+        self.recorder.update_manifest(nodes=nodes)
+        return h
+
+    def snapshot(self, server: Server, label: str) -> None:
+        """Static snapshots of every node through its agent, into ``nodes/<node>/static/<label>``.
+
+        ``before`` is taken once per node (the first block), ``after`` at every block's end
+        (the last one stays), so the two bracket the whole run. A snapshot that fails is
+        recorded in the manifest with its reason and never stops the run. A server in a
+        container adds ``container.json`` to the head's snapshot: the runtime's ``inspect``
+        of the container and of its image (environment cut to names).
+        """
+        import shutil
+
+        done = dict(self.recorder.manifest.get("static_snapshots", {}))
+        for h in self.handles(server.block_key):
+            dest = self.run_dir / "nodes" / h.node / "static" / label
+            if label == "before" and dest.is_dir():
+                continue
+            shutil.rmtree(dest, ignore_errors=True)  # an earlier block's "after"
+            try:
+                if not h.alive:
+                    raise RuntimeError("the agent is not running")
+                h.snapshot(label, timeout_s=120.0)
+                result = "ok"
+            except Exception as exc:  # the run goes on; the report says the snapshot is missing
+                result = f"{type(exc).__name__}: {exc}"
+            done.setdefault(h.node, {})[label] = result
+            if server.container is not None and h.node == self.head:
+                done[h.node][f"{label}_container"] = _container_snapshot(server, dest)
+        self.recorder.update_manifest(static_snapshots=done)
+
+    def flush(self, block_key: str, timeout_s: float | None = None) -> bool:
+        """Wait until every live agent of the block has sent a line one sampling interval
+        after now: the samples covering a case's last moments are then on disk (the handle
+        writes each line as it reads it), so a verdict computed next sees the same window
+        the report will. False when an agent stayed silent past the timeout (default two
+        intervals and a second)."""
+        agents = self.blocks.get(block_key)
+        if agents is None:
+            return True
+        interval = self.telemetry.interval_s
+        due = time.monotonic() + interval
+        deadline = due + (timeout_s if timeout_s is not None else 2 * interval + 1.0)
+        while any(h.alive and h.last_line_mono < due for h in agents):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def recover(self, server: Server, cases: tuple[str, ...] = ()) -> list[str]:
+        """Agents of this server's block that ended without being asked: each is recorded
+        in ``lost`` and the manifest's ``agents_lost`` (``cases`` lacked its signals) and
+        started again for the next case. Returns one line per lost agent, for the terminal
+        and the run's incomplete reason."""
+        agents = self.blocks.get(server.block_key)
+        if agents is None:
+            return []
+        lines = []
+        for i, h in enumerate(list(agents)):
+            if h.alive:
+                continue
+            with contextlib.suppress(Exception):
+                h.stop(2.0)  # collect its exit and close its files
+            info = h.exit_info
+            reason = info.reason if info is not None else "ended"
+            entry = {"node": h.node, "reason": reason, "cases": list(cases),
+                     "detected_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            try:
+                agents[i] = self.restart(server, h.node)
+                entry["restarted"] = True
+            except Exception as exc:  # the run goes on without this node's telemetry
+                entry["restarted"] = False
+                entry["restart_error"] = f"{type(exc).__name__}: {exc}"
+            self.lost.append(entry)
+            during = f"during {', '.join(cases)}" if cases else "between cases"
+            again = ("restarted" if entry["restarted"]
+                     else f"not restarted: {entry['restart_error']}")
+            lines.append(f"agent on {h.node} lost {during} ({reason}); {again}")
+        if lines:
+            self.recorder.update_manifest(agents_lost=self.lost)
+        return lines
+
+    def retrack(self, server: Server) -> None:
+        """Point the head's agent at a restarted server's new PID (else it loses it)."""
+        agents = self.blocks.get(server.block_key)
+        if agents is None or server.pid is None:
+            return
+        for h in agents:
+            if h.alive and h.node == self.head:
+                h.track_pids([server.pid])
+
+    def stop(self, block_key: str) -> None:
+        """Measure each clock of the block again (for drift), then stop its agents, every
+        one whatever another does; deaths are recorded. Raises RuntimeError naming each
+        agent that could not be stopped."""
+        from strata_plugin.analysis.clocks import fit
+
+        handles = self.blocks.pop(block_key, [])
+        nodes = dict(self.recorder.manifest.get("nodes", {}))
+        failed: list[tuple[str, BaseException]] = []
+        for h in handles:  # every agent is stopped, whatever one of them does
+            try:
+                if h.alive and h.offsets:
+                    end = h.measure_clock_offset()
+                    nodes[h.node] = fit(h.node, h.offsets[0], end).manifest()
+            except Exception as exc:  # the start-of-run offset still aligns this node
+                nodes.setdefault(h.node, {})["clock_end_error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                h.stop(5.0)
+            except Exception as exc:
+                failed.append((h.node, exc))
+            if h.exit_info and not h.exit_info.expected:
+                nodes.setdefault(h.node, {})["agent_exit"] = str(h.exit_info.reason)
+        self.recorder.update_manifest(nodes=nodes)
+        if failed:
+            raise RuntimeError("could not stop the agent on " + "; ".join(
+                f"{node}: {type(exc).__name__}: {exc}" for node, exc in failed)) from failed[0][1]
+
+
+def _container_snapshot(server: Server, dest: Path) -> str:
+    """``container.json``: the container's and its image's inspect, as now."""
+    import json
+
+    from strata_plugin.run.container import ContainerError, image_inspect, inspect
+
+    try:
+        info = inspect(server.container)
+        image = image_inspect(server.container, str(info.get("Image") or server.container.image))
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "container.json").write_text(json.dumps(
+            {"runtime": server.container.runtime, "container": info, "image": image},
+            indent=1, sort_keys=True, default=str) + "\n")
+        return "ok"
+    except (ContainerError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
