@@ -1,4 +1,4 @@
-"""The seeds' two-node attribution matrix, at its nominal (real deployment) sizes.
+"""The two-node attribution matrix (cases/), at its nominal (real deployment) sizes.
 
 Profiles scale these to what their target holds ([scale] in the profile); the
 report states every scaled value next to the nominal one.
