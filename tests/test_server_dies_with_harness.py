@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from strata_plugin.run.server import free_port
 from tests.test_robustness_support import ROOT, alive, wait_for
 
 DRIVER = """
-import os, socket, sys, threading, time
+import os, sys, threading, time
 from pathlib import Path
 from strata_plugin.run.server import LaunchSpec, Server
 
@@ -44,14 +44,8 @@ while True:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(where: str) -> tuple[subprocess.Popen, int]:
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(_free_port()), where],
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(free_port()), where],
                               cwd=ROOT, text=True, stdout=subprocess.PIPE,
                               env=dict(os.environ, PYTHONPATH=str(ROOT)),
                               start_new_session=True)
