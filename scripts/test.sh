@@ -19,5 +19,13 @@ if [ "${#SETUP[@]}" -gt 0 ]; then
     export STRATA_REQUIRE_VLLM=1
     export STRATA_REQUIRE_RAY=1
 fi
+# The sandbox for model-written code runs it as an unprivileged user (nobody), which must
+# reach .venv/bin/python and strata_plugin/ in this checkout; a clone made in a private
+# directory (mktemp -d: mode 0700) keeps it out, and the sandbox tests would then fail.
+# As root, let others traverse (not list) the checkout's root.
+if [ "$(id -u)" = 0 ] && [ -z "$(find . -maxdepth 0 -perm -o+x)" ]; then
+    echo "[strata test] chmod o+x $(pwd): the sandbox's unprivileged user must reach the venv"
+    chmod o+x .
+fi
 .venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest tests/ -q "${ARGS[@]}"
