@@ -139,8 +139,10 @@ def _confine_mounts(cfg: dict) -> None:
             raise SetupError(f"read-only remount of {point}: {exc}") from None
     hidden = [p for p in HIDDEN + HOMES if os.path.isdir(p) and not os.path.islink(p)]
     homes = [p for p in hidden if p in HOMES]
+    # the Python installation and the package, where they live under a hidden directory
+    # (a home, or a checkout in /tmp such as mktemp -d), bound back read-only
     exposed = sorted({p for p in cfg["expose"]
-                      if any(p.startswith(h + "/") for h in homes) and os.path.isdir(p)})
+                      if any(p.startswith(h + "/") for h in hidden) and os.path.isdir(p)})
     handles = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in exposed}
     for p in hidden:
         _mount("strata-empty", p, "tmpfs",
