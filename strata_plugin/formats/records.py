@@ -99,6 +99,34 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class EngineClocks:
+    """The engine's own clocks for one request, as its response reported them (ms, each
+    on the engine's clock; None where the engine did not report it).
+
+    The client's clock says when bytes arrived; only the engine knows when it queued,
+    prefilled and produced each token. The time ledger prefers these per-request figures
+    to the case's means from ``/metrics`` histograms, and with ``token_ms`` it can tell
+    the server's pace from the delivery of its tokens (a proxy that buffers the stream).
+    Every engine fills the same fields: llama.cpp from its ``timings`` (per token with
+    ``timings_per_token``), vLLM from ``--enable-per-request-metrics``, SGLang from
+    ``meta_info``; ``source`` names which.
+    """
+
+    source: str  # what reported them, in the user's words ("vllm per-request metrics")
+    queue_ms: float | None = None  # arrival in the engine -> its scheduler took it
+    prefill_ms: float | None = None  # the engine's prompt processing, to its first token
+    ttft_ms: float | None = None  # arrival in the engine -> first token, the engine's view
+    decode_ms: float | None = None  # first -> last token, the engine's view
+    mean_itl_ms: float | None = None
+    #: when the engine produced each token-bearing event, ms after it produced the
+    #: first (index i: the record's i-th event with n_tokens > 0); () where it does not
+    #: stamp tokens
+    token_ms: tuple[float, ...] = ()
+    draft_tokens: int | None = None  # speculative decoding: tokens proposed
+    accepted_tokens: int | None = None  # ... and accepted
+
+
+@dataclass(frozen=True)
 class RequestError:
     cls: str  # one of ERROR_CLASSES
     message: str
@@ -140,6 +168,8 @@ class RequestRecord:
     osl: int | None = None  # requested output length
     proc: ProcDelta | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    engine: EngineClocks | None = None  # the engine's own clocks for this request
+    server_request_id: str | None = None  # the engine's id (header or body), for its log
 
     @property
     def ok(self) -> bool:
@@ -156,6 +186,13 @@ class RequestRecord:
         d["timings"] = Timings(**d["timings"]) if d.get("timings") else None
         d["error"] = RequestError(**d["error"]) if d.get("error") else None
         d["proc"] = ProcDelta(**d["proc"]) if d.get("proc") else None
+        eng = d.get("engine")
+        if eng:
+            eng = dict(eng)
+            eng["token_ms"] = tuple(eng.get("token_ms", ()))
+            d["engine"] = EngineClocks(**eng)
+        else:
+            d["engine"] = None
         return cls(**d)
 
     @classmethod
