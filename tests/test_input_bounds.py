@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -192,6 +193,43 @@ def test_an_attached_server_answering_4xx_on_health_fails_at_once(status):
     assert "not a server still starting, so Strata did not wait" in msg
     if status == 404:
         assert "the URL's path (/some/path): Strata adds /health" in msg
+
+
+PROFILE = """
+name = "health-test"
+[server]
+engine = "other"
+api = "completions"
+health_timeout_s = 30
+token_id_range = [300, 1000]
+[telemetry]
+interval_s = 0.5
+baseline_s = 0
+cooldown_s = 0
+collectors = ["proc"]
+"""
+
+
+@pytest.mark.integration
+def test_bench_at_a_url_with_a_path_that_404s_fails_in_seconds_with_its_report(tmp_path):
+    """The whole run: the health timeout is 30 s; on 449ac52 the run waited it out."""
+    (tmp_path / "profile.toml").write_text(PROFILE)
+    paths: list[str] = []
+    with ScriptServer(_health(404, paths)) as srv:
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "strata_plugin", "bench", f"{srv.url}/some/path",
+             "--workload", "isl=8,osl=2", "--profile", str(tmp_path / "profile.toml"),
+             "--reports-dir", str(tmp_path / "reports"), "--run-id", "p", "--", "-p",
+             "no:hypothesispytest", "-p", "no:cacheprovider"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "CI_NO_PROGRESS": "1"})
+        took = time.monotonic() - t0
+    assert out.returncode != 0 and took < 20, (took, out.stdout[-2000:])
+    says = (f"answered GET {srv.url}/some/path/health with HTTP 404 (after 0.")
+    assert says in out.stdout
+    report = (tmp_path / "reports" / "p" / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Run incomplete:**") and says in report[2]
 
 
 @pytest.mark.parametrize("status", [503, 429, 408, 500])
