@@ -207,3 +207,10 @@ def limit(name: str) -> Limit:
 def prepared_bytes(requests: int, isl: int) -> int:
     """The estimated memory of one phase's prepared requests (see PREPARED_BYTES_MAX)."""
     return requests * (PREPARED_BYTES_PER_REQUEST + isl * PREPARED_BYTES_PER_TOKEN)
+
+
+def max_phase_requests(isl: int) -> int:
+    """The most requests of ``isl`` tokens one phase (or one batch) may prepare at once:
+    within MAX_REQUESTS and PREPARED_BYTES_MAX."""
+    per = PREPARED_BYTES_PER_REQUEST + max(0, isl) * PREPARED_BYTES_PER_TOKEN
+    return max(1, min(MAX_REQUESTS, PREPARED_BYTES_MAX // per))

@@ -39,6 +39,7 @@ from strata_plugin.limits import (
     PREPARED_BYTES_MAX,
     PREPARED_BYTES_PER_REQUEST,
     PREPARED_BYTES_PER_TOKEN,
+    max_phase_requests,
     prepared_bytes,
 )
 from strata_plugin.load.workload_spec import WorkloadSpecError, parse_workload
@@ -283,3 +284,43 @@ def test_any_counter_series_has_no_negative_delta_or_rate(values, a, b):
     if got is not None:
         assert got.delta >= 0 and got.rate >= 0 and (got.min is None or got.min >= 0)
         assert math.isfinite(got.rate)
+
+
+# --- a sample target past one phase's bound is built batch by batch ---------------------
+
+def test_max_phase_requests_is_the_largest_phase_within_both_limits():
+    assert max_phase_requests(1) == MAX_REQUESTS
+    assert max_phase_requests(ISL_AT_1000) >= 1000 > max_phase_requests(ISL_AT_1000 + 1)
+    assert prepared_bytes(max_phase_requests(MAX_ISL), MAX_ISL) <= PREPARED_BYTES_MAX
+    assert prepared_bytes(max_phase_requests(MAX_ISL) + 1, MAX_ISL) > PREPARED_BYTES_MAX
+
+
+def test_until_builds_a_large_target_in_batches_within_the_phase_bound(monkeypatch):
+    """until= is where a workload is legitimately larger than one phase may prepare: each
+    batch is built when it runs, at most max_phase_requests (here made 7) at once."""
+    from strata_plugin.analysis.sufficiency import SampleTarget
+    from strata_plugin.load import case_runner
+    from strata_plugin.load.case_runner import CaseRunner, CaseSetup
+    from strata_plugin.load.client import Timeouts
+    from strata_plugin.load.workload import TokenSpace, Workload
+    from tests.test_sufficiency import llama_reply
+
+    built: list[int] = []
+    real = case_runner.build_specs
+
+    def counting(w, setup, case_id, phase, count, *a, **kw):
+        built.append(count)
+        return real(w, setup, case_id, phase, count, *a, **kw)
+
+    monkeypatch.setattr(case_runner, "max_phase_requests", lambda isl: 7)
+    monkeypatch.setattr(case_runner, "build_specs", counting)
+    lines: list = []
+    with ScriptServer(llama_reply) as srv:
+        setup = CaseSetup(srv.url, "llamacpp", "c", TokenSpace(300, 1000), Timeouts(read_s=10))
+        r = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
+                       add_case=lines.append).run(
+            Workload("u", isl=4, osl=2, concurrency=2, requests=5), scale=False,
+            until=SampleTarget(percentiles=(90.0,), max_requests=200, max_s=60))
+    assert len(r.records) == 44  # p90 at 99% needs 44
+    assert built == [0, 5, 7, 7, 7, 7, 7, 4]  # warm-ups (none), the stated 5, then batches
+    assert lines[-1].sample_target["batches"] == 7
