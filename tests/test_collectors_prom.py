@@ -393,3 +393,74 @@ def test_the_agent_process_stays_small_and_reports_why(tmp_path) -> None:
     unavailable = json.loads((tmp_path / "unavailable.json").read_text())
     assert unavailable["prom/scrape"].startswith(
         f"no samples: /metrics body exceeded {PROM_BODY_BYTES_MAX} bytes"), unavailable
+
+
+class _ServerWithEndlessMetrics(_Endless):
+    """An attached server: /health answers, /v1/completions streams two tokens, and
+    /metrics never ends (chunked, as fast as the socket takes)."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    more = conn.recv(65536)
+                    if not more:
+                        return
+                    head += more
+                line = head.split(b"\r\n", 1)[0].decode()
+                if line.startswith("GET /metrics"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n")
+                    block = LINE * 1600
+                    piece = b"%x\r\n%s\r\n" % (len(block), block)
+                    while not self._stop.is_set():
+                        conn.sendall(piece)
+                elif line.startswith("GET"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+                                 b"Connection: close\r\n\r\nok")
+                else:
+                    ev = [b'data: {"choices":[{"index":0,"text":" x"}]}\n\n'] * 2 + [
+                        b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}],'
+                        b'"usage":{"prompt_tokens":8,"completion_tokens":2}}\n\n',
+                        b"data: [DONE]\n\n"]
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Connection: close\r\n\r\n" + b"".join(ev))
+            except OSError:
+                return
+
+
+@pytest.mark.integration
+def test_a_run_against_an_endless_metrics_says_why_prom_has_no_samples(tmp_path) -> None:
+    """The whole run: the report's unavailable collectors name the bound (449ac52 grew
+    the agent without limit and the report said no samples, with no reason)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "profile.toml").write_text(
+        'name = "endless"\n[server]\nengine = "other"\napi = "completions"\n'
+        "health_timeout_s = 30\n"
+        "token_id_range = [300, 1000]\n[telemetry]\ninterval_s = 0.2\nbaseline_s = 1\n"
+        'cooldown_s = 0\ncollectors = ["prom", "proc"]\n')
+    srv = _ServerWithEndlessMetrics()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+             "no:hypothesispytest", f"--strata-profile={tmp_path / 'profile.toml'}",
+             f"--strata-reports-dir={tmp_path / 'reports'}",
+             f"--strata-server-url={srv.url.removesuffix('/metrics')}",
+             "--strata-workload=isl=8,osl=2,requests=4", "--strata-run-id=m"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
+            env=dict(os.environ, PYTHONPATH=str(root), CI_NO_PROGRESS="1"))
+    finally:
+        srv.close()
+    run = tmp_path / "reports" / "m"
+    assert out.returncode == 0, out.stdout[-3000:]
+    says = f"no samples: /metrics body exceeded {PROM_BODY_BYTES_MAX} bytes"
+    unavailable = json.loads((run / "nodes" / "local" / "unavailable.json").read_text())
+    assert unavailable["prom/scrape"].startswith(says), unavailable
+    report = (run / "report.md").read_text()
+    assert says in report[report.index("## Unavailable collectors"):]
