@@ -6,21 +6,29 @@ exact"; the user's own prompts and conversations from a JSONL file."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 import re
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strata_plugin.formats.cases import CaseLine
+from strata_plugin.limits import CHAT_FILLER_TOKENS, CHAT_SEARCH_COUNTS
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.chat_prompts import (
+    ChatTokenizerError,
     ChatTooShort,
     exact_content,
     most_words,
     user_texts,
+    words_max,
 )
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
@@ -222,3 +230,239 @@ def test_texts_need_isl_zero():
     with pytest.raises(ValueError, match="with texts, each prompt's length is its own: set "
                                          "isl=0"):
         Workload("t", isl=10, osl=2, texts="x.jsonl")
+
+
+# --- hostile counts: the search is bounded and names the server's answer ----------------
+# On 449ac52 a count that stopped growing (or was 0, a boolean, random, negative) made the
+# search extrapolate at 1e-3 tokens a word: it asked for ~1000x the gap at every count
+# (0.87 GB after 25 s, no request ever sent). These servers answer the probe honestly
+# (find_counter takes them) and turn hostile on longer texts; a text past the word bound
+# gets HTTP 413, so the old search fails here at once instead of hanging the test.
+
+ISL = 1000
+
+
+class HostileTokenizer:
+    """vLLM-style ``POST /tokenize`` (messages -> count): honest (words + 3) up to 4 words,
+    then ``rule(words)``; records the most words it was asked to count."""
+
+    def __init__(self, rule, *, honest_upto: int = 4) -> None:
+        self.rule = rule
+        self.honest_upto = honest_upto
+        self.max_words = 0
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, seen: Seen) -> Reply:
+        if seen.method == "GET":
+            return Reply([(0.0, b"ok")], framing="length", content_type="text/plain")
+        if seen.path != "/tokenize":  # /reset_prefix_cache before a cold case; no chat
+            return Reply([(0.0, b"{}")], status=404, framing="length",
+                         content_type="application/json")
+        words = sum(len(m["content"].split()) for m in seen.json["messages"])
+        with self.lock:
+            self.calls += 1
+            self.max_words = max(self.max_words, words)
+        if words > 10 * words_max(ISL):
+            return Reply([(0.0, b'{"error":"too many words"}')], status=413,
+                         framing="length", content_type="application/json")
+        value = words + 3 if words <= self.honest_upto else self.rule(words)
+        body = value if isinstance(value, bytes) else json.dumps({"count": value}).encode()
+        return Reply([(0.0, body)], framing="length", content_type="application/json")
+
+
+_RNG = random.Random(7)
+HOSTILE = {
+    # rule, what the error must say (the server's answer or the search's finding)
+    "flat": (lambda w: min(w + 3, 50), r"the count does not reach the ISL: 2016 words count "
+                                       r"50 tokens \(none, 3\)"),
+    "zero": (lambda w: 0, r"\{\"count\": 0\}"),
+    "boolean": (lambda w: True, r"the token count is true, not a whole number >= 0"),
+    "random": (lambda w: _RNG.randrange(0, 5000), "the count falls as words are added"),
+    "negative": (lambda w: -5, r"the token count is -5, not a whole number"),
+    "vllm -10^9": (lambda w: -10**9, r"the token count is -1000000000, not a whole"),
+    "a string": (lambda w: "12", r"the token count is \"12\""),
+    "a float": (lambda w: 12.5, r"the token count is 12.5"),
+    "decreasing": (lambda w: 10**6 - w, "the count falls as words are added"),
+    "no count": (lambda w: b'{"tokens": "many"}', "no token count in the answer"),
+}
+
+
+@pytest.mark.parametrize("mode", list(HOSTILE))
+def test_a_hostile_count_fails_the_prompt_at_once_naming_the_answer(mode):
+    import tracemalloc
+
+    from strata_plugin.load.chat_prompts import ChatPrompter, ChatTokenizerError, find_counter
+
+    rule, says = HOSTILE[mode]
+    server = HostileTokenizer(rule)
+    with ScriptServer(server) as srv:
+        counter, how = find_counter(srv.url, "vllm")
+        assert counter is not None, how  # the probe was answered honestly
+        tracemalloc.start()
+        t0 = time.monotonic()
+        with pytest.raises(ChatTokenizerError) as err:
+            ChatPrompter(counter, how).prompt(ISL, "0:0:x")
+        elapsed = time.monotonic() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    msg = str(err.value)
+    assert msg.startswith(f"a chat prompt of ISL {ISL} cannot be built to the server's count")
+    assert re.search(says, msg), msg
+    assert f"at {srv.url})" in msg  # whose count: the endpoint and where
+    assert elapsed < 2.0 and server.calls <= 2 + CHAT_SEARCH_COUNTS, (elapsed, server.calls)
+    assert server.max_words <= words_max(ISL)  # never past the word bound
+    assert peak < 8 << 20, peak  # memory bounded: a few MB at most for ISL 1000
+
+
+def test_the_whole_case_fails_in_seconds_before_any_request():
+    """Through the case runner, as a run meets it: no chat request is ever sent."""
+    from strata_plugin.load.chat_prompts import ChatTokenizerError
+
+    server = HostileTokenizer(lambda w: 0)
+    with ScriptServer(server) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(ChatTokenizerError, match="the count falls as words are added"):
+            _runner(srv.url, "vllm", []).run(Workload("c", isl=ISL, osl=4, requests=2),
+                                             scale=False)
+        assert time.monotonic() - t0 < 3.0
+        assert not [s for s in srv.seen if s.path == "/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("words_per_token, ok", [(2.0, True), (2.2, False)])
+def test_the_word_bound_holds_two_words_a_token_and_refuses_more(words_per_token, ok):
+    """CHAT_WORDS_PER_TOKEN = 2: a vocabulary of two words a token is served exactly; at
+    2.2 the ISL needs more words than the bound and the search says so."""
+    def count(k: int) -> int:
+        return 3 + math.floor(k / words_per_token)
+
+    if ok:
+        k, n = most_words(count, 3, ISL)
+        assert n == ISL and k <= words_max(ISL)
+    else:
+        with pytest.raises(ChatTokenizerError, match=f"a prompt of {ISL} tokens may hold at "
+                                                     f"most {words_max(ISL)} words"):
+            most_words(count, 3, ISL)
+
+
+@pytest.mark.parametrize("gap, ok", [(CHAT_FILLER_TOKENS, True), (CHAT_FILLER_TOKENS + 1,
+                                                                   False)])
+def test_fillers_close_a_gap_of_the_bound_and_no_more(gap, ok):
+    """Words of 16 tokens each and fillers of one: the target 5 + 16 x 10 + gap leaves the
+    fillers ``gap`` tokens to close after ten words."""
+    from strata_plugin.load.chat_prompts import WORDS
+
+    def count(text: str) -> int:  # a list word is 16 tokens, each filler character one
+        n = 5
+        for w in text.split():
+            core = w.rstrip(".,!?;")
+            n += 16 + len(w) - len(core) if core in WORDS else len(w)
+        return n
+
+    target = 5 + 16 * 10 + gap
+    if ok:
+        content, n = exact_content(count, target, random.Random(1))
+        assert n == target == count(content)
+    else:
+        with pytest.raises(ChatTokenizerError, match=f"a gap of {gap} is more than fillers "
+                                                     "may close"):
+            exact_content(count, target, random.Random(1))
+
+
+@pytest.mark.parametrize("extra, ok", [(0, True), (1, False)])
+def test_an_answer_past_the_byte_bound_is_refused(monkeypatch, extra, ok):
+    """CHAT_ANSWER_BYTES_MAX, at a small value: an answer of exactly the bound is read, a
+    byte more is refused (an endless answer is read no further)."""
+    from strata_plugin.load import chat_prompts
+    from strata_plugin.load.chat_prompts import ChatTokenizerError, ServerCounter
+
+    answer = b'{"count": 7}'
+    answer += b" " * (200 - len(answer))
+    monkeypatch.setattr(chat_prompts, "CHAT_ANSWER_BYTES_MAX", 200 - 1 + ok)
+    with ScriptServer(Reply([(0.0, answer + b" " * extra)], framing="length",
+                            content_type="application/json")) as srv:
+        c = ServerCounter(srv.url, "vllm")
+        if ok and not extra:
+            assert c.count((("user", "x"),)) == 7
+        else:
+            with pytest.raises(ChatTokenizerError, match="the answer is longer than"):
+                c.count((("user", "x"),))
+
+
+def test_ctrl_c_is_answered_within_a_second_while_the_server_holds_a_count():
+    """Every wait of the search is a socket read: SIGINT interrupts it at once (on 449ac52
+    a join of billions of words held Ctrl-C for up to 10 s)."""
+    import signal
+
+    from strata_plugin.load.chat_prompts import ChatPrompter, find_counter
+
+    def reply(seen: Seen) -> Reply:
+        words = sum(len(m["content"].split()) for m in seen.json["messages"])
+        return Reply([(0.0, json.dumps({"count": words + 3}).encode())], framing="length",
+                     content_type="application/json", head_delay_s=0 if words <= 4 else 30)
+
+    with ScriptServer(reply) as srv:
+        counter, how = find_counter(srv.url, "vllm")
+        assert counter is not None
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        t_sent = [0.0]
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                ChatPrompter(counter, how).prompt(ISL, "0:0:x")
+        finally:
+            timer.cancel()
+        t_sent[0] = time.monotonic() - t0
+    assert 0.5 <= t_sent[0] < 1.5, t_sent
+
+
+# The search's bounds hold whatever the server answers: hypothesis draws the answers.
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(answers=st.lists(st.integers(0, 4000), min_size=1, max_size=80),
+       target=st.integers(1, 3000))
+def test_any_answers_end_the_search_within_its_bounds(answers, target):
+    """Arbitrary (hostile) counts: the search returns a word count whose count is at most
+    the target, or raises ChatTokenizerError; it never asks past words_max(target) nor
+    more than CHAT_SEARCH_COUNTS counts."""
+    from strata_plugin.load.chat_prompts import ChatTokenizerError
+
+    asked: list[int] = []
+
+    def count(k: int) -> int:
+        asked.append(k)
+        return answers[min(len(asked), len(answers)) - 1]
+
+    base = 0
+    try:
+        k, n = most_words(count, base, target)
+        assert n <= target and 0 <= k <= words_max(target)
+    except ChatTokenizerError:
+        pass
+    assert len(asked) <= CHAT_SEARCH_COUNTS
+    assert all(0 < k <= words_max(target) for k in asked)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(costs=st.lists(st.integers(1, 3), min_size=64, max_size=64),
+       target=st.integers(1, 1 << 20))
+def test_honest_counts_of_one_to_three_tokens_a_word_always_land(costs, target):
+    """A vocabulary where each word is 1 to 3 tokens (the list's words in any BPE): the
+    search lands within CHAT_SEARCH_COUNTS counts for every ISL up to MAX_ISL."""
+    base = 5
+    prefix = [0]
+    n_asked = [0]
+
+    def count(k: int) -> int:
+        n_asked[0] += 1
+        full, part = divmod(k, len(costs))
+        while len(prefix) <= len(costs):
+            prefix.append(prefix[-1] + costs[len(prefix) - 1])
+        return base + full * prefix[-1] + prefix[part]
+
+    if target < base:
+        return
+    k, n = most_words(count, base, target)
+    assert n <= target < count(k + 1) or n == target
+    assert n_asked[0] <= CHAT_SEARCH_COUNTS + 1

@@ -374,7 +374,13 @@ def _running_totals(value: np.ndarray, bounds: np.ndarray, is_counter: np.ndarra
     """Reset-corrected cumulative increase of counter series (0 at each series' start).
 
     A drop means the counter restarted (process or driver restart): the increase
-    since the restart is the new value itself. Gauge rows keep their own values, so
+    since the restart is the new value itself, as Prometheus's ``rate()`` takes it
+    ("Breaks in monotonicity (such as counter resets due to target restarts) are
+    automatically adjusted for", Prometheus docs, Query functions, rate()), and never
+    less than zero: a counter only counts up from zero, so a negative value after a
+    drop adds nothing. The running total therefore never falls, and a window's delta
+    and rate are never negative, whatever the series does (a counter that only
+    decreases shows as one restart per sample). Gauge rows keep their own values, so
     only counter series are touched (a few of a GPU's twenty metrics).
     """
     import numpy as np
@@ -387,7 +393,7 @@ def _running_totals(value: np.ndarray, bounds: np.ndarray, is_counter: np.ndarra
         d[0] = 0.0
         d[1:] = np.diff(v)
         reset = d < 0
-        d[reset] = v[reset]
+        d[reset] = np.maximum(v[reset], 0.0)
         acc[a:b] = np.cumsum(d)
     return acc
 

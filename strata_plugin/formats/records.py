@@ -25,6 +25,7 @@ ERROR_CLASSES = (
     "malformed_response",  # a response head or encoding that is not the HTTP/1.x we can read
     "truncated_stream",  # the stream ended without its terminal event
     "event_too_large",  # one event exceeded the size bound
+    "too_many_events",  # more events than max_tokens allows (limits.max_events): a storm
     "no_tokens",  # events arrived but none parsed as a token: the server speaks another API
     "not_streaming",  # a complete reply that is not an event stream (HTTP 200, JSON, 0 events)
     "interrupted",  # Ctrl-C / SIGTERM while it was in flight: the events received so far

@@ -22,6 +22,7 @@ from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
+from strata_plugin.limits import max_phase_requests
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
@@ -628,7 +629,9 @@ class CaseRunner:
         """More measured requests until ``target`` is met, or its count or time runs out.
 
         Each batch asks for what is still missing, trimmed to what the pace so far fits
-        into the time left, so the case ends near ``max_s`` rather than a batch past it.
+        into the time left, so the case ends near ``max_s`` rather than a batch past it,
+        and to what one phase may prepare at once (limits.max_phase_requests): a target
+        of more requests than that is built batch by batch, never all at once.
         """
         results = [first]
         n = len(first.records)
@@ -644,7 +647,8 @@ class CaseRunner:
             if elapsed_s >= target.max_s:
                 stopped = "max_s"
                 break
-            batch = min(target.needed - ok, target.max_requests - n)
+            batch = min(target.needed - ok, target.max_requests - n,
+                        max_phase_requests(w.isl))
             per_request_s = elapsed_s / n if n else 0.0
             if per_request_s > 0:
                 fit = int((target.max_s - elapsed_s) / per_request_s)

@@ -18,6 +18,14 @@ each, until the server's count is the ISL exactly; the server's ``usage.prompt_t
 is checked against it as for token-ID prompts. Where the server has neither endpoint
 the prompt is an estimate (:data:`WORDS_PER_TOKEN` words per token) and the case says
 "ISL not exact": its input lengths are the server's counts from usage.
+
+The server's answers are input like any other, and a count that is not a whole number
+>= 0, that falls as words are added, or that stops growing before the ISL fails the
+prompt at once with a :class:`ChatTokenizerError` naming the answer. The search is
+bounded (strata_plugin/limits.py): at most ``CHAT_WORDS_PER_TOKEN`` words per token of
+the ISL, ``CHAT_SEARCH_COUNTS`` counts for the words, ``CHAT_FILLER_TOKENS`` tokens of
+fillers, and ``CHAT_ANSWER_BYTES_MAX`` bytes of one answer, so neither its time nor its
+memory depends on what the server says.
 """
 
 from __future__ import annotations
@@ -29,8 +37,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import requests
+import urllib3
 
 from strata_plugin.errors import StrataError
+from strata_plugin.limits import (
+    CHAT_ANSWER_BYTES_MAX,
+    CHAT_FILLER_TOKENS,
+    CHAT_SEARCH_COUNTS,
+    CHAT_WORDS_PER_TOKEN,
+    CHAT_WORDS_SLACK,
+)
 
 #: A conversation: (role, content) pairs, in order.
 Messages = tuple[tuple[str, str], ...]
@@ -69,6 +85,16 @@ class ChatPrompt:
     n_tokens: int | None  # the server's templated count; None where it cannot count
 
 
+def _without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@``: what an error message may name."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def as_json_messages(messages: Messages) -> list[dict[str, str]]:
     return [{"role": r, "content": c} for r, c in messages]
 
@@ -87,6 +113,8 @@ class ServerCounter:
         self._session = requests.Session()
         self._session.headers.update({"Content-Type": "application/json", **(headers or {})})
         self.calls = 0
+        self.last_answer = "no answer yet"  # the last call and its answer, for errors
+        self.where = _without_userinfo(self.base_url)  # for messages: no credentials
 
     @property
     def name(self) -> str:
@@ -94,24 +122,48 @@ class ServerCounter:
                 else "POST /apply-template + POST /tokenize")
 
     def _post(self, path: str, body: dict) -> dict:
+        """One call; its answer read up to CHAT_ANSWER_BYTES_MAX bytes, as a JSON object."""
         self.calls += 1
-        r = self._session.post(self.base_url + path, data=json.dumps(body),
-                               timeout=self.timeout_s)
-        if r.status_code != 200:
-            raise ChatTokenizerError(f"POST {path}: HTTP {r.status_code}: {r.text[:200]}")
-        out = r.json()
+        url = self.base_url + path
+        try:
+            with self._session.post(url, data=json.dumps(body), timeout=self.timeout_s,
+                                    stream=True) as r:
+                raw = r.raw.read(CHAT_ANSWER_BYTES_MAX + 1, decode_content=True)
+                status = r.status_code
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ChatTokenizerError(f"POST {path} at {self.where}: "
+                                     f"{type(exc).__name__}") from None
+        if len(raw) > CHAT_ANSWER_BYTES_MAX:
+            raise ChatTokenizerError(f"POST {path} at {self.where}: the answer is longer "
+                                     f"than {CHAT_ANSWER_BYTES_MAX} bytes "
+                                     "(limits.CHAT_ANSWER_BYTES_MAX)")
+        text = raw.decode("utf-8", "replace")
+        self.last_answer = f"POST {path} -> {' '.join(text.split())[:160]}"
+        if status != 200:
+            raise ChatTokenizerError(f"POST {path}: HTTP {status}: {text[:200]}")
+        try:
+            out = json.loads(text)
+        except ValueError:
+            raise ChatTokenizerError(f"POST {path}: not JSON: {text[:200]!r}") from None
         if not isinstance(out, dict):
-            raise ChatTokenizerError(f"POST {path}: not a JSON object: {r.text[:200]}")
+            raise ChatTokenizerError(f"POST {path}: not a JSON object: {text[:200]}")
         return out
 
     def count(self, messages: Messages) -> int:
+        """The server's templated count of ``messages``: a whole number >= 0, else a
+        ChatTokenizerError naming what it answered (a boolean is not a count, though
+        Python's ``True`` is an ``int``)."""
         msgs = as_json_messages(messages)
         if self.kind == "vllm":
             body: dict = {"messages": msgs, "add_generation_prompt": True}
             if self.model:
                 body["model"] = self.model
             out = self._post("/tokenize", body)
-            n = out.get("count", len(out.get("tokens") or ()) if "tokens" in out else None)
+            if "count" in out:
+                n = out["count"]
+            else:
+                tokens = out.get("tokens")
+                n = len(tokens) if isinstance(tokens, list) else None
         else:
             text = self._post("/apply-template", {"messages": msgs}).get("prompt")
             if not isinstance(text, str):
@@ -119,8 +171,12 @@ class ServerCounter:
             tokens = self._post("/tokenize", {"content": text, "add_special": True,
                                               "parse_special": True}).get("tokens")
             n = len(tokens) if isinstance(tokens, list) else None
-        if not isinstance(n, int):
-            raise ChatTokenizerError(f"{self.name}: no token count in the answer")
+        if n is None:
+            raise ChatTokenizerError(f"{self.name}: no token count in the answer "
+                                     f"({self.last_answer})")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ChatTokenizerError(f"{self.name}: the token count is {json.dumps(n)[:40]}, "
+                                     f"not a whole number >= 0 ({self.last_answer})")
         return n
 
 
@@ -154,18 +210,37 @@ def _words(rng: random.Random, n: int) -> list[str]:
     return [rng.choice(WORDS) for _ in range(n)]
 
 
-def most_words(count: Callable[[int], int], base: int, target: int) -> tuple[int, int]:
+def words_max(target: int) -> int:
+    """The most words a prompt of ``target`` tokens may hold (limits.CHAT_WORDS_PER_TOKEN)."""
+    return CHAT_WORDS_PER_TOKEN * max(0, target) + CHAT_WORDS_SLACK
+
+
+def most_words(count: Callable[[int], int], base: int, target: int,
+               max_words: int | None = None) -> tuple[int, int]:
     """The most words ``k`` whose count ``count(k)`` is at most ``target``, and that count.
 
     ``count(0) == base <= target``. The count grows with the words, not always by one
     (a word may be several tokens), so ``k`` is found by interpolation, every other step
     a bisection (about five counts for a few thousand tokens).
+
+    Bounded whatever ``count`` says: ``k`` never passes ``max_words`` (default
+    :func:`words_max`), at most ``CHAT_SEARCH_COUNTS`` counts are asked, and a count
+    that falls as words are added, or that has not reached ``target`` at ``max_words``,
+    is a ChatTokenizerError saying so (the extrapolation from a count that stopped
+    growing asked for ever more words: billions, on 449ac52).
     """
+    if max_words is None:
+        max_words = words_max(target)
     lo, f_lo = 0, base
     hi = f_hi = None
-    k = max(1, target - base)  # one word per token: an upper bound in most vocabularies
-    for step in range(200):
+    k = min(max_words, max(1, target - base))  # one word per token: most vocabularies
+    for step in range(CHAT_SEARCH_COUNTS):
         fk = count(k)
+        if fk < f_lo or (f_hi is not None and fk > f_hi):
+            a, b = ((lo, f_lo), (k, fk)) if fk < f_lo else ((k, fk), (hi, f_hi))
+            raise ChatTokenizerError(
+                f"the count falls as words are added: {a[0]} words count {a[1]} tokens, "
+                f"{b[0]} words count {b[1]}")
         if fk == target:
             return k, fk
         if fk < target:
@@ -175,14 +250,23 @@ def most_words(count: Callable[[int], int], base: int, target: int) -> tuple[int
         if hi is not None and hi - lo <= 1:
             return lo, f_lo
         if hi is None or f_hi is None:  # still short: extrapolate the tokens per word
-            per = max(1e-3, (f_lo - base) / lo)
-            k = lo + max(1, math.ceil((target - f_lo) / per))
+            if lo >= max_words:
+                raise ChatTokenizerError(
+                    f"the count does not reach the ISL: {lo} words count {f_lo} tokens "
+                    f"(none, {base}), and a prompt of {target} tokens may hold at most "
+                    f"{max_words} words (limits.CHAT_WORDS_PER_TOKEN: "
+                    f"{CHAT_WORDS_PER_TOKEN} a token, plus {CHAT_WORDS_SLACK})")
+            per = (f_lo - base) / lo
+            k = max_words if per <= 0 else min(
+                max_words, lo + max(1, math.ceil((target - f_lo) / per)))
         elif step % 2:
             k = (lo + hi) // 2
         else:
             k = lo + round((target - f_lo) * (hi - lo) / (f_hi - f_lo))
             k = min(hi - 1, max(lo + 1, k))
-    raise ChatTokenizerError(f"no word count found for {target} tokens")
+    raise ChatTokenizerError(f"no word count found for {target} tokens in "
+                             f"{CHAT_SEARCH_COUNTS} counts (limits.CHAT_SEARCH_COUNTS; last "
+                             f"{lo} words: {f_lo} tokens, {hi} words: {f_hi})")
 
 
 def exact_content(count: Callable[[str], int], target: int, rng: random.Random,
@@ -207,6 +291,11 @@ def exact_content(count: Callable[[str], int], target: int, rng: random.Random,
                            f"more than the ISL {target}")
     k, cur = most_words(lambda k: count(text(k)), base, target)
     content = text(k)
+    if target - cur > CHAT_FILLER_TOKENS:
+        raise ChatTokenizerError(
+            f"{k} words count {cur} tokens and one more word passes the ISL {target}: a "
+            f"gap of {target - cur} is more than fillers may close (limits."
+            f"CHAT_FILLER_TOKENS = {CHAT_FILLER_TOKENS})")
     while cur < target:
         for f in FILLERS:
             n = count(content + f)
@@ -256,8 +345,21 @@ class ChatPrompter:
             body = estimated_content(isl - shared_tokens if head else isl, rng, head)
             return ChatPrompt((("user", body),), None)
         c = self.counter
-        body, n = exact_content(lambda t: c.count((("user", t),)), isl, rng, head)
+        try:
+            body, n = exact_content(lambda t: c.count((("user", t),)), isl, rng, head)
+        except ChatTokenizerError as exc:
+            raise self._failed(f"a chat prompt of ISL {isl}", exc) from None
         return ChatPrompt((("user", body),), n)
+
+    def _failed(self, what: str, exc: ChatTokenizerError) -> ChatTokenizerError:
+        """The error in the user's words: which prompt, whose count, its last answer."""
+        c = self.counter
+        assert c is not None
+        answer = "" if c.last_answer in str(exc) else f" last answered {c.last_answer};"
+        return ChatTokenizerError(
+            f"{what} cannot be built to the server's count: {exc}. The server's tokenizer "
+            f"({c.name} at {c.where}){answer} check that endpoint, or run this case with "
+            "your own texts (texts=FILE) or on the completions API (token-ID prompts)")
 
     def _head(self, key: str, tokens: int) -> str:
         """The shared words: the most that fit in ``tokens`` templated tokens."""
@@ -269,13 +371,16 @@ class ChatPrompter:
             head = estimated_content(tokens, rng)
         else:
             c = self.counter
-            pool = _words(rng, tokens)  # at least one token a word: enough words
+            pool = _words(rng, words_max(tokens))  # the most words the search may ask
 
             def count(k: int) -> int:
                 return c.count((("user", " ".join(pool[:k])),))
 
-            base = count(0)
-            k, _ = most_words(count, base, tokens) if base < tokens else (0, base)
+            try:
+                base = count(0)
+                k, _ = most_words(count, base, tokens) if base < tokens else (0, base)
+            except ChatTokenizerError as exc:
+                raise self._failed(f"a shared chat prefix of {tokens} tokens", exc) from None
             head = " ".join(pool[:k])
         self._heads[(key, tokens)] = head
         return head

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from strata_plugin import limits
 from strata_plugin.errors import StrataError
 from strata_plugin.load.workload import TokenSpace
 
@@ -56,19 +57,16 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "strata": ("timestamp_s", "input_length", "output_length"),
 }
 
-#: Requests (data rows) in one file; cut a longer trace (``head -n``) or sample it.
-MAX_ROWS = 2_000_000
-#: Bytes in one line (without its line end). A Mooncake row of MAX_ISL tokens carries
-#: 2048 hash ids, under 20 KiB; JSON and CSV parsing are bounded by it.
-MAX_LINE_BYTES = 64 * 1024
-#: Tokens in one prompt (a conversation turn's history included) and in one answer:
-#: 2^20, a million-token context. Building one prompt of MAX_ISL tokens took 1.8 s on
-#: the shared 2-core development VM (tests/test_trace_input.py bounds it at 5 s).
-MAX_ISL = 1 << 20
-MAX_OSL = 1 << 20
-#: Times (offsets from the trace's first request, and think times), in seconds: finite,
-#: >= 0, and at most a year; a case replays in real time.
-MAX_SPAN_S = 366 * 86400.0
+# The limits (strata_plugin/limits.py, where each is stated once with its reason): requests
+# (data rows) in one file, bytes in one line, tokens in one prompt (a conversation turn's
+# history included) and in one answer, and times (offsets from the first request, and
+# think times) in seconds: finite, >= 0 and at most MAX_SPAN_S; a case replays in real
+# time. Read as this module's globals, so a test may set them lower.
+MAX_ROWS = limits.MAX_ROWS
+MAX_LINE_BYTES = limits.MAX_LINE_BYTES
+MAX_ISL = limits.MAX_ISL
+MAX_OSL = limits.MAX_OSL
+MAX_SPAN_S = limits.MAX_SPAN_S
 
 _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", re.ASCII)
 

@@ -12,8 +12,17 @@ vLLM's burstiness: shape = burstiness, mean gap = 1 / rate).
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
+
+from strata_plugin.limits import (
+    MAX_ISL,
+    MAX_OSL,
+    MAX_REQUESTS,
+    PREPARED_BYTES_MAX,
+    prepared_bytes,
+)
 
 ARRIVALS = ("closed", "poisson", "gamma")
 PREFIX_MODES = ("cold", "shared")
@@ -60,6 +69,33 @@ class Workload:
             raise ValueError(f"{self.name}: an open-loop arrival needs rate > 0")
         if self.prefix == "shared" and not 0 < self.shared_prefix_tokens <= self.isl:
             raise ValueError(f"{self.name}: shared prefix needs 0 < shared_prefix_tokens <= isl")
+        if self.rate is not None and not math.isfinite(self.rate):
+            raise ValueError(f"{self.name}: rate={self.rate} is not a finite number of requests "
+                             "a second; to send every request at once use arrival=closed with "
+                             "concurrency=requests")
+        if not (math.isfinite(self.burstiness) and self.burstiness > 0):
+            raise ValueError(f"{self.name}: burstiness must be a finite number > 0, got "
+                             f"{self.burstiness}")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """The input limits (strata_plugin/limits.py), checked before a prompt is built:
+        each key against its ceiling, then the phases' prepared size."""
+        for key, value, ceiling, limit in (
+                ("isl", self.isl, MAX_ISL, "MAX_ISL"), ("osl", self.osl, MAX_OSL, "MAX_OSL"),
+                ("requests", self.requests, MAX_REQUESTS, "MAX_REQUESTS"),
+                ("warmups", self.warmups, MAX_REQUESTS, "MAX_REQUESTS")):
+            if value > ceiling:
+                raise ValueError(f"{self.name}: {key}={value} is more than {ceiling} "
+                                 f"(limits.{limit})")
+        n = max(self.requests, self.warmups)
+        size = prepared_bytes(n, self.isl)
+        if size > PREPARED_BYTES_MAX:
+            raise ValueError(
+                f"{self.name}: {n} requests of isl={self.isl} would take about "
+                f"{size / 2**30:.1f} GiB prepared, more than {PREPARED_BYTES_MAX >> 30} GiB "
+                "(limits.PREPARED_BYTES_MAX: every request of a phase is prepared before its "
+                "clock starts); run fewer requests a case, or shorter prompts")
 
     def scaled(self, *, context: float = 1.0, concurrency: float = 1.0,
                output: float = 1.0) -> Workload:

@@ -56,8 +56,12 @@ def add_options(parser: pytest.Parser) -> None:
 def adhoc_workload(config: pytest.Config):
     """The ``--strata-workload`` workload, or None; a bad one is a usage error."""
     text = config.getoption("strata_workload", None)
-    if not text:
+    if text is None:
         return None
+    if not text.strip(" ,"):  # given, but empty: not the whole matrix
+        raise pytest.UsageError(f"--strata-workload {text!r} is empty: give the workload "
+                                "as key=value pairs, e.g. isl=256,osl=64,concurrency=4,"
+                                "requests=40")
     from strata_plugin.load.workload_spec import WorkloadSpecError, parse_workload
 
     try:

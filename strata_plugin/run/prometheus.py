@@ -48,8 +48,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.agent.collectors.prom import BodyRefused, read_bounded
 from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
 from strata_plugin.errors import StrataError
+from strata_plugin.limits import PROM_API_BYTES_MAX
 
 #: A range query answers with at most 11000 points per series; stay below it.
 MAX_POINTS = 10_000
@@ -291,15 +293,21 @@ class PromClient:
         req = urllib.request.Request(url, headers={"Accept": "application/json", **self.headers})
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
-                body = json.loads(resp.read())
+                body = json.loads(read_bounded(resp, PROM_API_BYTES_MAX, None,
+                                               f"the answer of {path}"))
         except urllib.error.HTTPError as e:
             try:
                 detail = json.loads(e.read()).get("error", "")
             except (ValueError, OSError):
                 detail = ""
             raise PromError(f"HTTP {e.code} from {self.base_url}{path}: {detail}") from None
+        except BodyRefused as e:
+            raise PromError(f"{self.base_url}{path}: {e} (limits.PROM_API_BYTES_MAX): narrow "
+                            "the job's matchers or shorten the window") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise PromError(f"{self.base_url}{path}: {getattr(e, 'reason', e)}") from None
+        if not isinstance(body, dict):
+            raise PromError(f"{path}: the answer is not a JSON object")
         if body.get("status") != "success":
             raise PromError(f"{path}: {body.get('errorType')}: {body.get('error')}")
         return body.get("data")

@@ -206,7 +206,11 @@ class Server:
         The timeout is for a server that is starting: one we launched, or an attached one
         that answers but is not ready yet (HTTP 503 while it loads). An attached server
         that refuses the connection, or whose host does not resolve, fails at once
-        (:class:`ServerUnreachable`): nothing there is starting.
+        (:class:`ServerUnreachable`): nothing there is starting. So does one that answers
+        the health URL with a client error (a 4xx but 408, 425 and 429): a 404 is the
+        server's final word on that path (a URL with a path the server does not serve,
+        a wrong ``server.health_path``), not a server still loading (RFC 9110, 15.5:
+        "the client seems to have erred").
         """
         path = self.spec.health_path if self.spec else "/health"
         url = self.base_url + path
@@ -223,6 +227,9 @@ class Server:
                 if r.status_code == 200:
                     return
                 last = f"HTTP {r.status_code}"
+                if self.spec is None and _not_starting(r.status_code):
+                    raise ServerStartError(not_starting_text(
+                        self.base_url, url, r.status_code, time.monotonic() - t0))
             except requests.RequestException as exc:
                 last = type(exc).__name__
                 why = _nothing_there(exc) if self.spec is None else None
@@ -316,6 +323,34 @@ def _nothing_there(exc: requests.RequestException) -> str | None:
         if isinstance(x, OSError) and x.errno in _NOTHING_THERE:
             return "refused" if x.errno == errno.ECONNREFUSED else "route"
     return None
+
+
+def _not_starting(status: int) -> bool:
+    """A client error: the server answered and will answer the same (RFC 9110, 15.5),
+    unlike 408 Request Timeout, 425 Too Early and 429 Too Many Requests, which a
+    server that is busy or starting may send."""
+    return 400 <= status < 500 and status not in (408, 425, 429)
+
+
+def not_starting_text(base_url: str, url: str, status: int, waited_s: float) -> str:
+    """One paragraph: what was tried, what the server answered, what to check."""
+    from urllib.parse import urlsplit
+
+    path = urlsplit(base_url).path.rstrip("/")
+    check = {
+        404: (f"the URL's path ({path}): Strata adds /health and the API's paths "
+              "(/v1/completions, /v1/chat/completions, ...) to the URL given, so give the "
+              "server's root URL" if path else
+              "the profile's server.health_path (the path this server answers health on)"),
+        401: ("the profile's server.health_path: Strata's health check sends no "
+              "credentials, so it needs a path the server answers without them"),
+        403: ("the profile's server.health_path: Strata's health check sends no "
+              "credentials, so it needs a path the server answers without them"),
+    }.get(status, "the URL and the profile's server.health_path")
+    return (f"The server at {base_url} answered GET {url} with HTTP {status} (after "
+            f"{waited_s:.1f} s): a client error is its answer to that URL, not a server "
+            f"still starting, so Strata did not wait. Check {check}. No case ran against it; "
+            "the run folder's report.md and manifest.json say so.")
 
 
 def unreachable_text(base_url: str, url: str, why: str, waited_s: float) -> str:

@@ -18,6 +18,7 @@ from urllib3.exceptions import (
 )
 
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.limits import max_events
 from strata_plugin.load.client.core import StreamCore
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.flavours import flavour, merge_body
@@ -69,7 +70,8 @@ class Attempt:
         self.api = api
         self.scheduled_ns = scheduled_ns
         self.t = timeouts
-        self.core = StreamCore(f.parser(), timeouts.max_event_bytes)
+        self.core = StreamCore(f.parser(), timeouts.max_event_bytes,
+                               max_events(spec.max_tokens))
         self.dispatched_ns = 0
         self.sent_ns: int | None = None  # the request's last byte left (the loop knows)
         self.deadline_ns: int | None = None

@@ -3,7 +3,10 @@
 Both drivers (the blocking reader and the multiplexing loop) push each read
 here with its arrival time. Only complete events are parsed, so each event is
 stamped with the read that completed it, and an unfinished event is held as a
-list of parts whose size is bounded by ``max_event_bytes``. sseclient parses
+list of parts whose size is bounded by ``max_event_bytes``, and the events of one
+response are bounded by its ``max_tokens`` (``max_events``: limits.EVENTS_PER_TOKEN per
+token plus EXTRA_EVENTS), so a server's event storm ends the request as
+``too_many_events`` instead of growing the record without end. sseclient parses
 them, except the one shape every streaming LLM server sends per token (each
 event one ``data:`` line), whose result is known without it
 (:func:`single_line_events`).
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from sseclient import SSEClient
 
 from strata_plugin.formats.records import TokenEvent
+from strata_plugin.limits import EVENTS_PER_TOKEN, EXTRA_EVENTS
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.parse_base import BaseParser
 
@@ -62,9 +66,13 @@ def single_line_events(block: bytes) -> list[bytes] | None:
 class StreamCore:
     """The parse state of one response body."""
 
-    def __init__(self, parser: BaseParser, max_event_bytes: int) -> None:
+    def __init__(self, parser: BaseParser, max_event_bytes: int,
+                 max_events: int | None = None) -> None:
         self.parser = parser
         self.max_event_bytes = max_event_bytes
+        #: events this stream may carry (limits.max_events of its max_tokens); None: any
+        self.max_events = max_events
+        self._n_events = 0
         # Made here, one by one (~1 us each), so that finishing a record is
         # cheap when hundreds of fixed-length streams end at the same moment.
         self.events: list[TokenEvent] = []
@@ -166,6 +174,15 @@ class StreamCore:
     def _event(self, kind: str, data: str, t_ns: int) -> None:
         if kind == "error":
             raise StreamError("http_status", f"server error event: {data[:300]}")
+        self._n_events += 1
+        if self.max_events is not None and self._n_events > self.max_events:
+            raise StreamError(
+                "too_many_events",
+                f"more than {self.max_events} events: the server sent more than "
+                f"{EVENTS_PER_TOKEN} per requested token (max_tokens) plus {EXTRA_EVENTS} "
+                f"(limits.EVENTS_PER_TOKEN); {sum(e.n_tokens for e in self.events)} tokens "
+                "in the events kept",
+            )
         if self.first_event is None:
             self.first_event = data
         parser = self.parser

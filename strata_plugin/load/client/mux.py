@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 import requests
 
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.limits import EXTRA_EVENTS
 from strata_plugin.load.client import gcpause
 from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
@@ -76,8 +77,7 @@ _ERROR_BODY_NS = int(ERROR_BODY_S * _NS)
 DEADLINE_SLACK_S = 5.0
 #: Without ``total_s`` only ``read_s`` bounds a stream, between any two reads; a working
 #: server's stream is then taken to need at most ``read_s`` per requested token plus
-#: this many more (the role chunk, usage, the terminal event, pings).
-EXTRA_EVENTS = 16
+#: EXTRA_EVENTS more (the role chunk, usage, the terminal event, pings: limits.py).
 
 
 def request_bound_s(t: Timeouts, max_tokens: int) -> float:

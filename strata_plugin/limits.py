@@ -1,0 +1,216 @@
+"""The one table of input limits: every ceiling Strata puts on what a user, a server or a
+file hands it, with its value, where it is enforced and why that value.
+
+Bad input must fail fast, in the user's words, and leave memory bounded. Each input
+that could otherwise make Strata build, read or keep without end is checked where it
+enters, against a limit named here: a workload before its prompts are built, a trace
+file line by line, the chat prompt search per count, a response stream per event, the
+engine's ``/metrics`` body per read. Past a limit the input is refused with the limit's
+name and value (a usage error, a ``TraceError``, a ``ChatTokenizerError``, a
+``too_many_events`` request error, an UNAVAILABLE reason), never cut silently.
+
+One exception to "stated here": the sampling agent (``agent/``) ships to other nodes as
+a standard-library-only zip that cannot import this package, so its limit
+(:data:`PROM_BODY_BYTES_MAX`) is stated in ``agent/collectors/prom.py`` and listed here
+by import. ``docs/writing-cases.md`` ("Input limits") prints this table;
+``tests/test_limits.py`` holds the page to it.
+
+This module imports nothing of Strata's but that one agent constant, so any layer can
+read it without an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata_plugin.agent.collectors.prom import PROM_BODY_BYTES_MAX
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    value: int | float
+    unit: str
+    where: str  # where it is enforced, and what happens past it
+    reason: str  # why this value: a document a user can open, or a measurement here
+
+    def shown(self) -> str:
+        """The value as docs/writing-cases.md prints it: ``1 048 576 tokens``."""
+        if self.unit == "s" and self.value % 86400 == 0:
+            return f"{self.value / 86400:g} days"
+        return f"{int(self.value):,} {self.unit}".replace(",", " ")
+
+
+# --- workloads (load/workload.py: Workload, checked before any prompt is built) ---------
+
+#: Tokens in one prompt and in one answer: 2^20, a million-token context (the longest
+#: any engine serves today is of that order; a longer one is a typo). The same bound
+#: holds for trace files (load/trace.py).
+MAX_ISL = 1 << 20
+MAX_OSL = 1 << 20
+#: Requests in one phase of a case (its warm-ups, its measured requests): at isl 1, the
+#: most that PREPARED_BYTES_MAX holds (500,000 x 4,144 B = 1.93 GiB).
+MAX_REQUESTS = 500_000
+#: Every request of a phase is prepared (prompt, body, headers) before the phase's clock
+#: starts, so that no time stamp waits for a body being built (docs/client.md, "Exact
+#: stamps"): a phase must fit in memory, prepared. Its size is estimated as
+#: ``requests x (PREPARED_BYTES_PER_REQUEST + isl x PREPARED_BYTES_PER_TOKEN)``, fitted
+#: to tracemalloc's count of build_specs + Attempt on this repository's 2-core VM
+#: (isl 16, 1024, 32768: 4.8 KB, 49 KB, 1.45 MB a request; tests/test_limits.py
+#: measures it again and holds the estimate to within 25%).
+PREPARED_BYTES_PER_REQUEST = 4_100
+PREPARED_BYTES_PER_TOKEN = 44
+PREPARED_BYTES_MAX = 2 << 30
+
+# --- trace files (load/trace.py: read_trace, line by line) -----------------------------
+
+#: Requests (data rows) in one file; cut a longer trace (``head -n``) or sample it.
+MAX_ROWS = 2_000_000
+#: Bytes in one line (without its line end). A Mooncake row of MAX_ISL tokens carries
+#: 2048 hash ids, under 20 KiB; JSON and CSV parsing are bounded by it.
+MAX_LINE_BYTES = 64 * 1024
+#: Times (offsets from the trace's first request, and think times), in seconds: finite,
+#: >= 0, and at most a year; a case replays in real time.
+MAX_SPAN_S = 366 * 86400.0
+
+# --- chat prompts built to the server's count (load/chat_prompts.py) -------------------
+
+#: Words in one prompt: at most this many per token of the target (plus
+#: :data:`CHAT_WORDS_SLACK`). Each word of the list is one token or more in a vocabulary
+#: that splits at spaces (GPT-2's byte-level pre-tokenizer, SentencePiece's default
+#: ``split_by_whitespace``); 2 leaves room for vocabularies with multi-word tokens. A
+#: server whose count has not reached the target by then is not counting the text.
+CHAT_WORDS_PER_TOKEN = 2
+CHAT_WORDS_SLACK = 16
+#: Counts asked of the server to find the word count of one prompt: interpolation with
+#: a bisection every other step halves the interval at least every two counts, so
+#: 2 x log2(2 x MAX_ISL + slack) = 44 suffice for any ISL within MAX_ISL; 4 more for the
+#: first guess and the extrapolation while still short.
+CHAT_SEARCH_COUNTS = 48
+#: Tokens the fillers may add after the words: the gap left is less than one word's
+#: tokens (a list word is 1 to 3 tokens in the vocabularies here); more means the count
+#: jumps by more than any word can add.
+CHAT_FILLER_TOKENS = 8
+#: Bytes of one answer of the server's tokenizer endpoint: vLLM's and llama.cpp's
+#: ``/tokenize`` list the token ids (under 8 bytes each as JSON: 8 MiB at MAX_ISL), and
+#: ``/apply-template`` the templated text (a few bytes a token); 64 MiB is 8x that.
+CHAT_ANSWER_BYTES_MAX = 64 << 20
+
+# --- response streams (load/client/core.py: StreamCore, per event) ---------------------
+
+#: Events one request may carry: EVENTS_PER_TOKEN per requested token (max_tokens) plus
+#: EXTRA_EVENTS. llama.cpp, vLLM and SGLang send one event per token or fewer (several
+#: tokens an event with speculative decoding or a stream interval); llama.cpp's chat
+#: stream sends one chunk per message diff, and one token can make up to three (a
+#: reasoning delta, a content delta, a tool call's: tools/server/server-task.cpp,
+#: ``server_task_result_cmpl_partial::to_json_oaicompat_chat``, which also sends the
+#: role chunk before the first token); 4 leaves one more.
+#: EXTRA_EVENTS: the role chunk, the finish chunk, the usage chunk, ``[DONE]``, pings.
+EVENTS_PER_TOKEN = 4
+EXTRA_EVENTS = 16
+
+
+def max_events(max_tokens: int) -> int:
+    """The events one request asking for ``max_tokens`` may carry."""
+    return EVENTS_PER_TOKEN * max_tokens + EXTRA_EVENTS
+
+
+# --- engine metrics (agent/collectors/prom.py; run/prometheus.py) -----------------------
+
+#: Bytes of one answer of an existing Prometheus's HTTP API (run/prometheus.py): a range
+#: query returns at most 11,000 points a series (Prometheus's own cap, "Range queries"
+#: in its HTTP API page), about 30 bytes each as JSON, so 256 MiB is some 800 series at
+#: the cap; more means the job's matchers select more than one run's nodes.
+PROM_API_BYTES_MAX = 256 << 20
+
+# --- the table ---------------------------------------------------------------------------
+
+_PREPARED = ("load/workload.py: Workload, before any prompt is built; a usage error "
+             "naming the estimate")
+
+LIMITS: tuple[Limit, ...] = (
+    Limit("MAX_ISL", MAX_ISL, "tokens",
+          "load/workload.py: Workload (isl, shared_prefix_tokens); load/trace.py: each row; "
+          "a usage error / TraceError naming the key",
+          "a million-token context (2^20), the order of the longest any engine serves; "
+          "building one such prompt took 1.8 s on the 2-core VM (tests/test_trace_input.py)"),
+    Limit("MAX_OSL", MAX_OSL, "tokens",
+          "load/workload.py: Workload (osl); load/trace.py: each row",
+          "as MAX_ISL; it also bounds a request's events (EVENTS_PER_TOKEN) and deadline"),
+    Limit("MAX_REQUESTS", MAX_REQUESTS, "requests",
+          "load/workload.py: Workload (requests, warmups: each a phase)",
+          "every request of a phase is prepared before its clock starts: 4.1 KB each "
+          "before its prompt, so at isl 1 the most PREPARED_BYTES_MAX holds (1.93 GiB)"),
+    Limit("PREPARED_BYTES_MAX", PREPARED_BYTES_MAX, "bytes", _PREPARED,
+          "a phase's requests, prepared, beside the server under test on the same host; "
+          "estimated as requests x (4100 + 44 x isl) bytes, fitted to tracemalloc on the "
+          "2-core VM (tests/test_limits.py re-measures it)"),
+    Limit("MAX_ROWS", MAX_ROWS, "rows", "load/trace.py: read_trace; a TraceError",
+          "reading costs 30 to 50 us a row on the 2-core VM: about a minute at the ceiling"),
+    Limit("MAX_LINE_BYTES", MAX_LINE_BYTES, "bytes", "load/trace.py: read_trace; a TraceError",
+          "a Mooncake row of MAX_ISL tokens has 2048 hash ids, under 20 KiB"),
+    Limit("MAX_SPAN_S", MAX_SPAN_S, "s", "load/trace.py: each row's times; a TraceError",
+          "a case replays in real time: a year is past any trace meant to be replayed"),
+    Limit("CHAT_WORDS_PER_TOKEN", CHAT_WORDS_PER_TOKEN, "words a token",
+          "load/chat_prompts.py: the word search (plus CHAT_WORDS_SLACK = 16 words); "
+          "a ChatTokenizerError naming the server's count",
+          "a list word is one token or more where the vocabulary splits at spaces "
+          "(GPT-2's pre-tokenizer, SentencePiece's split_by_whitespace); 2 leaves room "
+          "for multi-word tokens"),
+    Limit("CHAT_WORDS_SLACK", CHAT_WORDS_SLACK, "words",
+          "load/chat_prompts.py: words_max = CHAT_WORDS_PER_TOKEN x ISL + CHAT_WORDS_SLACK",
+          "room for a short ISL whose template and head take most of it"),
+    Limit("CHAT_SEARCH_COUNTS", CHAT_SEARCH_COUNTS, "counts a prompt",
+          "load/chat_prompts.py: most_words; a ChatTokenizerError",
+          "a bisection every other count halves the interval: 2 x log2(2 x MAX_ISL + 16) "
+          "= 44 counts, 4 more for the first guesses"),
+    Limit("CHAT_FILLER_TOKENS", CHAT_FILLER_TOKENS, "tokens",
+          "load/chat_prompts.py: exact_content; a ChatTokenizerError",
+          "after the words the gap is under one word's tokens (1 to 3 for a list word)"),
+    Limit("CHAT_ANSWER_BYTES_MAX", CHAT_ANSWER_BYTES_MAX, "bytes",
+          "load/chat_prompts.py: ServerCounter, each answer; a ChatTokenizerError",
+          "a /tokenize answer lists the token ids, under 8 B each as JSON: 8 MiB at "
+          "MAX_ISL; 8x that"),
+    Limit("EVENTS_PER_TOKEN", EVENTS_PER_TOKEN, "events a token",
+          "load/client/core.py: StreamCore, EVENTS_PER_TOKEN x max_tokens + EXTRA_EVENTS "
+          "(16) events a request; past it the request is a too_many_events error and "
+          "the run goes on",
+          "one event a token (or fewer) from llama.cpp, vLLM, SGLang; llama.cpp's chat "
+          "stream sends a chunk per message diff, up to 3 for one token (reasoning, "
+          "content, tool call: tools/server/server-task.cpp, "
+          "server_task_result_cmpl_partial::to_json_oaicompat_chat)"),
+    Limit("EXTRA_EVENTS", EXTRA_EVENTS, "events",
+          "load/client/core.py: StreamCore, with EVENTS_PER_TOKEN; load/client/mux.py: "
+          "the deadline of a request without total_s (read_s per token plus these)",
+          "the role chunk, the finish chunk, the usage chunk, [DONE], pings"),
+    Limit("PROM_BODY_BYTES_MAX", PROM_BODY_BYTES_MAX, "bytes",
+          "agent/collectors/prom.py: each /metrics scrape, within the scrape's timeout; "
+          "past it the scrape fails with an UNAVAILABLE reason",
+          "vLLM 0.32's /metrics (CPU build, one engine, measured here) is 52 818 bytes; "
+          "eight engines (data parallel, an engine label each) about 0.4 MB: 4 MiB is 10x "
+          "that; the agent parses 90 to 185 ms a MiB on the 2-core VM"),
+    Limit("PROM_API_BYTES_MAX", PROM_API_BYTES_MAX, "bytes",
+          "run/prometheus.py: PromClient, each HTTP API answer; a PromError naming it",
+          "11,000 points a series at most (Prometheus HTTP API, range queries) x ~30 B: "
+          "some 800 series at the cap"),
+)
+
+
+def limit(name: str) -> Limit:
+    """The limit of that name; KeyError names the known ones."""
+    for lim in LIMITS:
+        if lim.name == name:
+            return lim
+    raise KeyError(f"no limit {name!r}; the limits are {', '.join(x.name for x in LIMITS)}")
+
+
+def prepared_bytes(requests: int, isl: int) -> int:
+    """The estimated memory of one phase's prepared requests (see PREPARED_BYTES_MAX)."""
+    return requests * (PREPARED_BYTES_PER_REQUEST + isl * PREPARED_BYTES_PER_TOKEN)
+
+
+def max_phase_requests(isl: int) -> int:
+    """The most requests of ``isl`` tokens one phase (or one batch) may prepare at once:
+    within MAX_REQUESTS and PREPARED_BYTES_MAX."""
+    per = PREPARED_BYTES_PER_REQUEST + max(0, isl) * PREPARED_BYTES_PER_TOKEN
+    return max(1, min(MAX_REQUESTS, PREPARED_BYTES_MAX // per))
