@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runstate-adapt-above",
         type=int,
-        help="above this many server threads the runstate grid stretches in proportion to "
-        "the thread count, up to 0.5 s (its cost is per thread; default: the collector's "
+        help="above this many server threads the runstate grid stretches to 2 ms a thread, "
+        "up to 0.5 s (its cost is per thread; default: the collector's "
         "ADAPT_ABOVE_THREADS, 16); 0 keeps it fixed",
     )
     p.add_argument("--ib-root", default="/sys/class/infiniband", help="RDMA sysfs root")

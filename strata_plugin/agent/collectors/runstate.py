@@ -28,15 +28,16 @@ files; the cgroup itself is looked up again every ``cgroup_rescan_s``. The agent
 cost at 10, 20 and 50 ms is measured in benchmarks/test_agent_cost.py and stated in
 docs/agent.md.
 
-The grid stretches with the thread count: the cost is per thread (about 8 us a thread
-and sample, with the kernel's part), so a GPU server's hundreds of threads at 20 ms
-would cost several per cent of a core. Above ``adapt_above`` threads (16: the local
-llama-server's 15 keep the 20 ms grid) the interval grows in proportion,
-``interval_s * threads / adapt_above``, so the thread reads per second stay those of
-``adapt_above`` threads at ``interval_s``, up to ``MAX_ADAPTED_S`` (the main grid's
-default): 125 ms at 100 threads, 0.5 s from 400. The ledger reads the samples'
-timestamps, so a coarser grid only spreads each state evenly over a longer interval
-(coarser resolution, the same totals); the gauge ``interval_s`` says the grid in use.
+The grid stretches with the thread count: the cost is per thread (10-16 us a thread
+and sample here, the kernel's part included, plus about 0.2 ms a sample), so a GPU
+server's hundreds of threads at 20 ms would cost 6% of a core at 100 threads and 20% at
+500 (benchmarks/test_agent_cost.py, "at scale"). Up to ``adapt_above`` threads (16: the
+local llama-server's 15 keep the 20 ms grid) the interval is ``interval_s``; above, each
+thread gets ``THREAD_SLOT_S`` (2 ms) of it: ``threads * 2 ms``, 34 ms at 17 threads,
+200 ms at 100, up to ``MAX_ADAPTED_S`` (the main grid's default) from 250. The ledger
+reads the samples' timestamps, so a coarser grid only spreads each state evenly over a
+longer interval (coarser resolution, the same totals); the gauge ``interval_s`` says the
+grid in use.
 """
 
 from __future__ import annotations
@@ -68,9 +69,13 @@ _STATE_OF = {
 }
 #: No finer grid than this: a sample of a 40-thread server takes about a millisecond.
 MIN_INTERVAL_S = 0.005
-#: Up to this many server threads the grid is ``interval_s``; above, it stretches in
-#: proportion (see the module's docstring). 0 keeps the grid fixed.
+#: Up to this many server threads the grid is ``interval_s``; above, it stretches with
+#: the thread count (see the module's docstring). 0 keeps the grid fixed.
 ADAPT_ABOVE_THREADS = 16
+#: Above ADAPT_ABOVE_THREADS, the grid's length per thread: the agent's added cost then
+#: stays under 1% of a core at 100 threads (+0.6% measured, against +5.6% on a fixed
+#: 20 ms grid: docs/agent.md, "The runstate collector at scale").
+THREAD_SLOT_S = 0.002
 #: The stretched grid is never coarser than this (the agent's main grid by default).
 MAX_ADAPTED_S = 0.5
 #: Most buffered emits kept between two main ticks (a stalled main loop must not grow
@@ -244,8 +249,7 @@ class RunstateCollector(Collector):
         """The interval for a tree of ``threads`` threads (the module's docstring)."""
         if not self.adapt_above or threads <= self.adapt_above:
             return self.interval_s
-        return max(self.interval_s,
-                   min(MAX_ADAPTED_S, self.interval_s * threads / self.adapt_above))
+        return max(self.interval_s, min(MAX_ADAPTED_S, threads * THREAD_SLOT_S))
 
     def _loop(self) -> None:
         next_t = time.monotonic()
