@@ -30,8 +30,8 @@ docs/agent.md.
 
 The grid stretches with the thread count: the cost is per thread (10-16 us a thread
 and sample here, the kernel's part included, plus about 0.2 ms a sample), so a GPU
-server's hundreds of threads at 20 ms would cost 6% of a core at 100 threads and 20% at
-500 (benchmarks/test_agent_cost.py, "at scale"). Up to ``adapt_above`` threads (16: the
+server's hundreds of threads at 20 ms would add 4-6% of a core at 100 threads and
+18-20% at 500 (benchmarks/test_agent_cost.py, "at scale"). Up to ``adapt_above`` threads (16: the
 local llama-server's 15 keep the 20 ms grid) the interval is ``interval_s``; above, each
 thread gets ``THREAD_SLOT_S`` (2 ms) of it: ``threads * 2 ms``, 34 ms at 17 threads,
 200 ms at 100, up to ``MAX_ADAPTED_S`` (the main grid's default) from 250. The ledger
@@ -73,7 +73,7 @@ MIN_INTERVAL_S = 0.005
 #: the thread count (see the module's docstring). 0 keeps the grid fixed.
 ADAPT_ABOVE_THREADS = 16
 #: Above ADAPT_ABOVE_THREADS, the grid's length per thread: the agent's added cost then
-#: stays under 1% of a core at 100 threads (+0.6% measured, against +5.6% on a fixed
+#: stays under 1% of a core at 100 threads (+0.59% measured, against +4.08% on a fixed
 #: 20 ms grid: docs/agent.md, "The runstate collector at scale").
 THREAD_SLOT_S = 0.002
 #: The stretched grid is never coarser than this (the agent's main grid by default).
