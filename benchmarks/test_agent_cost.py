@@ -25,6 +25,13 @@ fail when a target is missed). Run it with::
   side by side; ``runstate`` adds one thread sampling every server thread's stat,
   schedstat and sched files on its own grid.
 
+* ``at scale`` rows (issue 30): the same agent following a synthetic server of 15, 100
+  and 500 threads (idle threads that wake once a second), without ``runstate``, with it
+  on a fixed 20 ms grid (``--runstate-adapt-above 0``) and with its default grid, which
+  stretches with the thread count; the three rows of a round measured in turn, medians
+  and ratios to the agent without it. Target: the default adds under 1 % of a core at
+  100 threads. ``pytest benchmarks/test_agent_cost.py -k scale --benchmark-only -s``.
+
 Figures are medians over REPEATS runs.
 """
 
@@ -374,3 +381,102 @@ def _print_runstate() -> None:
             f"marginal cost per tracked process (5 threads): {slope_us:.1f} us/tick = "
             f"{slope_us * 10 / 1e4:.3f} % core at 0.1 s, {slope_us * 2 / 1e4:.3f} % at 0.5 s"
         )
+
+
+# --- the run-state grid at scale (issue 30, item 5) -----------------------------------------
+
+#: Threads of the synthetic server: the local llama-server's count, a GPU server's, and a
+#: big multi-GPU engine's (vLLM or SGLang with its NCCL, tokenizer and RPC pools).
+SCALE_THREADS = (15, 100, 500)
+#: Each of its threads but the main one sleeps in a loop of this period, as the idle pools
+#: of a real engine do (heartbeats, pollers): about 2% of them ran between two 20 ms samples.
+SCALE_WAKE_S = 1.0
+#: The rows of each thread count, measured round-robin in the same run: (label, the agent's
+#: extra arguments, or None for the agent without runstate).
+SCALE_ROWS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("without runstate", None),
+    ("runstate @ 20 ms, fixed", ("--runstate-interval", "0.02", "--runstate-adapt-above", "0")),
+    ("runstate @ 20 ms, adapted (default)", ("--runstate-interval", "0.02")),
+)
+#: Issue 30: runstate adds under 1% of a core to the agent at 100 threads (its default,
+#: adapted grid).
+SCALE_TARGET = {100: 0.01}
+
+MANY_THREADS = (
+    "import sys, threading, time\n"
+    "n, wake = int(sys.argv[1]), float(sys.argv[2])\n"
+    "def idle():\n"
+    "    while True:\n"
+    "        time.sleep(wake)\n"
+    "for _ in range(n - 1):\n"
+    "    threading.Thread(target=idle, daemon=True).start()\n"
+    "print('up', flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+_SCALE: dict[int, dict[str, list[Figures]]] = {}
+
+
+@pytest.fixture(scope="module")
+def scale_table() -> Iterator[dict[int, dict[str, list[Figures]]]]:
+    yield _SCALE
+    _print_scale()
+
+
+def _many_threads(n: int) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", MANY_THREADS, str(n), repr(SCALE_WAKE_S)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    got = len(os.listdir(f"/proc/{p.pid}/task"))
+    assert got == n, f"the synthetic server has {got} threads, not {n}"
+    return p
+
+
+@pytest.mark.parametrize("threads", SCALE_THREADS)
+def test_runstate_cost_at_scale(benchmark, scale_table, threads: int, tmp_path: Path) -> None:
+    """The agent following a process of ``threads`` threads, with and without runstate,
+    the rows measured in turn in each round (a shared host's load drifts between rounds,
+    and lands on every row of a round alike)."""
+    p = _many_threads(threads)
+    rows = scale_table.setdefault(threads, {})
+    counter = iter(range(1000))
+
+    def one_round() -> None:
+        for label, extra in SCALE_ROWS:
+            collectors = CPU_SIDE_COLLECTORS + (("runstate",) if extra is not None else ())
+            rows.setdefault(label, []).append(
+                _measure(0.5, p.pid, tmp_path / f"r{next(counter)}", collectors, extra or ()))
+
+    try:
+        benchmark.pedantic(one_round, rounds=REPEATS, iterations=1)
+    finally:
+        p.kill()
+        p.wait()
+    base = _median(rows["without runstate"])
+    for label, _ in SCALE_ROWS:
+        med = _median(rows[label])
+        benchmark.extra_info[label] = med.__dict__
+        print(f"\n{threads:>4} threads | {label:<36} | {_row(med)}  "
+              f"x{med.cpu_frac_ns / max(base.cpu_frac_ns, 1e-9):.2f} of without")
+    if ASSERT and threads in SCALE_TARGET:
+        added = _median(rows[SCALE_ROWS[-1][0]]).cpu_frac_ns - base.cpu_frac_ns
+        assert added < SCALE_TARGET[threads], (threads, added)
+
+
+def _print_scale() -> None:
+    if not _SCALE:
+        return
+    print(f"\nthe agent following a synthetic server, CPU as a share of one core (schedstat), "
+          f"medians of {REPEATS} rounds of {DURATION_S:g} s per row, the rows of a round in "
+          f"turn (collectors {','.join(CPU_SIDE_COLLECTORS)} at 0.5 s; {os.cpu_count()} cores)")
+    labels = [label for label, _ in SCALE_ROWS]
+    print(f"{'threads':>7} | " + " | ".join(f"{x:>36}" for x in labels))
+    for n, rows in sorted(_SCALE.items()):
+        base = _median(rows[labels[0]]).cpu_frac_ns
+        cells = []
+        for label in labels:
+            f = _median(rows[label])
+            more = f" (+{f.cpu_frac_ns - base:.2%}, x{f.cpu_frac_ns / max(base, 1e-9):.1f})" \
+                if label != labels[0] else ""
+            cells.append(f"{f.cpu_frac_ns:7.2%}{more}")
+        print(f"{n:>7} | " + " | ".join(f"{c:>36}" for c in cells))

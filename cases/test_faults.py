@@ -22,19 +22,29 @@ adding 10, 50 or 200 ms each way, a memory cgroup evicting the model's pages). N
 threshold is set from the set-aside set; ``python -m strata_plugin scorecard`` scores
 the two apart (docs/validation.md).
 
+The server's CPU allowance (issue 30, testing/allowance.py) has its own block of both
+sets: an allowance of one CPU for the server's two compute threads (``cpu_limited``, the
+allowance stated), a busy process on its only allowed CPU (``cpu_contention``, the
+process named) and a quiet C=1 prefill (no fault: the first class is the prefill
+compute, never ``headroom``). Tuned on affinity set before the case, one hog and a
+512-token prompt; judged on a cpuset switched during the case, two hogs in a cpuset and
+a 1,536-token prompt.
+
     pytest cases/ -m fault
     pytest cases/ -m fault -k "freezer or sigstop or proxy or memcg"   # the set-aside set
+    pytest cases/ -m fault -k "affinity or cpuset or pinned or prefill"   # the allowance
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -42,7 +52,7 @@ import pytest
 from strata_plugin.load.case_runner import check_case
 from strata_plugin.load.workload import Workload
 from strata_plugin.report import summarize_case
-from strata_plugin.testing import faults, memcg, pauses, relay
+from strata_plugin.testing import allowance, faults, memcg, pauses, relay
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
 FAULT_CLASSES = ("cpu_contention", "cpu_limited", "io_page_faults", "memory_pressure",
@@ -53,7 +63,11 @@ TUNING, SET_ASIDE = "tuning", "set-aside"
 TRUTH = {"cpu_contention": 0.25, "steal": 0.05, "memory_pressure": 0.10,
          "io_page_faults": 20.0, "read_bytes_s": 4e6,
          # the harness's threads ready to run without a CPU, s per s (kernel schedstat)
-         "client_wait_per_s": 0.5}
+         "client_wait_per_s": 0.5,
+         # the server's runnable threads (running or queued, schedstat) past the CPUs its
+         # masks allowed, mean over the window: an allowance smaller than its busy threads
+         # (2 compute threads on 1 CPU read 1.8-2.0 in tests/test_allowance_faults.py)
+         "cpu_limited_excess_threads": 0.5}
 #: Share of a window's requests that may fail in transport (reset, timeout) under a
 #: fault; they are recorded and classified, and the verdict still stands.
 MAX_ERROR_SHARE = 0.1
@@ -91,6 +105,15 @@ class Scenario:
     mechanism: str = ""  # how the fault is made, where a class has several (set-aside)
     fault_set: str = TUNING
     delay_ms: float = 0.0  # the relay's one-way delay (outside_server)
+    # the server's CPU allowance (testing/allowance.py): how many CPUs it keeps, set
+    # ``at_s`` after the case's load starts (0: before it), and busy processes on them
+    cpus: int = 0
+    at_s: float = 0.0
+    hogs: int = 0
+    arms: tuple[str, ...] = ("clean", "fault")  # a quiet case: the "fault" arm only
+    first: bool = False  # the expected class must be the first named, not one of two
+    never: tuple[str, ...] = ()  # classes no arm may name (a quiet case: headroom)
+    names_actor: bool = False  # the verdict must name the busy process (its PID)
 
     @property
     def name(self) -> str:
@@ -115,7 +138,51 @@ SET_ASIDE_SCENARIOS = (
     Scenario("io_page_faults", DECODE, private_model=True, mechanism="memcg_evict",
              fault_set=SET_ASIDE),
 )
-SCENARIOS = TUNING_SCENARIOS + SET_ASIDE_SCENARIOS
+
+# --- issue 30: the server's CPU allowance, and a quiet prefill ---------------------------
+
+#: The class of a case whose time is the server's own compute on the CPU (the ledger's
+#: largest cause mapped to its resource; the analysis names it).
+COMPUTE_CLASS = "cpu_compute"
+#: A C=1 prefill case with nothing injected: its TTFT is the server's prefill compute
+#: (about 0.15 s at 512 tokens here), so its verdict must say so, never ``headroom``.
+PREFILL = Workload("fault_prefill_c1", isl=512, osl=1, concurrency=1, requests=16, warmups=1,
+                   seed=53)
+#: The fault arm's load where the server keeps one CPU for its two compute threads: each
+#: token then waits for the other thread's turn on the CPU at every barrier of the
+#: forward pass, 0.85 s a token here against 6 ms clean (a first try with DECODE's 24 x 48
+#: tokens ran 40 s a request), so a few short requests make a window of tens of seconds.
+CUT = Workload("fault_decode_cut", isl=64, osl=8, concurrency=2, requests=6, seed=55)
+#: Switched during the case: no warm-up, so the window opens as the load starts and the
+#: switch at ``at_s`` falls inside it (the injector's clock starts with the load; its
+#: facts say when it switched and the arm checks that it fell in the window); 32 short
+#: requests take about 1.5 s clean, so about two thirds of them run after the switch.
+SWITCHED = Workload("fault_decode_switched", isl=64, osl=8, concurrency=2, requests=32,
+                    seed=56)
+#: Tuned on: affinity set before the case (one CPU for the server's two compute threads),
+#: one hog on the server's only allowed CPU, a 512-token prompt.
+ALLOWANCE_TUNING = (
+    Scenario("cpu_limited", DECODE, CUT, mechanism="affinity_before", cpus=1),
+    Scenario("cpu_contention", DECODE, CUT, mechanism="pinned_hog", cpus=1, hogs=1,
+             names_actor=True),
+    Scenario(COMPUTE_CLASS, PREFILL, mechanism="prefill_c1", arms=("fault",), first=True,
+             never=("headroom",)),
+)
+#: Judged on (set nothing): a cpuset switched during the case, 0.5 s after its load
+#: began; two hogs in a one-CPU cpuset; a prompt three times as long.
+ALLOWANCE_SET_ASIDE = (
+    Scenario("cpu_limited", DECODE, SWITCHED, mechanism="cpuset_during", cpus=1, at_s=0.5,
+             fault_set=SET_ASIDE),
+    Scenario("cpu_contention", DECODE, CUT, mechanism="cpuset_pinned_hogs", cpus=1, hogs=2,
+             names_actor=True, fault_set=SET_ASIDE),
+    Scenario(COMPUTE_CLASS, replace(PREFILL, name="fault_prefill_1k5_c1", isl=1536,
+                                    requests=8, seed=54),
+             mechanism="prefill_c1_1k5", arms=("fault",), first=True, never=("headroom",),
+             fault_set=SET_ASIDE),
+)
+
+SCENARIOS = TUNING_SCENARIOS + SET_ASIDE_SCENARIOS + ALLOWANCE_TUNING + ALLOWANCE_SET_ASIDE
+_BY_NAME = {sc.name: sc for sc in SCENARIOS}
 
 
 @dataclass(frozen=True)
@@ -132,6 +199,7 @@ class ArmResult:
     facts: dict
     fault_set: str = TUNING
     mechanism: str = ""
+    verdict_text: str = ""  # the whole verdict as JSON: where a named actor is looked for
 
     def line(self) -> str:
         return (f"{self.case_id}: truth {list(self.truth) or ['none']} -> verdict "
@@ -143,8 +211,10 @@ _RESULTS: list[ArmResult] = []
 
 def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injector:
     """The injection of a scenario's fault arm (queueing: the load itself, no injector)."""
-    if arm == "clean" or sc.fault == "queueing":
+    if arm == "clean" or sc.fault == "queueing" or sc.fault == COMPUTE_CLASS:
         return faults.NoFault()
+    if sc.cpus:
+        return _allowance_injector(sc, server)
     if sc.mechanism:  # a set-aside mechanism, before the tuning set's injector of its class
         return _set_aside_injector(sc, server, model)
     if sc.fault == "cpu_contention":
@@ -159,6 +229,21 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
     if sc.fault == "client_bound":
         return faults.ClientThrottle(quota=0.02)
     raise AssertionError(sc.fault)
+
+
+def _allowance_injector(sc: Scenario, server) -> faults.Injector:
+    """The server kept to its last ``cpus`` CPUs (the client keeps the first), by affinity
+    or by a cpuset of its own, with ``hogs`` busy processes on the first of them."""
+    mine = sorted(os.sched_getaffinity(server.pid))
+    if len(mine) <= sc.cpus:
+        raise faults.FaultUnavailable(f"the server may use {len(mine)} CPU(s): an allowance "
+                                      f"of {sc.cpus} is not smaller")
+    cpus = tuple(mine[-sc.cpus:])
+    by = "cpuset" if "cpuset" in sc.mechanism else "affinity"
+    if sc.hogs:
+        return allowance.PinnedHog(server.pid, cpus[0], hogs=sc.hogs, mechanism=by)
+    kind = allowance.ServerCpuset if by == "cpuset" else allowance.ServerAffinity
+    return kind(server.pid, cpus, at_s=sc.at_s)
 
 
 def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injector:
@@ -214,6 +299,9 @@ def _truth(sc: Scenario, arm: str, gt: dict) -> tuple[str, ...]:
     if (gt.get("server_major_faults_per_s", 0) >= TRUTH["io_page_faults"]
             or gt.get("server_read_bytes_s", 0) >= TRUTH["read_bytes_s"]):
         out.add("io_page_faults")
+    if "server_allowed_cpus" in gt and (gt["server_runnable_threads"] - gt["server_allowed_cpus"]
+                                        >= TRUTH["cpu_limited_excess_threads"]):
+        out.add("cpu_limited")
     return tuple(sorted(out))
 
 
@@ -258,15 +346,20 @@ def _private_model(sess, server, tmp: Path) -> Iterator[str]:
 
 
 def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int,
-             via: str | None = None) -> ArmResult:
+             via: str | None = None, during: faults.Injector | None = None) -> ArmResult:
     """One measured case, inside whatever fault the caller switched on (``via``: the
-    relay's URL, where the client connects instead of the server)."""
+    relay's URL, where the client connects instead of the server; ``during``: an
+    injector started just before the case's load, which switches its fault on at its
+    offset, and stopped once the window is closed)."""
     w = sc.fault_workload if (arm == "fault" and sc.fault_workload) else sc.workload
     case_id = f"fault/{sc.name}/{arm}/{rep}"
     interval = sess.cfg.profile.telemetry.interval_s
     quiet = faults.wait_quiet(server.pid, max_wait_s=15)
     watch = faults.GroundTruth(server.pid).start()
+    injected: dict = {}
     try:
+        if during is not None:
+            during.start()
         with _client_via(strata, via):
             result = strata.run(w, case_id=case_id, scale=False, allow_errors=True,
                                 extra={"fault": sc.fault, "fault_arm": arm,
@@ -275,6 +368,8 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int,
         # The fault stays on until the agent's next tick has closed the window.
         time.sleep(interval + 0.3)
     finally:
+        if during is not None:
+            injected = during.stop().as_dict()
         watch.stop()
     gt = watch.window(*result.window_ns)
     errors = [r for r in result.records if not r.ok]
@@ -287,10 +382,11 @@ def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int,
     return ArmResult(sc.fault, arm, case_id, v.summary() or "none", v.classes,
                      v.also_flagged, v.inconclusive, evidence,
                      _truth(sc, arm, gt),
-                     {"ground_truth": gt, "injector": {}, "quiet_before": quiet,
+                     {"ground_truth": gt, "injector": injected, "quiet_before": quiet,
                       "errors": [f"{r.request_id}: {r.error.cls}" for r in errors],
-                      "self_check": result.self_check.__dict__},
-                     sc.fault_set, sc.name)
+                      "self_check": result.self_check.__dict__,
+                      "window_ns": list(result.window_ns)},
+                     sc.fault_set, sc.name, json.dumps(asdict(v), default=str))
 
 
 def _check(r: ArmResult) -> list[str]:
@@ -303,7 +399,8 @@ def _check(r: ArmResult) -> list[str]:
         if r.scenario not in r.classes:
             where = (f"fired but ranked out of the top two (also past threshold: "
                      f"{list(r.also_flagged)})" if r.scenario in r.also_flagged else "not named")
-            problems.append(f"{r.case_id}: {r.scenario} {where}: '{r.verdict}'")
+            problems.append(f"{r.case_id}: {r.scenario} {where}: '{r.verdict}'"
+                            + "".join(_why(r, c) for c in r.classes))
         elif r.inconclusive:
             problems.append(f"{r.case_id}: {r.scenario} named only inconclusively "
                             f"('{r.verdict}')")
@@ -312,8 +409,56 @@ def _check(r: ArmResult) -> list[str]:
                             "threshold")
     for c in sorted(c for c in named & set(FAULT_CLASSES) if c not in r.truth):
         problems.append(f"{r.case_id}: names {c}, which did not happen "
-                        f"(ground truth {r.facts['ground_truth']})")
+                        f"(ground truth {r.facts['ground_truth']}){_why(r, c)}")
+    sc = _BY_NAME.get(r.mechanism or r.scenario)
+    if sc is not None:
+        problems += _check_allowance(sc, r)
     return problems
+
+
+def _why(r: ArmResult, cls: str) -> str:
+    """What made the verdict name ``cls``, where the rule's own rows do not say it: the
+    client's self-check (its reasons and the loop's figures) for ``client_bound``."""
+    if cls != "client_bound":
+        return ""
+    sc = r.facts.get("self_check", {})
+    keys = ("reasons", "loop_own_lag_p99_ms", "loop_lag_p99_ms", "read_backlog_p99_bytes",
+            "send_lag_p99_ms", "dispatch_delay_share", "client_cpu_cores",
+            "own_quota_throttled_frac", "engine")
+    return f"; the client's self-check: {({k: sc.get(k) for k in keys})}"
+
+
+def _check_allowance(sc: Scenario, r: ArmResult) -> list[str]:
+    """Issue 30's demands on a verdict: the expected class first (a quiet case's own
+    cause), classes it must never name, the busy process named by its PID, the
+    allowance stated with its mechanism, and a switch "during" that fell in the window."""
+    out = []
+    for c in sorted(set(sc.never) & {*r.classes, *r.also_flagged}):
+        out.append(f"{r.case_id}: names {c} ('{r.verdict}')")
+    if r.arm != "fault":
+        return out
+    if sc.first and r.classes[:1] != (sc.fault,):
+        out.append(f"{r.case_id}: the first class is not {sc.fault}: '{r.verdict}'")
+    inj = r.facts.get("injector", {})
+    if sc.names_actor:
+        pids = inj.get("hog_pids", [])
+        if not any(re.search(rf"\b{p}\b", r.verdict_text) for p in pids):
+            out.append(f"{r.case_id}: the verdict does not name the busy process (PIDs "
+                       f"{pids}, {inj.get('hog_comm')}): '{r.verdict}'")
+    if sc.cpus:
+        by = "cpuset" if "cpuset" in sc.mechanism else "affinity"
+        if by not in (inj.get("mechanism"), inj.get("pin_mechanism")):
+            out.append(f"{r.case_id}: injected by {inj}, not by {by}")
+        if sc.fault == "cpu_limited" and by not in r.verdict_text:
+            out.append(f"{r.case_id}: the verdict does not state the allowance ({sc.cpus} "
+                       f"CPU by {by}): '{r.verdict}'")
+    if sc.at_s:
+        w0, w1 = r.facts["window_ns"]
+        t = inj.get("switched_at_ns")
+        if not t or not w0 < t < w1:
+            out.append(f"{r.case_id}: the allowance changed at {t}, not during the window "
+                       f"[{w0}, {w1}] (monotonic ns)")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -325,8 +470,8 @@ def fault_matrix(request: pytest.FixtureRequest, strata_session) -> Iterator[lis
     lines = matrix_lines(_RESULTS)
     (strata_session.run_dir / "fault_matrix.json").write_text(json.dumps(
         {"matrix": lines, "fault_classes": FAULT_CLASSES,
-         "sets": {TUNING: [s.name for s in TUNING_SCENARIOS],
-                  SET_ASIDE: [s.name for s in SET_ASIDE_SCENARIOS]},
+         "sets": {k: [s.name for s in SCENARIOS if s.fault_set == k]
+                  for k in (TUNING, SET_ASIDE)},
          "arms": [r.__dict__ for r in _RESULTS]}, indent=2,
         sort_keys=True, default=str) + "\n")
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -384,7 +529,10 @@ def matrix_lines(results: list[ArmResult]) -> list[str]:
     return out
 
 
-def _orders() -> list[tuple[str, str]]:
+def _orders(arms: tuple[str, ...] = ("clean", "fault")) -> list[tuple[str, ...]]:
+    """Counterbalanced (clean fault fault clean ...); a one-arm scenario repeats its arm."""
+    if len(arms) == 1:
+        return [arms] * REPEATS
     return [("clean", "fault") if i % 2 == 0 else ("fault", "clean") for i in range(REPEATS)]
 
 
@@ -403,15 +551,27 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
         group: list[ArmResult] = []
         t0 = time.monotonic()
         try:
-            arms = [(i, a) for i, order in enumerate(_orders()) for a in order]
+            arms = [(i, a) for i, order in enumerate(_orders(sc.arms)) for a in order]
             for pos, (rep, arm) in enumerate(arms):
-                if pos % 2 == 0 and rep > 0 and time.monotonic() - t0 > SCENARIO_BUDGET_S:
+                if (pos % len(sc.arms) == 0 and rep > 0
+                        and time.monotonic() - t0 > SCENARIO_BUDGET_S):
                     print(f"{sc.fault}: budget of {SCENARIO_BUDGET_S:g} s spent after {rep} "
                           "repetition(s)")
                     break
-                if arm == "fault" and injector is None:
-                    injector = _injector(sc, arm, server, model)
+                if arm == "fault" and sc.at_s:
+                    # switched during the case: an injector of its own, started by the arm
                     try:
+                        r = _run_arm(strata, sess, server, sc, arm, rep,
+                                     during=_injector(sc, arm, server, model))
+                    except faults.FaultUnavailable as exc:
+                        pytest.skip(f"{sc.name}: cannot inject here: {exc}")
+                    results.append(r)
+                    fault_matrix.append(r)
+                    print(r.line())
+                    continue
+                if arm == "fault" and injector is None:
+                    try:
+                        injector = _injector(sc, arm, server, model)
                         injector.start()
                     except faults.FaultUnavailable as exc:
                         pytest.skip(f"{sc.fault}: cannot inject here: {exc}")

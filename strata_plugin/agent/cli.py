@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between the runstate collector's samples of the server's threads "
         "(its own grid, finer than --interval; >= 0.005)",
     )
+    p.add_argument(
+        "--runstate-adapt-above",
+        type=int,
+        help="above this many server threads the runstate grid stretches to 2 ms a thread, "
+        "up to 0.5 s (its cost is per thread; default: the collector's "
+        "ADAPT_ABOVE_THREADS, 16); 0 keeps it fixed",
+    )
     p.add_argument("--ib-root", default="/sys/class/infiniband", help="RDMA sysfs root")
     p.add_argument("--prom-url", help="the engine's Prometheus /metrics URL")
     p.add_argument(

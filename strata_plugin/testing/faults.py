@@ -18,6 +18,9 @@ bottleneck real on this machine:
   small CFS quota (``client_bound``);
 * :class:`LinkCap` - a token-bucket rate cap (tc tbf) on a veth link (``network``).
 
+The server's CPU allowance (an affinity mask or a cpuset smaller than its busy threads, a
+busy process on its only allowed CPU) is in :mod:`strata_plugin.testing.allowance`.
+
 Contract: ``start()`` returns once the fault is active, so a window opened after it is
 faulted from its first sample; ``stop()`` is idempotent, never raises, and returns the
 ground truth it measured (:class:`FaultFacts`). Every helper process exits by itself
@@ -51,6 +54,10 @@ from strata_plugin.errors import StrataError
 #: No helper lives longer than this, whatever the caller asks.
 MAX_HELPER_S = 600.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+#: The busy helpers' command name (comm), so a verdict that names the processes holding
+#: the CPUs can be checked against them.
+HOG_COMM = b"strata-hog"
 _SYS_PIDFD_OPEN = 434  # x86-64 and aarch64 share these numbers (asm-generic)
 _SYS_PROCESS_MADVISE = 440
 _MADV_PAGEOUT = 21
@@ -274,6 +281,7 @@ class CpuHogs(Injector):
             _close_pipes(p)
         restore_nice(self._nice)
         return {"hogs": len(self.procs), "cores": list(self.cores),
+                "hog_pids": [p.pid for _, p in self.procs], "hog_comm": HOG_COMM.decode(),
                 "hog_cpu_s": round(cpu, 3), "client_nice": SHIELD_NICE if self._nice else 0}
 
 
@@ -764,6 +772,43 @@ def _trees_cpu_faults(server: int | None) -> tuple[float, float, int, int]:
     return s.cpu_s, o.cpu_s, s.major_faults, s.read_bytes
 
 
+def tree_threads(pid: int) -> dict[int, list[int]]:
+    """{process: its thread ids} for ``pid``'s process tree (empty when it is gone)."""
+    from strata_plugin.agent.procfs import process_tree
+
+    out: dict[int, list[int]] = {}
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):  # a process that just ended
+            out[p] = sorted(int(t) for t in os.listdir(f"/proc/{p}/task"))
+    return out
+
+
+def sched_s(pid: int) -> tuple[float, float]:
+    """(on-CPU s, run-queue wait s) summed over the live threads of ``pid``'s tree, from
+    each thread's schedstat (the kernel's own clocks, apart from the agent)."""
+    from strata_plugin.agent.procfs import parse_schedstat
+
+    run = wait = 0
+    for p, tids in tree_threads(pid).items():
+        for tid in tids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                a, b, _ = parse_schedstat(Path(f"/proc/{p}/task/{tid}/schedstat").read_bytes())
+                run += a
+                wait += b
+    return run / 1e9, wait / 1e9
+
+
+def allowed_cpus(pid: int) -> int:
+    """How many CPUs the threads of ``pid``'s tree may run on (the union of their
+    affinity masks, which a cpuset also sets); the host's count when it is gone."""
+    cpus: set[int] = set()
+    for tids in tree_threads(pid).values():
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                cpus |= os.sched_getaffinity(tid)
+    return len(cpus) or (os.cpu_count() or 1)
+
+
 def _own_threads_wait_s() -> float:
     """Run-queue wait of this process's threads (the load generator among them), in s:
     time they were ready to run and did not get a CPU, from each thread's schedstat."""
@@ -791,13 +836,16 @@ class GroundTruth(Injector):
     ``min_mem_available_frac``; ``server_major_faults_per_s``, ``server_read_bytes_s``;
     ``harness_wait_per_s``: seconds per second this process's threads (the load
     generator) sat ready to run without a CPU (a client starved of CPU, measured by the
-    kernel, apart from the load generator's own self-check).
+    kernel, apart from the load generator's own self-check); ``server_runnable_threads``:
+    the mean number of the server's threads running or waiting for a CPU (schedstat run
+    time plus run-queue wait, per second), against ``server_allowed_cpus``, the mean
+    number of CPUs its threads' masks allowed (an allowance smaller than its busy threads).
     """
 
     name = "ground_truth"
     #: (mono ns, busy s, steal s, server cpu s, own cpu s, server majflt, server read B,
-    #: own threads' run-queue wait s)
-    FIELDS = 8
+    #: own threads' run-queue wait s, server threads' run + wait s, server allowed CPUs)
+    FIELDS = 10
 
     def __init__(self, server_pid: int | None, period_s: float = 0.25) -> None:
         super().__init__()
@@ -809,9 +857,11 @@ class GroundTruth(Injector):
 
     def _sample(self) -> None:
         server_cpu, own_cpu, faults, reads = _trees_cpu_faults(self.server_pid)
+        run, wait = sched_s(self.server_pid) if self.server_pid else (0.0, 0.0)
+        cpus = allowed_cpus(self.server_pid) if self.server_pid else (os.cpu_count() or 1)
         t = time.monotonic_ns()
         self.series.append((t, *_host_busy_steal_s(), server_cpu, own_cpu, faults, reads,
-                            _own_threads_wait_s()))
+                            _own_threads_wait_s(), run + wait, cpus))
         mi = meminfo()
         self.avail.append((t, mi["MemAvailable"] / mi["MemTotal"]))
 
@@ -849,6 +899,7 @@ class GroundTruth(Injector):
         ncpu = os.cpu_count() or 1
         busy, steal, srv, own = (b[i] - a[i] for i in (1, 2, 3, 4))
         avail = [v for t, v in self.avail if start_ns - self.period_s * 1e9 <= t <= end_ns]
+        cpus = [s[9] for s in self.series if start_ns <= s[0] <= end_ns] or [a[9], b[9]]
         return {"window_s": round(dt, 3), "host_busy_cores": round(busy / dt, 3),
                 "server_cores": round(srv / dt, 3), "harness_cores": round(own / dt, 3),
                 "foreign_cores": round(max(0.0, busy - srv - own) / dt, 3),
@@ -857,7 +908,9 @@ class GroundTruth(Injector):
                 "min_mem_available_frac": round(min(avail, default=1.0), 4),
                 "server_major_faults_per_s": round((b[5] - a[5]) / dt, 2),
                 "server_read_bytes_s": round((b[6] - a[6]) / dt),
-                "harness_wait_per_s": round((b[7] - a[7]) / dt, 3)}
+                "harness_wait_per_s": round((b[7] - a[7]) / dt, 3),
+                "server_runnable_threads": round((b[8] - a[8]) / dt, 3),
+                "server_allowed_cpus": round(sum(cpus) / len(cpus), 3)}
 
 
 def wait_quiet(server_pid: int | None, max_frac: float = 0.15, settle_s: float = 1.0,
@@ -900,6 +953,8 @@ def _say(word: str, payload: dict[str, Any]) -> None:
 
 
 def _main_hog(a: argparse.Namespace, deadline: float) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(HOG_COMM), 0, 0, 0)
     _say("ready", {"pid": os.getpid()})
     n = 0
     while True:
