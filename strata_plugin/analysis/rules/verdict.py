@@ -13,21 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from strata_plugin.analysis.rules.outcome import _margin, _Outcome, _round
-from strata_plugin.analysis.rules.table import (
-    AMBIGUOUS,
-    CLASSES,
-    CLIENT_MEASURED,
-    CONTRADICTIONS,
-    CORE_CPU,
-    CORE_GPU,
-    CPU_SERVER_RULES,
-    GPU_RULES,
-    HOST_RULES,
-    MODIFIERS,
-    SERVING,
-    SERVING_RULES,
-    SIGNAL_SOURCES,
-)
+from strata_plugin.analysis.rules.registry import active
+from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
 from strata_plugin.analysis.rules.traces import TRACE_CLOCK, TRACE_LEDGER, TRACE_SCHED
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
 from strata_plugin.analysis.thresholds import threshold
@@ -35,7 +22,7 @@ from strata_plugin.analysis.thresholds import value as _v
 
 
 def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = ()) -> str:
-    src = SIGNAL_SOURCES.get(signal, signal)
+    src = active().signal_sources.get(signal, signal)
     if signal in distrusted:
         return f"{signal} <- {src} (not trusted: the load generator's self-check flagged it)"
     collector = src.split(":", 1)[0]
@@ -83,21 +70,22 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
             + ", ".join(CLIENT_MEASURED)
             + ") are not trusted for this window"
         )
-    rules = list(HOST_RULES) + list(SERVING_RULES)
-    rules = (list(GPU_RULES) if gpu_mode else list(CPU_SERVER_RULES)) + rules
+    t = active()  # the table's rules and the installed plugins' (rules/registry.py)
+    rules = list(t.host_rules) + list(t.serving_rules)
+    rules = (list(t.gpu_rules) if gpu_mode else list(t.cpu_server_rules)) + rules
     outcomes = {o.cls: o for o in (rule(s) for rule in rules)}
     if not gpu_mode:
         notes.append("no GPU telemetry and none expected: GPU classes not assessed")
 
     fired = [o for o in outcomes.values() if o.fired]
-    modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
-    ordered = _rank([o for o in fired if o.cls not in MODIFIERS], background)
+    modifiers = tuple(o.cls for o in fired if o.cls in t.modifiers)
+    ordered = _rank([o for o in fired if o.cls not in t.modifiers], background)
 
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     unassessed = [o for o in outcomes.values() if not o.assessable]
     missing_text = tuple(_missing_text(m, s, distrusted) for m in missing_signals)
     penalty = threshold("missing_penalty").value ** len(
-        {SIGNAL_SOURCES.get(m, m).split(":", 1)[0] for m in missing_signals}
+        {t.signal_sources.get(m, m).split(":", 1)[0] for m in missing_signals}
     )
 
     # Signals that contradict each other: the server used more CPU than the whole node.
@@ -186,7 +174,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
             notes=tuple(notes),
         )
 
-    core = CORE_GPU if gpu_mode else CORE_CPU
+    core = t.core_gpu if gpu_mode else t.core_cpu
     blind = [c for c in core if c in outcomes and not outcomes[c].assessable]
     if blind:
         traces = tuple(sorted({outcomes[c].trace for c in blind if outcomes[c].trace}))
@@ -238,10 +226,12 @@ def _rank(fired: list[_Outcome], background: frozenset[str] | set[str] = frozens
     classes already past threshold in the idle baseline (``background``) come after
     those that appeared with the load.
     """
-    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score, CLASSES.index(o.cls)))
+    t = active()
+    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score,
+                                          t.classes.index(o.cls)))
     client = [o for o in ranked if o.cls == "client_bound"]
-    resource = [o for o in ranked if o.cls not in SERVING]
-    serving = [o for o in ranked if o.cls in SERVING and o.cls not in LAST]
+    resource = [o for o in ranked if o.cls not in t.serving]
+    serving = [o for o in ranked if o.cls in t.serving and o.cls not in LAST]
     last = [o for o in ranked if o.cls == "unexplained"]
     return client + resource[:1] + serving[:1] + resource[1:] + serving[1:] + last
 

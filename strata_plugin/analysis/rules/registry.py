@@ -1,0 +1,226 @@
+"""Rules from other packages, and the table the verdict runs: the built-in rows of
+``table.py``, then the plugins'.
+
+A package adds a rule through the ``strata.rules`` entry-point group
+(docs/extending.md, "A rule"): the entry point names a :class:`RulePlugin`, which holds
+what a built-in rule has in three places (its row in ``table.py``, its thresholds in
+``analysis/thresholds.py``, its signals' lines in ``analysis/signals.py``), so that it
+fits the same contracts without editing them:
+
+* its :class:`~strata_plugin.analysis.rules.table.Rule` row: class (the entry point's
+  name, new), group, function, and every signal it reads with its ``collector:metric``
+  source (a built-in signal with the source the table gives it);
+* its thresholds, each a :class:`~strata_plugin.analysis.thresholds.Threshold` with its
+  source (the threshold table finds them by name, the report lists them);
+* ``signals``: the window's new signals, from its telemetry summary (``HwView``, the
+  server's node), None where not measured.
+
+Checked when loaded (:func:`plugin_rules`), as ``tests/test_rule_table.py`` checks the
+table: a class, signal or threshold name already taken, a source without its collector,
+a function that reads a signal its row does not declare (or declares one it does not
+read) is an ``entry_points.PluginError`` naming the distribution and entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from strata_plugin import entry_points
+from strata_plugin.analysis.rules import table
+from strata_plugin.analysis.rules.outcome import Outcome
+from strata_plugin.analysis.rules.table import Rule
+from strata_plugin.analysis.rules.window import WindowSignals
+from strata_plugin.analysis.thresholds import plugin_thresholds
+
+#: (the window's ``HwView``, the server's node or None) -> {new signal: value or None}
+SignalsFn = Callable[[Any, "str | None"], Mapping[str, "float | None"]]
+
+
+@dataclass(frozen=True)
+class RulePlugin:
+    """One rule of another package: its row, its thresholds, its new signals."""
+
+    rule: Rule
+    #: the thresholds its function compares against that Strata's table lacks
+    thresholds: tuple[Any, ...] = ()
+    #: computes the new signals its row declares (those ``WindowSignals`` lacks) from
+    #: the window's summary: ``signals(view, node)`` -> {name: value or None}; ``view``
+    #: is ``analysis/signals.HwView`` (``view.select(collector, metric, node)``)
+    signals: SignalsFn | None = None
+
+
+@dataclass(frozen=True)
+class ActiveRules:
+    """Everything the verdict machinery reads about the rules, built-in and plugin:
+    ``table.py``'s derived tuples with the plugins' rows added after the built-ins (so
+    a plugin's class breaks score ties after every built-in one)."""
+
+    rules: tuple[Rule, ...]
+    classes: tuple[str, ...]
+    modifiers: tuple[str, ...]
+    serving: tuple[str, ...]
+    signal_sources: Mapping[str, str]
+    gpu_rules: tuple[Callable[[WindowSignals], Outcome], ...]
+    host_rules: tuple[Callable[[WindowSignals], Outcome], ...]
+    cpu_server_rules: tuple[Callable[[WindowSignals], Outcome], ...]
+    serving_rules: tuple[Callable[[WindowSignals], Outcome], ...]
+    core_gpu: tuple[str, ...]
+    core_cpu: tuple[str, ...]
+    #: the window signals class: ``WindowSignals``, or a subclass with the plugins' new
+    #: signals as fields (None by default)
+    signals_class: type[WindowSignals]
+    plugins: tuple[entry_points.Plugin, ...]
+
+
+#: Fields of WindowSignals that describe the window, not a measured signal: a rule
+#: reads them without declaring them (as ``tests/test_rule_table.py``'s CONTEXT).
+CONTEXT = frozenset({
+    "window", "duration_s", "gpu_present", "gpu_expected", "multi_node", "unavailable",
+    "n_gpus", "concurrency", "queue_split", "ledger_metric", "ledger_shares",
+    "ledger_residual_ms", "ledger_residual_part", "client_lateness_p99_ms",
+    "client_cpu_fraction"})
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def signals_read(fn: Callable[..., Any], candidates: set[str]) -> set[str] | None:
+    """The ``candidates`` a rule function (and the ``_helper(s)`` it calls in its module)
+    names as ``s.<name>`` or ``"<name>"``: the signals it reads; None when its source
+    cannot be read. The same reading ``tests/test_rule_table.py`` holds the table to."""
+    try:
+        src = inspect.getsource(fn)
+        mod = inspect.getmodule(fn)
+        for helper in re.findall(r"\b(_\w+)\(s\)", src):
+            if mod is not None and hasattr(mod, helper):
+                src += inspect.getsource(getattr(mod, helper))
+    except (OSError, TypeError):
+        return None
+    return {n for n in candidates if re.search(rf'["\.]{n}\b', src)}
+
+
+def plugin_rules() -> tuple[RulePlugin, ...]:
+    """The ``strata.rules`` plugins, checked; loaded once, on first use."""
+    return tuple(p.obj for p in active().plugins)
+
+
+def active() -> ActiveRules:
+    """The rules the verdict runs: the table's and the installed plugins'."""
+    return _active(entry_points.load(entry_points.RULES))
+
+
+def _check(p: entry_points.Plugin, fields: set[str]) -> dict[str, str]:
+    """One plugin against the table's contracts; its new signals with their sources."""
+    rp = p.obj
+    if not isinstance(rp, RulePlugin):
+        raise p.error(f"a rule's entry point names a RulePlugin, not a {type(rp).__name__}")
+    r = rp.rule
+    if not isinstance(r, Rule):
+        raise p.error("RulePlugin.rule is a Rule(cls, group, fn, signals)")
+    if r.cls != p.name:
+        raise p.error(f"the rule's class is {r.cls!r}: name the entry point as the class")
+    if not _NAME.match(r.cls):
+        raise p.error(f"class {r.cls!r}: lower case letters, digits and _")
+    new: dict[str, str] = {}
+    for name, source in r.signals:
+        collector, colon, metric = source.partition(":")
+        if not (colon and collector.strip() and metric.strip()):
+            raise p.error(f"signal {name!r}: its source {source!r} names no "
+                          "'collector:metric' (what the verdict says is missing)")
+        if name in fields:
+            own = table.SIGNAL_SOURCES.get(name)
+            if name in CONTEXT or own is None:
+                raise p.error(f"{name!r} describes the window; it is not a signal to declare")
+            if own != source:
+                raise p.error(f"signal {name!r} is Strata's, with the source {own!r}; "
+                              f"declare it so, not as {source!r}")
+        elif not _NAME.match(name):
+            raise p.error(f"signal {name!r}: lower case letters, digits and _")
+        else:
+            new[name] = source
+    if new and rp.signals is None:
+        raise p.error(f"its new signals {sorted(new)} need RulePlugin.signals, the "
+                      "function that computes them from the window")
+    declared = {n for n, _ in r.signals}
+    read = signals_read(r.fn, (fields - CONTEXT) | set(new))
+    if read is not None and read != declared:
+        raise p.error(f"{r.fn.__name__} reads {sorted(read)} but the row declares "
+                      f"{sorted(declared)}: declare exactly the signals it reads")
+    return new
+
+
+@functools.cache
+def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
+    fields = {f.name for f in dataclasses.fields(WindowSignals)}
+    taken_classes = set(table.CLASSES)
+    entry_points.check_names(plugins, taken_classes, "verdict class")
+    sources = dict(table.SIGNAL_SOURCES)
+    new_fields: list[str] = []
+    for p in plugins:
+        for name, source in _check(p, fields).items():
+            if name in sources and sources[name] != source:
+                raise p.error(f"signal {name!r} is also another plugin's, with the source "
+                              f"{sources[name]!r}")
+            if name not in sources:
+                new_fields.append(name)
+            sources[name] = source
+    plugin_thresholds()  # their thresholds checked too (analysis/thresholds.py)
+    rows = tuple(p.obj.rule for p in plugins)
+
+    def of(*groups: str) -> tuple[Rule, ...]:
+        return tuple(r for r in rows if r.group in groups)
+
+    cls = WindowSignals
+    if new_fields:
+        cls = dataclasses.make_dataclass(
+            "WindowSignals", [(n, "float | None", dataclasses.field(default=None))
+                              for n in new_fields],
+            bases=(WindowSignals,), frozen=True, module=__name__)
+        cls.__doc__ = ("WindowSignals with the rule plugins' new signals: "
+                       + ", ".join(new_fields))
+    return ActiveRules(
+        rules=(*table.RULES, *rows),
+        classes=(*table.CLASSES, *(r.cls for r in rows)),
+        modifiers=(*table.MODIFIERS, *(r.cls for r in of("modifier"))),
+        serving=(*table.SERVING, *(r.cls for r in of("serving"))),
+        signal_sources=sources,
+        gpu_rules=(*table.GPU_RULES, *(r.fn for r in of("gpu", "modifier"))),
+        host_rules=(*table.HOST_RULES, *(r.fn for r in of("host"))),
+        cpu_server_rules=(*table.CPU_SERVER_RULES, *(r.fn for r in of("cpu_server"))),
+        serving_rules=(*table.SERVING_RULES, *(r.fn for r in of("serving"))),
+        core_gpu=(*table.CORE_GPU, *(r.cls for r in rows if "gpu" in r.core)),
+        core_cpu=(*table.CORE_CPU, *(r.cls for r in rows if "cpu" in r.core)),
+        signals_class=cls,
+        plugins=plugins,
+    )
+
+
+def plugin_signals(view: Any, node: str | None) -> dict[str, float | None]:
+    """The plugins' new signals for one window (None where a plugin measured nothing):
+    what ``analysis/signals.py`` adds to the built-in ones."""
+    a = active()
+    out: dict[str, float | None] = {}
+    for p in a.plugins:
+        rp: RulePlugin = p.obj
+        new = {n for n, _ in rp.rule.signals if n not in _BUILTIN_FIELDS}
+        if not new or rp.signals is None:
+            continue
+        try:
+            got = dict(rp.signals(view, node))
+        except Exception as e:  # the plugin's own code
+            raise p.error(f"its signals function raised {type(e).__name__}: {e}") from e
+        extra = sorted(set(got) - new)
+        if extra:
+            raise p.error(f"its signals function returned {extra}, which its row does not "
+                          f"declare (it declares {sorted(new)})")
+        for n in new:
+            v = got.get(n)
+            out[n] = None if v is None else float(v)
+    return out
+
+
+_BUILTIN_FIELDS = frozenset(f.name for f in dataclasses.fields(WindowSignals))
