@@ -23,10 +23,12 @@ read) is an ``entry_points.PluginError`` naming the distribution and entry point
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import inspect
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,19 +90,51 @@ CONTEXT = frozenset({
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def signals_read(fn: Callable[..., Any], candidates: set[str]) -> set[str] | None:
-    """The ``candidates`` a rule function (and the ``_helper(s)`` it calls in its module)
-    names as ``s.<name>`` or ``"<name>"``: the signals it reads; None when its source
-    cannot be read. The same reading ``tests/test_rule_table.py`` holds the table to."""
+#: calls whose arguments name a signal the rule reads, and where: RuleCheck.need(*names),
+#: RuleCheck.cmp(name, ...), signal_margin(s, name, ...), getattr(s, name)
+_NAMING_CALLS = {"need": slice(None), "cmp": slice(0, 1), "signal_margin": slice(1, 2),
+                 "_m": slice(1, 2), "getattr": slice(1, 2)}
+
+
+def signals_read(fn: Callable[..., Any], known: frozenset[str] | set[str] = frozenset(),
+                 _seen: set[str] | None = None) -> set[str] | None:
+    """The signals a rule function reads: ``s.<name>`` on its window argument, the names
+    it hands ``need``, ``cmp``, ``signal_margin`` and ``getattr``, any of the ``known``
+    signal names it writes as a string (a loop over a tuple of them), and the same in
+    the module's functions it passes the window to; the window's context fields left
+    out. None when its source cannot be read. (``tests/test_rule_table.py`` holds the
+    table's rows to the same declaration.)"""
+    seen = set() if _seen is None else _seen
     try:
-        src = inspect.getsource(fn)
-        mod = inspect.getmodule(fn)
-        for helper in re.findall(r"\b(_\w+)\(s\)", src):
-            if mod is not None and hasattr(mod, helper):
-                src += inspect.getsource(getattr(mod, helper))
-    except (OSError, TypeError):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
         return None
-    return {n for n in candidates if re.search(rf'["\.]{n}\b', src)}
+    mod = inspect.getmodule(fn)
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fdef.args.args:
+        return None
+    window = fdef.args.args[0].arg
+    names: set[str] = set()
+    for node in ast.walk(fdef):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == window):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and node.value in known:
+            names.add(node.value)
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) \
+            else ""
+        if called in _NAMING_CALLS:
+            names.update(a.value for a in node.args[_NAMING_CALLS[called]]
+                         if isinstance(a, ast.Constant) and isinstance(a.value, str))
+        helper = getattr(mod, called, None) if isinstance(f, ast.Name) else None
+        if (inspect.isfunction(helper) and called not in seen and inspect.getmodule(helper)
+                is mod and any(isinstance(a, ast.Name) and a.id == window for a in node.args)):
+            seen.add(called)
+            names |= signals_read(helper, known, seen) or set()
+    return names - CONTEXT
 
 
 def plugin_rules() -> tuple[RulePlugin, ...]:
@@ -146,8 +180,11 @@ def _check(p: entry_points.Plugin, fields: set[str]) -> dict[str, str]:
         raise p.error(f"its new signals {sorted(new)} need RulePlugin.signals, the "
                       "function that computes them from the window")
     declared = {n for n, _ in r.signals}
-    read = signals_read(r.fn, (fields - CONTEXT) | set(new))
-    if read is not None and read != declared:
+    read = signals_read(r.fn, (fields - CONTEXT) | declared)
+    if read is None:
+        raise p.error(f"the source of {getattr(r.fn, '__name__', r.fn)!r} cannot be read: "
+                      "its row's signals are checked against what it reads")
+    if read != declared:
         raise p.error(f"{r.fn.__name__} reads {sorted(read)} but the row declares "
                       f"{sorted(declared)}: declare exactly the signals it reads")
     return new
@@ -179,7 +216,8 @@ def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
         cls = dataclasses.make_dataclass(
             "WindowSignals", [(n, "float | None", dataclasses.field(default=None))
                               for n in new_fields],
-            bases=(WindowSignals,), frozen=True, module=__name__)
+            bases=(WindowSignals,), frozen=True)
+        cls.__module__ = __name__
         cls.__doc__ = ("WindowSignals with the rule plugins' new signals: "
                        + ", ".join(new_fields))
     return ActiveRules(
