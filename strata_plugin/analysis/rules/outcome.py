@@ -3,8 +3,8 @@
 The names a rule is written with, Strata's own and a plugin's alike (docs/extending.md,
 "A rule"; :mod:`strata_plugin.extend`): :class:`RuleCheck` records each comparison,
 :class:`Outcome` is what a rule returns, :func:`signal_margin` and :func:`margin` its
-score. The underscored spellings are the same objects, kept for the rule families
-that still use them.
+score. The underscored spellings below are the same objects, kept only so that code
+written with them still imports; new code uses the public names.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def signal_margin(s: WindowSignals, signal: str, thr: str, op: str = ">=",
     return margin(float(v), _v(thr) * scale, op) if v is not None else 0.0
 
 
-# The spellings the rule families were written with (the same objects).
+# The spellings the rule families were first written with (the same objects): code written
+# with them still imports. Remove once nothing does (grep -rn "outcome import _").
 _Outcome = Outcome
 _Rule = RuleCheck
 _m = signal_margin
