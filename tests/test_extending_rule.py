@@ -49,7 +49,8 @@ def test_the_rule_joins_the_table_the_verdict_runs(plugin):
     (rp,) = plugin_rules()
     t = active()
     assert t.rules == (*RULES, rp.rule) and t.classes[-1] == CLS
-    assert rp.rule.fn in t.host_rules and rp.rule.fn not in t.gpu_rules  # group "host"
+    ran = [getattr(f, "__wrapped__", None) for f in (*t.host_rules, *t.gpu_rules)]
+    assert ran.count(rp.rule.fn) == 1 and t.host_rules[-1].__wrapped__ is rp.rule.fn  # "host"
     assert t.signal_sources[SIGNAL] == "fds:fds_open/fds_max"
     assert SIGNAL not in SIGNAL_SOURCES and SIGNAL not in FIELDS  # Strata's own: unchanged
     assert {f.name for f in dataclasses.fields(t.signals_class)} == FIELDS | {SIGNAL}
@@ -158,6 +159,20 @@ NOT_A_THRESHOLD = _changed(thresholds=({"fd_used_frac": 0.9},))
 BUILT_IN_CLASS = _changed(rule=dataclasses.replace(R, cls="cpu_compute"))
 JUST_A_ROW = R
 EXTRA_SIGNAL = _changed(signals=lambda view, node: {**fd_signals(view, node), "other": 1.0})
+
+
+def boom(*args):
+    raise ZeroDivisionError("the plugin's own bug")
+
+
+def rule_raises(s):
+    r = RuleCheck("fd_exhaustion", s)
+    r.need("fd_used_frac")
+    return boom(r)
+
+
+SIGNALS_RAISE = _changed(signals=boom)
+RULE_RAISES = _changed(rule=dataclasses.replace(R, fn=rule_raises))
 '''
 
 
@@ -194,15 +209,39 @@ def test_a_rule_that_breaks_a_contract_is_refused_when_it_loads(tmp_path, monkey
         forget()
 
 
-def test_a_signals_function_that_returns_an_undeclared_signal_fails_the_window(
-        tmp_path, monkeypatch):
+@pytest.mark.parametrize(("value", "why"), [
+    ("EXTRA_SIGNAL", "ValueError: it returned ['other'], which its row does not declare"),
+    ("SIGNALS_RAISE", "ZeroDivisionError: the plugin's own bug"),
+])
+def test_a_signals_function_that_fails_leaves_its_signal_unmeasured_and_says_why(
+        tmp_path, monkeypatch, value, why):
+    """The plugin's own code failing in a window does not end the case's analysis: its
+    signal is unmeasured, and the verdict's missing-signal line says why."""
     pkg = install_here(tmp_path / "pkg", monkeypatch, drop=("strata.rules",), extra_groups={
-        "strata.rules": {CLS: "strata_example.broken:EXTRA_SIGNAL"}})
+        "strata.rules": {CLS: f"strata_example.broken:{value}"}})
     (pkg / "strata_example" / "broken.py").write_text(BROKEN)
     try:
-        with pytest.raises(PluginError, match=r"its signals function returned \['other'\]"):
-            build_signals(window="c", duration_s=1.0, start_ns=0, end_ns=1, hw=[],
-                          requests=None, gpu_present=False, gpu_expected=False,
-                          multi_node=False, unavailable=())
+        sig = build_signals(window="c", duration_s=1.0, start_ns=0, end_ns=1, hw=[],
+                            requests=None, gpu_present=False, gpu_expected=False,
+                            multi_node=False, unavailable=())
+        reason = (f"rule plugin 'fd_exhaustion' (strata-example 0.1.0): its signals "
+                  f"function failed: {why}")
+        assert sig.fd_used_frac is None and sig.unavailable == (("?/fds", reason),)
+        missing = classify(sig).missing_signals
+        assert (f"{SIGNAL} <- fds:fds_open/fds_max (unavailable: ?/fds: {reason})"
+                in missing), missing
+    finally:
+        forget()
+
+
+def test_a_rule_that_raises_is_unassessable_saying_so(tmp_path, monkeypatch):
+    pkg = install_here(tmp_path / "pkg", monkeypatch, drop=("strata.rules",), extra_groups={
+        "strata.rules": {CLS: "strata_example.broken:RULE_RAISES"}})
+    (pkg / "strata_example" / "broken.py").write_text(BROKEN)
+    try:
+        v = classify(window(fd_used_frac=0.99))
+        assert CLS not in v.past_threshold
+        assert ("rule plugin 'fd_exhaustion' (strata-example 0.1.0) raised ZeroDivisionError: "
+                "the plugin's own bug") in v.finer_trace, v
     finally:
         forget()

@@ -413,7 +413,9 @@ def build_signals(
             view.rows, window=window, link_caps=link_caps, expect_rdma=expect_rdma
         )
     fields = rails.merge_signals(fields, rails_report)
-    fields.update(plugin_signals(view, node))  # the rule plugins' own (rules/registry.py)
+    # the rule plugins' own signals (rules/registry.py), and why where theirs failed
+    extra, failed = plugin_signals(view, node)
+    fields.update(extra)
     if requests is not None:
         gap = None
         # p99 gap over the typical decode pace. TPOT, not only the median gap: tokens that
@@ -441,6 +443,6 @@ def build_signals(
         gpu_present=gpu_present,
         gpu_expected=gpu_expected,
         multi_node=multi_node,
-        unavailable=tuple(unavailable),
+        unavailable=(*unavailable, *failed),
         **fields,
     )

@@ -207,6 +207,7 @@ def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
             sources[name] = source
     plugin_thresholds()  # their thresholds checked too (analysis/thresholds.py)
     rows = tuple(p.obj.rule for p in plugins)
+    run = {p.obj.rule.cls: guarded(p) for p in plugins}
 
     def of(*groups: str) -> tuple[Rule, ...]:
         return tuple(r for r in rows if r.group in groups)
@@ -226,10 +227,10 @@ def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
         modifiers=(*table.MODIFIERS, *(r.cls for r in of("modifier"))),
         serving=(*table.SERVING, *(r.cls for r in of("serving"))),
         signal_sources=sources,
-        gpu_rules=(*table.GPU_RULES, *(r.fn for r in of("gpu", "modifier"))),
-        host_rules=(*table.HOST_RULES, *(r.fn for r in of("host"))),
-        cpu_server_rules=(*table.CPU_SERVER_RULES, *(r.fn for r in of("cpu_server"))),
-        serving_rules=(*table.SERVING_RULES, *(r.fn for r in of("serving"))),
+        gpu_rules=(*table.GPU_RULES, *(run[r.cls] for r in of("gpu", "modifier"))),
+        host_rules=(*table.HOST_RULES, *(run[r.cls] for r in of("host"))),
+        cpu_server_rules=(*table.CPU_SERVER_RULES, *(run[r.cls] for r in of("cpu_server"))),
+        serving_rules=(*table.SERVING_RULES, *(run[r.cls] for r in of("serving"))),
         core_gpu=(*table.CORE_GPU, *(r.cls for r in rows if "gpu" in r.core)),
         core_cpu=(*table.CORE_CPU, *(r.cls for r in rows if "cpu" in r.core)),
         signals_class=cls,
@@ -237,28 +238,49 @@ def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
     )
 
 
-def plugin_signals(view: Any, node: str | None) -> dict[str, float | None]:
-    """The plugins' new signals for one window (None where a plugin measured nothing):
-    what ``analysis/signals.py`` adds to the built-in ones."""
-    a = active()
+def plugin_signals(view: Any, node: str | None
+                   ) -> tuple[dict[str, float | None], tuple[tuple[str, str], ...]]:
+    """The plugins' new signals for one window (None where a plugin measured nothing),
+    and why a plugin's are missing where its own code failed: ``(node/collector,
+    reason)`` entries for the window's ``unavailable``, which the verdict's missing-signal
+    lines name. What ``analysis/signals.py`` adds to the built-in signals."""
     out: dict[str, float | None] = {}
-    for p in a.plugins:
+    failed: list[tuple[str, str]] = []
+    for p in active().plugins:
         rp: RulePlugin = p.obj
-        new = {n for n, _ in rp.rule.signals if n not in _BUILTIN_FIELDS}
-        if not new or rp.signals is None:
+        sources = {n: src for n, src in rp.rule.signals if n not in _BUILTIN_FIELDS}
+        if not sources or rp.signals is None:
             continue
+        out.update(dict.fromkeys(sources))
         try:
             got = dict(rp.signals(view, node))
+            extra = sorted(set(got) - set(sources))
+            if extra:
+                raise ValueError(f"it returned {extra}, which its row does not declare")
+            out.update({n: None if got.get(n) is None else float(got[n]) for n in sources})
+        except Exception as e:  # the plugin's own code: its signals are unmeasured, and why
+            why = (f"rule plugin {p.name!r}" + (f" ({p.dist})" if p.dist else "")
+                   + f": its signals function failed: {type(e).__name__}: {e}")
+            failed += sorted({(f"{node or '?'}/{src.split(':', 1)[0]}", why)
+                              for src in sources.values()})
+    return out, tuple(failed)
+
+
+def guarded(p: entry_points.Plugin) -> Callable[[WindowSignals], Outcome]:
+    """A plugin's rule function as the verdict runs it: an exception in it makes the rule
+    unassessable, its trace saying what raised, instead of ending the case's analysis."""
+    fn = p.obj.rule.fn
+    cls = p.obj.rule.cls
+    who = f"rule plugin {p.name!r}" + (f" ({p.dist})" if p.dist else "")
+
+    def run(s: WindowSignals) -> Outcome:
+        try:
+            return fn(s)
         except Exception as e:  # the plugin's own code
-            raise p.error(f"its signals function raised {type(e).__name__}: {e}") from e
-        extra = sorted(set(got) - new)
-        if extra:
-            raise p.error(f"its signals function returned {extra}, which its row does not "
-                          f"declare (it declares {sorted(new)})")
-        for n in new:
-            v = got.get(n)
-            out[n] = None if v is None else float(v)
-    return out
+            return Outcome(cls, assessable=False,
+                           trace=f"{who} raised {type(e).__name__}: {e}")
+
+    return functools.update_wrapper(run, fn)  # its name, and __wrapped__: the plugin's own
 
 
 _BUILTIN_FIELDS = frozenset(f.name for f in dataclasses.fields(WindowSignals))
