@@ -38,7 +38,7 @@ from strata_plugin.analysis.rules import table
 from strata_plugin.analysis.rules.outcome import Outcome
 from strata_plugin.analysis.rules.table import Rule
 from strata_plugin.analysis.rules.window import WindowSignals
-from strata_plugin.analysis.thresholds import plugin_thresholds
+from strata_plugin.analysis.thresholds import Threshold, plugin_thresholds
 
 #: (the window's ``HwView``, the server's node or None) -> {new signal: value or None}
 SignalsFn = Callable[[Any, "str | None"], Mapping[str, "float | None"]]
@@ -50,7 +50,7 @@ class RulePlugin:
 
     rule: Rule
     #: the thresholds its function compares against that Strata's table lacks
-    thresholds: tuple[Any, ...] = ()
+    thresholds: tuple[Threshold, ...] = ()
     #: computes the new signals its row declares (those ``WindowSignals`` lacks) from
     #: the window's summary: ``signals(view, node)`` -> {name: value or None}; ``view``
     #: is ``analysis/signals.HwView`` (``view.select(collector, metric, node)``)
@@ -80,13 +80,11 @@ class ActiveRules:
     plugins: tuple[entry_points.Plugin, ...]
 
 
-#: Fields of WindowSignals that describe the window, not a measured signal: a rule
-#: reads them without declaring them (as ``tests/test_rule_table.py``'s CONTEXT).
-CONTEXT = frozenset({
-    "window", "duration_s", "gpu_present", "gpu_expected", "multi_node", "unavailable",
-    "n_gpus", "concurrency", "queue_split", "ledger_metric", "ledger_shares",
-    "ledger_residual_ms", "ledger_residual_part", "client_lateness_p99_ms",
-    "client_cpu_fraction"})
+#: Fields of WindowSignals that describe the window, not a measured signal (those the
+#: table gives no source: ``tests/test_rule_table.py`` holds every other field to one):
+#: a rule reads them without declaring them.
+CONTEXT = frozenset(f.name for f in dataclasses.fields(WindowSignals)
+                    if f.name not in table.SIGNAL_SOURCES)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
