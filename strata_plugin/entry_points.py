@@ -8,6 +8,10 @@ pyproject.toml) instead of editing Strata; pip records the declaration and
 guide, "Creating and discovering plugins", and its entry-points specification). pytest
 finds Strata itself the same way (``pytest11``). docs/extending.md shows a whole plugin
 package; :mod:`strata_plugin.extend` is the names its modules import.
+Not pytest hooks (a conftest's ``pytest_...`` functions, as pytest-benchmark takes
+its): the report is rebuilt offline without pytest (``python -m strata_plugin report
+DIR``) and must render the same sections and verdicts, and a collector runs in the
+agent, on nodes where neither pytest nor the repository's conftest is.
 
 Each kind's table takes its plugins from here (and checks them against its built-ins):
 
