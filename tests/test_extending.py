@@ -213,3 +213,24 @@ def test_the_package_is_written_as_the_page_lays_it_out(tmp_path):
     files = sorted(str(p.relative_to(tmp_path)) for p in write_package(tmp_path).rglob("*")
                    if p.is_file())
     assert files == sorted(w for w in listed if ("." in w and "/" in w) or w == "pyproject.toml")
+
+
+def test_the_commands_name_a_broken_plugin(tmp_path, monkeypatch):
+    """``plugins`` exits 1 and ``report DIR`` exits 2, each with the one error, as the page
+    says; the run folder's raw files are left as they were."""
+    from bundle_factory import cpu_run
+
+    install_here(tmp_path / "pkg", monkeypatch, extra_groups={
+        "strata.report_sections": {"fds": "strata_example.gone:FDS"}})
+    forget()  # the subprocesses below load it, this process does not
+    run = cpu_run(tmp_path / "runs")
+    before = sorted(p.name for p in run.iterdir())
+    error = ("error: Strata plugin entry point 'fds' = 'strata_example.gone:FDS' in group "
+             f"'strata.report_sections' of {DIST} 0.1.0: failed to import: "
+             "ModuleNotFoundError: No module named 'strata_example.gone'")
+    for argv, rc in ((["plugins"], 1), (["report", str(run)], 2)):
+        out = subprocess.run([sys.executable, "-m", "strata_plugin", *argv],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == rc, out.stderr
+        assert out.stderr.startswith(error), out.stderr
+    assert sorted(p.name for p in run.iterdir()) == before
