@@ -1,5 +1,6 @@
-"""``python -m strata_plugin report|compare|scorecard|bench|profile-doc|agent|setup``: offline
-tools, an ad-hoc benchmark, the profile reference, the agent, setup."""
+"""``python -m strata_plugin report|compare|scorecard|bench|profile-doc|plugins|agent|setup``:
+offline tools, an ad-hoc benchmark, the profile reference, the installed plugins, the agent,
+setup."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ commands:
                         folder and its report (--help for more)
   profile-doc [-o FILE] every profile key with its type, default and meaning
                         (docs/profile.md)
+  plugins               the installed plugins' engines, collectors, rules and report
+                        sections, each loaded and checked (docs/extending.md)
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
   setup [ARGS]          build llama-server and generate the embedded target's models
                         (cached in ~/.cache/strata; --print-paths, --clean, --help);
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.configure.profile_doc import main as profile_doc_main
 
         return profile_doc_main(rest)
+    if command == "plugins":
+        return plugins_main(rest)
     if command == "setup" and "--vllm" in rest:
         from strata_plugin.embedded.vllm_setup import main as vllm_setup_main
 
@@ -64,6 +69,28 @@ def main(argv: list[str] | None = None) -> int:
         return agent_main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def plugins_main(argv: list[str]) -> int:
+    """Each entry-point group and what is installed in it; exit 1 naming a broken one."""
+    from strata_plugin.entry_points import PluginError, load
+    from strata_plugin.extend import check_plugins
+
+    if argv:
+        print("usage: python -m strata_plugin plugins", file=sys.stderr)
+        return 2
+    try:
+        groups = check_plugins()
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for group, names in groups.items():
+        print(f"{group}:")
+        for p in load(group) if names else ():
+            print(f"  {p.name} = {p.value}" + (f"  ({p.dist})" if p.dist else ""))
+        if not names:
+            print("  (none installed)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ The golden files were written by main's code before report sections became one l
 rebuilding the whole matrix's files takes about 35 s of CPU.
 
 The rest, on a fabricated run (``tests/bundle_factory.py``, seconds): rendering is pure
-(it opens no file: every read is the writer's), and docs/extending.md's "Adding a report
-section", step by step.
+(it opens no file: every read is the writer's), and docs/extending.md's "A report
+section" with the page's own plugin package installed (``tests/plugin_package.py``).
 """
 
 from __future__ import annotations
@@ -37,22 +37,21 @@ import pathlib
 import re
 import shutil
 import tarfile
-import textwrap
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from bundle_factory import cpu_run
+from plugin_package import forget, install_here
 
 from strata_plugin.analysis.run_folder import DERIVED, DERIVED_DIRS
+from strata_plugin.entry_points import PluginError
 from strata_plugin.report import diagnostic, sections, write_report
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "data" / "runs" / "smoke.tar.xz"
 GOLDEN_REPORT = HERE / "golden" / "report_smoke.md"
 GOLDEN_JUNIT = HERE / "golden" / "junit_smoke.txt"
-DOC = (HERE.parent / "docs" / "extending.md").read_text()
 
 
 def unpack(dest: Path) -> Path:
@@ -230,34 +229,95 @@ def test_section_names_are_unique():
         sections.prepare(None, Path("."), twice)  # type: ignore[arg-type]
 
 
-def _doc_blocks() -> list[str]:
-    part = DOC[DOC.index("## Adding a report section"):]
-    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", part, flags=re.S)]
+def _with_fds_samples(run: Path, dest: Path) -> Path:
+    """A copy of ``run`` whose first node also sampled the page's collector: a server
+    process holding 128 of its 256 file descriptors, at every time the cpu collector
+    sampled (the node's own clock, as the agent writes it)."""
+    copy = dest / run.name
+    shutil.copytree(run, copy)
+    samples = sorted((copy / "nodes").iterdir())[0] / "samples"
+    first = (samples / "cpu.csv").read_text().splitlines()
+    node = first[1].split(",")[1]
+    walls = sorted({int(r.split(",")[0]) for r in first[1:]})
+    (samples / "fds.csv").write_text(first[0] + "\n" + "".join(
+        f"{w},{node},fds,pid4242,{m},{v},gauge\n" for w in walls
+        for m, v in (("fds_open", 128), ("fds_max", 256))))
+    return copy
 
 
-def test_adding_a_report_section_as_the_page_says(fabricated, tmp_path, monkeypatch):
-    module_src, entry_src = _doc_blocks()[:2]
-    mod = types.ModuleType("server_log_md")  # step 1: the module, the page's own text
-    exec(compile(module_src, "server_log_md.py", "exec"), mod.__dict__)
-    entry = eval(entry_src.strip().rstrip(","), {"Section": sections.Section,  # step 2
-                                                 "server_log_md": mod})
-    names = [s.name for s in sections.SECTIONS]
-    at = names.index("run timeline") + 1  # where the page puts it
-    monkeypatch.setattr(sections, "SECTIONS",
-                        (*sections.SECTIONS[:at], entry, *sections.SECTIONS[at:]))
+def _headings(text: str) -> list[str]:
+    return re.findall(r"^## (.+)$", text, flags=re.M)
 
+
+def test_a_plugin_section_as_the_page_says(fabricated, tmp_path, monkeypatch):
+    """docs/extending.md, "A report section": the page's package installed (its
+    entry points found by Strata's discovery), the writer as it is renders the page's
+    section, after Strata's own and before the closing thresholds table."""
+    run, _ = fabricated
+    copy = _with_fds_samples(run, tmp_path)
+    install_here(tmp_path / "pkg", monkeypatch)
+    try:
+        write_report(copy)
+    finally:
+        forget()
+    text = (copy / "report.md").read_text()
+    own = _headings((run / "report.md").read_text())
+    assert _headings(text) == [*own[:-1], "File descriptors", own[-1]]
+    assert own[-1] == "Thresholds"
+    part = text[text.index("\n## File descriptors\n"):text.index("\n## Thresholds\n")]
+    cases = [a for a in json.loads((copy / "summary.json").read_text())["cases"]]
+    rows = [line for line in part.splitlines() if line.startswith("| ") and "pid4242" in line]
+    assert rows and len(rows) == len(cases)
+    assert all(r.endswith("| pid4242 | 128 | 256 | 50% |") for r in rows)
+    # the rule took part too: its threshold is cited in thresholds.md
+    assert "| fd_used_frac | 0.9 | ratio | [inferred] getrlimit(2)" in (
+        copy / "thresholds.md").read_text()
+
+
+BROKEN_SECTIONS = """
+from strata_plugin.extend import Section
+
+
+def boom(d, *rest):
+    raise ZeroDivisionError("the plugin's own bug")
+
+
+RENDER = Section("File descriptors", boom)
+PREPARE = Section("File descriptors", lambda d: "never", boom)
+BUILT_IN = Section("summary", lambda d: "")
+"""
+
+
+@pytest.mark.parametrize("value", ["RENDER", "PREPARE"])
+def test_a_plugin_section_that_raises_is_one_line_of_the_report(fabricated, tmp_path,
+                                                                 monkeypatch, value):
     run, _ = fabricated
     copy = tmp_path / run.name
     shutil.copytree(run, copy)
-    write_report(copy)  # the writer as it is finds the new entry in the list
+    pkg = install_here(tmp_path / "pkg", monkeypatch, drop=("strata.rules",), extra_groups={
+        "strata.report_sections": {"fds": f"strata_example.broken_sections:{value}"}})
+    (pkg / "strata_example" / "broken_sections.py").write_text(BROKEN_SECTIONS)
+    try:
+        write_report(copy)
+    finally:
+        forget()
     text = (copy / "report.md").read_text()
-    head, nxt = f"\n## {mod.TITLE}\n", "\n## Sample sufficiency"
-    assert text.count(head) == 1
-    assert text.index("\n## Run timeline\n") < text.index(head) < text.index(nxt)
-    section = text[text.index(head):text.index(nxt)]
-    assert section == f"{head}\n- `default`: {LOG_LAST}\n"  # what prepare read, rendered
-    # The rest is as before: taken out, the report is the one written without it.
-    assert text.replace(section, "") == (run / "report.md").read_text()
+    line = ("\n## File descriptors\n\nnot rendered: plugin 'fds' (strata-example 0.1.0) "
+            "raised ZeroDivisionError: the plugin's own bug\n")
+    assert text.count(line) == 1
+    assert text.replace(line, "") == (run / "report.md").read_text()  # the rest as before
+
+
+def test_a_plugin_section_named_as_a_built_in_one_is_refused(tmp_path, monkeypatch):
+    pkg = install_here(tmp_path / "pkg", monkeypatch, extra_groups={
+        "strata.report_sections": {"fds": "strata_example.broken_sections:BUILT_IN"}})
+    (pkg / "strata_example" / "broken_sections.py").write_text(BROKEN_SECTIONS)
+    try:
+        with pytest.raises(PluginError, match="the section name 'summary' is a built-in "
+                                              "section of Strata's report"):
+            sections.all_sections()
+    finally:
+        forget()
 
 
 def test_the_diagnostic_round_is_read_by_prepare(fabricated, monkeypatch, tmp_path):

@@ -14,14 +14,14 @@ import pytest
 
 from strata_plugin.analysis.rules import (
     SIGNAL_SOURCES,
+    RuleCheck,
     WindowSignals,
-    _m,
-    _margin,
-    _missing_text,
-    _Rule,
     classify,
+    margin,
     rule_gpu_memory_bandwidth,
+    signal_margin,
 )
+from strata_plugin.analysis.rules.verdict import _missing_text
 from strata_plugin.analysis.thresholds import value
 from tests.test_attribution import CPU_CLEAN, GPU_CLEAN
 
@@ -80,10 +80,10 @@ def test_every_signal_a_rule_can_miss_has_a_collector_and_metric_source() -> Non
 
 def test_an_unmeasured_signal_is_not_compared_and_adds_no_margin() -> None:
     w = dataclasses.replace(CPU_CLEAN, steal_frac=None)
-    r = _Rule("cpu_contention", w)
+    r = RuleCheck("cpu_contention", w)
     assert r.cmp("steal_frac", ">=", "steal_frac") is False
     assert r.o.evidence == []  # nothing was measured, so nothing is shown as "not met"
-    assert _m(w, "steal_frac", "steal_frac") == 0.0
+    assert signal_margin(w, "steal_frac", "steal_frac") == 0.0
 
 
 def test_dram_bound_beside_busy_tensor_pipes_scores_half_its_margin() -> None:
@@ -104,6 +104,6 @@ def test_a_margin_for_a_comparison_the_rules_do_not_make_is_an_error(op) -> None
     """Only ">=" and "<" get a margin; anything else once read as "below" and reversed
     the score of a rule that passed it."""
     with pytest.raises(ValueError, match=f"unknown comparison {op!r}"):
-        _margin(1.0, 2.0, op)
-    assert _margin(2.1, 2.0, ">=") == pytest.approx(_margin(1.9, 2.0, "<"))
-    assert _margin(2.1, 2.0, ">=") == pytest.approx(0.05 / value("full_margin"))
+        margin(1.0, 2.0, op)
+    assert margin(2.1, 2.0, ">=") == pytest.approx(margin(1.9, 2.0, "<"))
+    assert margin(2.1, 2.0, ">=") == pytest.approx(0.05 / value("full_margin"))

@@ -284,7 +284,7 @@ def test_proc_and_cpu_samples_that_disagree_make_the_verdict_inconclusive() -> N
 
 
 def test_scores_reach_one_at_the_full_margin() -> None:
-    from strata_plugin.analysis.rules import _margin
+    from strata_plugin.analysis.rules import margin as _margin
 
     t, full = 2.0, value("full_margin")
     assert _margin(t * (1 + full), t, ">=") == 1.0

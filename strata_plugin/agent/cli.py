@@ -42,6 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(ALL_COLLECTORS),
         help=f"comma list out of {','.join(ALL_COLLECTORS)}",
     )
+    p.add_argument(
+        "--collector-module",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE",
+        help="a plugin's collector: NAME in --collectors is built by MODULE's from_args "
+        "(repeatable; the harness passes those of the strata.collectors entry points)",
+    )
+    p.add_argument(
+        "--collector-unavailable",
+        action="append",
+        default=[],
+        metavar="NAME=REASON",
+        help="NAME in --collectors is UNAVAILABLE here with REASON (a plugin's collector "
+        "the harness could not ship to this node)",
+    )
     p.add_argument("--pid", type=int, action="append", default=[], help="server PID (repeatable)")
     p.add_argument("--pid-pattern", help="regex matched against /proc/*/cmdline")
     p.add_argument("--container", help="docker container whose processes are the server")

@@ -101,8 +101,10 @@ def agent_argv(
     extra: Iterable[str] = (),
     python: str = sys.executable,
     module: str = "strata_plugin.agent",
+    collector_modules: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The local agent command line. ``module="strata_plugin"`` gives ``-m strata_plugin agent``."""
+    """The local agent command line. ``module="strata_plugin"`` gives ``-m strata_plugin agent``.
+    ``collector_modules``: plugin collectors' names -> their modules (``--collector-module``)."""
     if not protocol.valid_label(node):
         raise ValueError(f"node label must not contain commas, quotes or spaces: {node!r}")
     argv = [python, "-m", module]
@@ -111,6 +113,8 @@ def agent_argv(
     argv += ["--node", node, "--interval", repr(float(interval_s))]
     if collectors is not None:
         argv += ["--collectors", ",".join(collectors)]
+    for name, mod in (collector_modules or {}).items():
+        argv += ["--collector-module", f"{name}={mod}"]
     for pid in pids:
         argv += ["--pid", str(int(pid))]
     if pid_pattern:

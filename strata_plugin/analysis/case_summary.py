@@ -26,6 +26,7 @@ from strata_plugin.analysis.metrics import (
     headline,
 )
 from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
+from strata_plugin.analysis.rules.registry import active as active_rules
 from strata_plugin.analysis.run_folder import RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
@@ -47,7 +48,7 @@ from strata_plugin.analysis.timeline import (
     load_samples,
     summarize_window,
 )
-from strata_plugin.configure.profile import COLLECTORS
+from strata_plugin.entry_points import collector_names
 from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.formats.telemetry import TelemetryFacts, engine_reports_gpu
@@ -427,7 +428,7 @@ def analyze_case(
     lost = agents_lost(bundle.manifest, case_id)
     if lost:  # every signal of that node is named after the lost agent, not "no samples"
         ctx = replace(ctx, unavailable=ctx.unavailable + tuple(
-            (f"{node}/{col}", why) for node, why in lost for col in COLLECTORS))
+            (f"{node}/{col}", why) for node, why in lost for col in collector_names()))
     facts = request_facts(bundle, case_id, records, cm)
     inter = interference_of(bundle, case_id)
     rep = None
@@ -438,7 +439,7 @@ def analyze_case(
         sig = _signals(ctx, case_id, window, hw, requests=facts, rails_report=rep)
         sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     else:  # no marker yet: no window to slice, so no hardware signal at all
-        sig = WindowSignals(
+        sig = active_rules().signals_class(
             window=case_id,
             duration_s=0.0,
             gpu_present=ctx.gpu_present,

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from strata_plugin.analysis.stats import (
-    _clean,
     bootstrap_ci,
+    defined,
     mann_whitney_u,
     mean,
     median,
@@ -158,7 +158,7 @@ def effect(metric: str, control: Iterable[float], treatment: Iterable[float], *,
     value is not positive) and the median for requests. Raises ValueError for an empty
     side.
     """
-    xc, xt = _clean(control), _clean(treatment)
+    xc, xt = defined(control), defined(treatment)
     if not xc or not xt:
         raise ValueError(f"{metric}: an effect needs values on both sides")
     positive = min(xc + xt) > 0
@@ -221,7 +221,7 @@ def compare(baseline: Iterable[float], candidate: Iterable[float], *, metric: st
     ``alpha``. Requiring both keeps a gate from failing on a tiny but significant
     shift, or on a large but noisy one. ``better`` is the mirror image.
     """
-    xa, xb = _clean(baseline), _clean(candidate)
+    xa, xb = defined(baseline), defined(candidate)
     e = effect(metric, xa, xb, unit="request", stat=stat, level=level)
     lo = math.nan if e.ci_lo_pct is None else e.ci_lo_pct / 100
     hi = math.nan if e.ci_hi_pct is None else e.ci_hi_pct / 100

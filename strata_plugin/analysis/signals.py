@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from strata_plugin.analysis import rails
 from strata_plugin.analysis.rules import WindowSignals
+from strata_plugin.analysis.rules.registry import active, plugin_signals
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.analysis.timeline import HwStat, inflight_fraction
 
@@ -412,6 +413,9 @@ def build_signals(
             view.rows, window=window, link_caps=link_caps, expect_rdma=expect_rdma
         )
     fields = rails.merge_signals(fields, rails_report)
+    # the rule plugins' own signals (rules/registry.py), and why where theirs failed
+    extra, failed = plugin_signals(view, node)
+    fields.update(extra)
     if requests is not None:
         gap = None
         # p99 gap over the typical decode pace. TPOT, not only the median gap: tokens that
@@ -433,12 +437,12 @@ def build_signals(
             client_lateness_p99_ms=requests.client_lateness_p99_ms,
             client_cpu_fraction=requests.client_cpu_fraction,
         )
-    return WindowSignals(
+    return active().signals_class(
         window=window,
         duration_s=duration_s,
         gpu_present=gpu_present,
         gpu_expected=gpu_expected,
         multi_node=multi_node,
-        unavailable=tuple(unavailable),
+        unavailable=(*unavailable, *failed),
         **fields,
     )

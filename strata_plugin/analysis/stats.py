@@ -22,7 +22,7 @@ PERCENTILE_METHOD = "linear (Hyndman-Fan type 7, numpy default)"
 DISTRIBUTION_QUANTILES = (50.0, 90.0, 95.0, 99.0)
 
 
-def _clean(values: Iterable[float | None]) -> list[float]:
+def defined(values: Iterable[float | None]) -> list[float]:
     """Floats without the ``None`` entries (undefined per-request metrics)."""
     out = [float(v) for v in values if v is not None]
     if any(math.isnan(v) for v in out):
@@ -51,12 +51,12 @@ def _percentile_sorted(xs: Sequence[float], q: float) -> float:
 
 def percentile(values: Iterable[float], q: float) -> float:
     """The q-th percentile (0..100), linear interpolation (numpy ``"linear"``)."""
-    return _percentile_sorted(sorted(_clean(values)), q)
+    return _percentile_sorted(sorted(defined(values)), q)
 
 
 def percentiles(values: Iterable[float], qs: Iterable[float]) -> tuple[float, ...]:
     """Several percentiles with one sort."""
-    xs = sorted(_clean(values))
+    xs = sorted(defined(values))
     return tuple(_percentile_sorted(xs, q) for q in qs)
 
 
@@ -66,7 +66,7 @@ def median(values: Iterable[float]) -> float:
 
 
 def mean(values: Iterable[float]) -> float:
-    xs = _clean(values)
+    xs = defined(values)
     if not xs:
         raise ValueError("mean of an empty sample")
     return math.fsum(xs) / len(xs)
@@ -88,7 +88,7 @@ class Distribution:
 
 def distribution(values: Iterable[float | None]) -> Distribution:
     """Summarize a sample; ``None`` entries (undefined metrics) are dropped."""
-    xs = sorted(_clean(values))
+    xs = sorted(defined(values))
     if not xs:
         return Distribution(n=0)
     p50, p90, p95, p99 = (_percentile_sorted(xs, q) for q in DISTRIBUTION_QUANTILES)
@@ -197,7 +197,7 @@ def mean_ci(
     """
     if not 0.0 < conf < 1.0:
         raise ValueError("conf must be in (0, 1)")
-    xs = _clean(values)
+    xs = defined(values)
     n = len(xs)
     if n == 0:
         raise ValueError("mean_ci of an empty sample")
@@ -238,7 +238,7 @@ def bootstrap_ci(
         raise ValueError("conf must be in (0, 1)")
     if n_boot < 1:
         raise ValueError("n_boot must be >= 1")
-    xa, xb = _clean(a), _clean(b)
+    xa, xb = defined(a), defined(b)
     if not xa or not xb:
         raise ValueError("bootstrap_ci needs two non-empty samples")
     if relative and stat(xa) == 0:
@@ -310,7 +310,7 @@ def mann_whitney_u(
     tends to be larger than *b* (scipy's convention). Returns 1.0 when every
     value is tied (no evidence either way).
     """
-    xa, xb = _clean(a), _clean(b)
+    xa, xb = defined(a), defined(b)
     n1, n2 = len(xa), len(xb)
     if n1 == 0 or n2 == 0:
         raise ValueError("mann_whitney_u needs two non-empty samples")

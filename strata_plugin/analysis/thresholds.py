@@ -14,7 +14,10 @@ measurement here has checked say so.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from strata_plugin import entry_points
 
 
 @dataclass(frozen=True)
@@ -650,10 +653,41 @@ THRESHOLDS: tuple[Threshold, ...] = (
 _BY_NAME = {t.name: t for t in THRESHOLDS}
 
 
+def plugin_thresholds() -> dict[str, Threshold]:
+    """The rows the rule plugins declare (``RulePlugin.thresholds``, the ``strata.rules``
+    entry points), by name: each a Threshold with its source and a name of its own."""
+    return _checked(entry_points.load(entry_points.RULES))
+
+
+@functools.cache
+def _checked(plugins: tuple[entry_points.Plugin, ...]) -> dict[str, Threshold]:
+    out: dict[str, Threshold] = {}
+    for p in plugins:
+        for t in getattr(p.obj, "thresholds", ()):
+            if not isinstance(t, Threshold):
+                raise p.error(f"its thresholds are Threshold rows, not {type(t).__name__}")
+            if not t.source.strip():
+                raise p.error(f"threshold {t.name!r} has no source: say where the number "
+                              "comes from (a public document and its section, or "
+                              "[inferred] and the measurement that set it)")
+            if t.name in _BY_NAME or t.name in out:
+                raise p.error(f"threshold {t.name!r} is already "
+                              f"{'Strata' if t.name in _BY_NAME else 'another plugin'}'s")
+            out[t.name] = t
+    return out
+
+
+def all_thresholds() -> tuple[Threshold, ...]:
+    """Every row a verdict may cite: the table's, then the rule plugins'."""
+    return (*THRESHOLDS, *plugin_thresholds().values())
+
+
 def threshold(name: str) -> Threshold:
-    """The row called ``name`` (KeyError names it when there is none)."""
-    return _BY_NAME[name]
+    """The row called ``name``, the table's or a rule plugin's (KeyError names it when
+    there is none)."""
+    t = _BY_NAME.get(name)
+    return t if t is not None else plugin_thresholds()[name]
 
 
 def value(name: str) -> float:
-    return _BY_NAME[name].value
+    return threshold(name).value

@@ -1,9 +1,11 @@
 """The engine table: everything Strata knows about one serving engine, in one entry.
 
 Why one table: an engine used to be spread over the profile's engine list, the client's
-flavour list, the prefix-cache flush and the constrained-output keys. Adding an engine is
-now one :class:`EngineSpec` here, a profile and its tests (docs/extending.md). Every
-reader takes its facts from :data:`ENGINE_TABLE`:
+flavour list, the prefix-cache flush and the constrained-output keys. Strata's own
+engines are one :class:`EngineSpec` each in :data:`ENGINE_TABLE`; another package adds
+one through the ``strata.engines`` entry-point group (docs/extending.md, "An engine"),
+without editing Strata. Every reader takes its facts from :func:`engines` (the table and
+the plugins' entries):
 
 * ``configure/profile.py``: the names a profile's ``server.engine`` may take
   (:data:`ENGINES`) and the API a profile gets when it names none;
@@ -15,15 +17,20 @@ The sampling agent runs on the standard library alone on other nodes and cannot 
 this module, so the engines' Prometheus names stay in ``agent/collectors/prom.ALIASES``;
 ``tests/test_engines.py`` checks that both name the same engines (``metrics_prefix``).
 
-This module imports nothing of Strata: every layer may read it.
+This module imports nothing of Strata but the plugin discovery (``entry_points.py``,
+itself below every layer) and, to check a plugin's entry, the agent's Prometheus and log
+vocabularies (standard library only): every layer may read it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from strata_plugin import entry_points
 
 #: The client's wire formats: OpenAI /v1/chat/completions, OpenAI /v1/completions,
 #: llama.cpp /completion, SGLang /generate (``load/client/flavours.py`` has one each).
@@ -62,7 +69,7 @@ class EngineSpec:
         if (json_schema is None) == (grammar is None):
             raise ValueError("give exactly one of json_schema, grammar")
         if self.constrain is None:
-            known = ", ".join(e.name for e in ENGINE_TABLE if e.constrain is not None)
+            known = ", ".join(e.name for e in engines() if e.constrain is not None)
             raise ValueError(f"no known way to constrain the output of a {self.name or 'unnamed'}"
                              f" engine (profile server.engine: {known})")
         return self.constrain(json_schema, grammar)
@@ -105,16 +112,57 @@ ENGINE_TABLE: tuple[EngineSpec, ...] = (
     EngineSpec("other"),
 )
 
-#: The names a profile's ``server.engine`` may take, as the table stood at import.
+#: Strata's own engines' names (docs/profile.md lists these; plugins add to
+#: :func:`engine_names` where they are installed).
 ENGINES: tuple[str, ...] = tuple(e.name for e in ENGINE_TABLE)
 
 
+def plugin_engines() -> tuple[EngineSpec, ...]:
+    """The ``strata.engines`` plugins' entries, checked (entry_points.PluginError
+    naming the distribution and entry point otherwise); loaded once, on first use."""
+    return _checked(entry_points.load(entry_points.ENGINES))
+
+
+@functools.cache
+def _checked(plugins: tuple[entry_points.Plugin, ...]) -> tuple[EngineSpec, ...]:
+    from strata_plugin.agent.collectors.log import LLAMACPP_PATTERNS
+    from strata_plugin.agent.collectors.prom import ALIASES
+
+    entry_points.check_names(plugins, (e.name for e in ENGINE_TABLE), "engine")
+    for p in plugins:
+        e = p.obj
+        if not isinstance(e, EngineSpec):
+            raise p.error(f"an engine's entry point names an EngineSpec, not a "
+                          f"{type(e).__name__}")
+        if e.name != p.name:
+            raise p.error(f"the EngineSpec is named {e.name!r}: name the entry point as "
+                          "the engine (profiles write it in server.engine)")
+        if e.default_api not in ("", *API_FLAVOURS):
+            raise p.error(f"default_api {e.default_api!r} is not an API the client speaks "
+                          f"({', '.join(API_FLAVOURS)})")
+        # The agent's maps travel to other nodes without the plugin: an engine may name
+        # one of them (a server that exports vLLM's metrics) but cannot add its own.
+        if e.metrics_prefix and e.metrics_prefix not in ALIASES:
+            raise p.error(f"metrics_prefix {e.metrics_prefix!r} is not one the agent maps "
+                          f"({', '.join(ALIASES)}); leave it empty")
+        unknown = sorted(set(e.log_probes) - set(LLAMACPP_PATTERNS))
+        if unknown:
+            raise p.error(f"log_probes {unknown} are not the agent's "
+                          f"({', '.join(LLAMACPP_PATTERNS)})")
+    return tuple(p.obj for p in plugins)
+
+
+def engines() -> tuple[EngineSpec, ...]:
+    """Every engine a profile may name: the table's, then the plugins' (by name)."""
+    return (*ENGINE_TABLE, *plugin_engines())
+
+
 def engine_names() -> tuple[str, ...]:
-    """The names a profile's ``server.engine`` may take (read from the table each call)."""
-    return tuple(e.name for e in ENGINE_TABLE)
+    """The names a profile's ``server.engine`` may take (the table and the plugins)."""
+    return tuple(e.name for e in engines())
 
 
 def engine(name: str) -> EngineSpec:
-    """The table's entry for ``name``; an unknown name gets an entry that knows nothing
-    (as ``other``), so a caller handed a free-form name degrades instead of failing."""
-    return next((e for e in ENGINE_TABLE if e.name == name), None) or EngineSpec(name)
+    """The entry for ``name``; an unknown name gets an entry that knows nothing (as
+    ``other``), so a caller handed a free-form name degrades instead of failing."""
+    return next((e for e in engines() if e.name == name), None) or EngineSpec(name)

@@ -21,10 +21,12 @@ from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
+from strata_plugin.entry_points import collector_names
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.telemetry import TelemetryFacts
 
-#: Telemetry collectors a profile may ask for: the agent's registry (it owns the names).
+#: Strata's own telemetry collectors: the agent's registry (it owns the names). A
+#: profile may also name an installed plugin's (``entry_points.collector_names``).
 COLLECTORS = collector_registry.names()
 
 
@@ -437,7 +439,7 @@ def load_profile(path: Path | str) -> Profile:
 
     t = top.sub("telemetry", TelemetrySpec)
     collectors = t.str_list("collectors")
-    known = collector_registry.names()  # read now: the registry is the one list
+    known = collector_names()  # read now: the registry's and the installed plugins'
     for c in collectors:
         if c not in known:
             raise ProfileError(path, "telemetry.collectors", f"names from {list(known)}", c)

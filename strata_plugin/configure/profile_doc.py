@@ -67,7 +67,8 @@ MEANINGS = {
     "setup_argv": "The command that builds what `[vars]` point at (run by the dry run's "
                   "checklist, not by a run).",
     "server.engine": "The serving engine: " + ", ".join(f"`{e}`" for e in E.ENGINES)
-                     + ". Decides the engine-specific readers (metrics, log, cache flush).",
+                     + ", or an installed plugin's (docs/extending.md). Decides the "
+                     "engine-specific readers (metrics, log, cache flush).",
     "server.api": "The API flavour Strata speaks: " + ", ".join(f"`{a}`" for a in E.API_FLAVOURS)
                   + " (`--strata-api` replaces it).",
     "server.argv": "The server command, an argv list with placeholders (`{host}`, `{port}`, "
@@ -101,7 +102,8 @@ MEANINGS = {
     "telemetry.cooldown_s": "Seconds sampled after the last case, before the server stops.",
     "telemetry.collectors": "Which collectors the agent runs, by name: docs/agent.md, "
                             "\"Collectors\", lists every name the agent's registry "
-                            "(`agent/collectors/registry.py`) has and what each samples.",
+                            "(`agent/collectors/registry.py`) has and what each samples; "
+                            "an installed plugin's too (docs/extending.md).",
     "telemetry.pid_pattern": "A regular expression matched against process command lines to "
                              "find the server's processes when Strata did not start it (an "
                              "attached server, a container's workers); \"\": none.",

@@ -258,7 +258,7 @@ def _run_in_pool(
             base_url, api, concurrency=concurrency, timeouts=timeouts, headers=headers,
             on_record=record, on_token_mark=on_token_mark, token_mark=token_mark,
             counters=counters, shared=concurrency > 1)
-    check = sharded_check(run.records, [_ShardView.of(s, run.records) for s in run.shards],
+    check = sharded_check(run.records, [ShardView.of(s, run.records) for s in run.shards],
                           engine="pool", placement=placed.why,
                           open_loop=any(j.offset_s is not None for j in jobs))
     pool.CAPACITY.observe([(v["streams"], v.get("stamps_late_ms"))
@@ -277,7 +277,7 @@ def _pickles(obj: object) -> bool:
 
 
 @dataclass(frozen=True)
-class _ShardView:
+class ShardView:
     """One worker's records and report, for its own self-check."""
 
     label: str  # "process 0", "actor 2"
@@ -289,7 +289,7 @@ class _ShardView:
 
     @classmethod
     def of(cls, s: pool.Shard, records: Sequence[RequestRecord], kind: str = "process"
-           ) -> _ShardView:
+           ) -> ShardView:
         return cls(f"{kind} {s.index}", s.host, s.slots, tuple(records[i] for i in s.jobs),
                    s.report, s.lost)
 
@@ -306,7 +306,7 @@ def open_rate(records: Sequence[RequestRecord]) -> tuple[float | None, float | N
     return asked, got
 
 
-def sharded_check(records: Sequence[RequestRecord], shards: Sequence[_ShardView], *,
+def sharded_check(records: Sequence[RequestRecord], shards: Sequence[ShardView], *,
                   engine: str, placement: str, hosts: int | None = None,
                   clock_error_ms: float | None = None, open_loop: bool = False) -> SelfCheck:
     """The self-check of a load spread over workers: each worker's own (its records, its

@@ -46,7 +46,7 @@ from strata_plugin.load.generator import (
     Job,
     LoadResult,
     Progress,
-    _ShardView,
+    ShardView,
     sharded_check,
 )
 from strata_plugin.load.pool_worker import Batch, ShardReport
@@ -329,7 +329,7 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
         records.append(rec)
     errors_ns = [c.error_ns + (abs(after[k].offset_ns - c.offset_ns) if k in after else 0)
                  for k, c in enumerate(clocks)]
-    views = [_ShardView(f"actor {k}", ra.where[k].get("ip") or ra.where[k].get("host", ""),
+    views = [ShardView(f"actor {k}", ra.where[k].get("ip") or ra.where[k].get("host", ""),
                         shares[k], tuple(records[i] for i in parts[k]), reports.get(k),
                         lost.get(k)) for k in range(len(parts))]
     node_ids = {w.get("node_id") or w.get("ip") for w in ra.where}

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from strata_plugin.configure.profile import ProfileError
+from strata_plugin.entry_points import PluginError
+from strata_plugin.extend import check_plugins
 from strata_plugin.plugin.options import build_config
 
 if TYPE_CHECKING:
@@ -41,9 +43,14 @@ class RunState:
     def config(self) -> StrataConfig:
         if self._cfg is None:
             try:
+                # Every installed plugin first: a broken one is this run's usage error
+                # now, not a failure at the first verdict or at the report.
+                check_plugins()
                 self._cfg = build_config(self._pytest_config)
             except ProfileError as exc:
                 raise pytest.UsageError(f"bad Strata profile: {exc}") from None
+            except PluginError as exc:
+                raise pytest.UsageError(str(exc)) from None
         return self._cfg
 
     @property

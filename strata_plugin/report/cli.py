@@ -24,12 +24,16 @@ def report_main(argv: list[str]) -> int:
     if not (args.run_dir / "manifest.json").exists():
         print(f"error: {args.run_dir} is not a run folder (no manifest.json)", file=sys.stderr)
         return 2
+    from strata_plugin.entry_points import PluginError
+    from strata_plugin.extend import check_plugins
     from strata_plugin.formats.cases import CaseLineError
     from strata_plugin.report.writer import write_report
 
     try:
+        check_plugins()  # a broken plugin: said before any derived file is rewritten
         path = write_report(args.run_dir)
-    except CaseLineError as exc:  # a hand-edited or foreign line: which file, line, key
+    except (CaseLineError, PluginError) as exc:  # a hand-edited or foreign line: which
+        # file, line, key; or an installed plugin that cannot load: which one, and why
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -53,9 +53,9 @@ def _figure(w: float, h: float):  # -> (Figure, FigureCanvasAgg)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from strata_plugin.report.plots import _matplotlib_cache_in_strata_cache
+    from strata_plugin.report.plots import use_strata_matplotlib_cache
 
-    _matplotlib_cache_in_strata_cache()
+    use_strata_matplotlib_cache()
     matplotlib.rcdefaults()
     matplotlib.rcParams.update({"svg.hashsalt": "strata", "font.size": 7,
                                 "axes.titlesize": 8, "legend.fontsize": 6.5})

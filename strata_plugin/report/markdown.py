@@ -28,7 +28,7 @@ from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import Verdict
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
-from strata_plugin.analysis.thresholds import THRESHOLDS
+from strata_plugin.analysis.thresholds import all_thresholds
 from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.report import load_spread
 from strata_plugin.report.fmt import md_num
@@ -807,18 +807,19 @@ THRESHOLDS_FILE = "thresholds.md"
 def thresholds_section(d: ReportData) -> str:
     """A link: the table has a file of its own, the same in every run (76 rows that the
     report's reader rarely needs beside each case); the same whatever the run."""
-    return (f"\n## Thresholds\n\nThe {len(THRESHOLDS)} numbers the rules compare against, "
+    return (f"\n## Thresholds\n\nThe {len(all_thresholds())} numbers the rules compare against, "
             f"each with its source: [{THRESHOLDS_FILE}]({THRESHOLDS_FILE}).\n")
 
 
 def thresholds_md() -> str:
-    """``thresholds.md``: every number the rules compare against, with its source."""
+    """``thresholds.md``: every number the rules compare against, with its source (the
+    rule plugins' after the table's)."""
     return (
         "# Thresholds\n\nEvery number the rules compare against "
         "(`strata_plugin/analysis/thresholds.py`, `THRESHOLDS`), with its source.\n\n"
         + md_table(
             ("name", "value", "unit", "source"),
-            [(t.name, t.value, t.unit, t.source) for t in THRESHOLDS],
+            [(t.name, t.value, t.unit, t.source) for t in all_thresholds()],
         )
     )
 

@@ -310,7 +310,7 @@ def render(
 ) -> None:
     """Draw the panels into one PNG; same inputs, same bytes. ``marks``: warm-ups (grey)
     and injected prefills (red, label starting "inject") drawn across every panel."""
-    _matplotlib_cache_in_strata_cache()
+    use_strata_matplotlib_cache()
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -456,7 +456,7 @@ def request_spans(
     return [Span((a - t0) / 1e9, (b - t0) / 1e9) for a, b in merged]
 
 
-def _matplotlib_cache_in_strata_cache() -> None:
+def use_strata_matplotlib_cache() -> None:
     """Matplotlib's font cache under Strata's cache (unless the user chose a place), so a run
     writes nothing outside the repository, its virtualenv and ``~/.cache/strata``."""
     import os

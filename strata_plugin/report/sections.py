@@ -1,5 +1,7 @@
-"""report.md's sections, in the order the report shows them: the one list a new section
-joins (docs/extending.md, "Adding a report section").
+"""report.md's sections, in the order the report shows them: Strata's own in
+:data:`SECTIONS`, and another package's through the ``strata.report_sections``
+entry-point group (docs/extending.md, "A report section"), placed before the closing
+thresholds table.
 
 Each entry is a name and a function of the analysed run (:class:`ReportData`) that
 returns the section's markdown ("" to leave it out). A section that needs files from
@@ -7,16 +9,22 @@ the run folder, or draws a plot, also has a ``prepare``: ``report/writer.py`` ca
 once before rendering, with the run and the plots folder, and the section finds what
 it returned in ``d.prepared[name]``. Rendering itself reads no file and no clock, so
 the same run gives the same text.
+
+A plugin's section cannot take the report down with it: an exception in its
+``prepare`` or ``render`` becomes one line under its heading ("not rendered: ..."),
+naming the plugin, and every other section renders as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata_plugin import entry_points
 from strata_plugin.report import (
     capacity_md,
     diagnostic,
@@ -59,10 +67,83 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 
+#: Where the plugins' sections go: before this one, the closing table of thresholds.
+PLUGINS_BEFORE = "thresholds"
+
+
+def plugin_sections() -> tuple[Section, ...]:
+    """The ``strata.report_sections`` plugins' sections, checked (entry_points.
+    PluginError naming the distribution and entry point otherwise), each guarded so an
+    exception in it is one line of the report; loaded once, on first use."""
+    return _checked(entry_points.load(entry_points.REPORT_SECTIONS))
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What a plugin section's ``prepare`` left when it raised."""
+
+    why: str
+
+
+def _guarded(p: entry_points.Plugin) -> Section:
+    sec: Section = p.obj
+    who = f"plugin {p.name!r}" + (f" ({p.dist})" if p.dist else "")
+
+    def failed(d: ReportData, why: str) -> str:
+        return f"\n## {sec.name}\n\nnot rendered: {who} raised {why}\n"
+
+    def render(d: ReportData) -> str:
+        got = d.prepared.get(sec.name)
+        if isinstance(got, _Failed):
+            return failed(d, got.why)
+        try:
+            return sec.render(d)
+        except Exception as e:  # the plugin's own code: the rest of the report stands
+            return failed(d, f"{type(e).__name__}: {e}")
+
+    prepare = None
+    if sec.prepare is not None:
+        def prepare(d: ReportData, plot_dir: Path, _prep=sec.prepare) -> Any:
+            try:
+                return _prep(d, plot_dir)
+            except Exception as e:
+                return _Failed(f"{type(e).__name__}: {e}")
+
+    return Section(sec.name, render, prepare)
+
+
+@functools.cache
+def _checked(plugins: tuple[entry_points.Plugin, ...]) -> tuple[Section, ...]:
+    own = {s.name for s in SECTIONS}
+    seen: dict[str, entry_points.Plugin] = {}
+    for p in plugins:
+        sec = p.obj
+        if not isinstance(sec, Section):
+            raise p.error(f"a report section's entry point names a Section, not a "
+                          f"{type(sec).__name__}")
+        if sec.name in own:
+            raise p.error(f"the section name {sec.name!r} is a built-in section of Strata's "
+                          "report; a plugin's section takes a name of its own")
+        if sec.name in seen:
+            raise p.error(f"the section name {sec.name!r} is also {seen[sec.name].where()}'s")
+        seen[sec.name] = p
+    return tuple(_guarded(p) for p in plugins)
+
+
+def all_sections() -> tuple[Section, ...]:
+    """report.md's sections in order: Strata's, with the plugins' (by entry-point name)
+    before the closing thresholds table."""
+    plugins = plugin_sections()
+    if not plugins:
+        return SECTIONS
+    at = next((i for i, s in enumerate(SECTIONS) if s.name == PLUGINS_BEFORE), len(SECTIONS))
+    return (*SECTIONS[:at], *plugins, *SECTIONS[at:])
+
+
 def _sections(sections: Sequence[Section] | None) -> Sequence[Section]:
-    # Looked up when called, not when defined: a test (or a plugin of the user's) that
-    # replaces SECTIONS is what both the writer and render see.
-    return SECTIONS if sections is None else sections
+    # Looked up when called, not when defined: a test that replaces SECTIONS (or a
+    # plugin installed since) is what both the writer and render see.
+    return all_sections() if sections is None else sections
 
 
 def prepare(d: ReportData, plot_dir: Path, sections: Sequence[Section] | None = None

@@ -33,7 +33,7 @@ from strata_plugin.analysis.request_values import values
 from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import run_static
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
-from strata_plugin.analysis.thresholds import THRESHOLDS
+from strata_plugin.analysis.thresholds import all_thresholds
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.formats.telemetry import TelemetryFacts
@@ -302,7 +302,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
             }
             for g in data.ab
         ],
-        "thresholds": [dataclasses.asdict(t) for t in THRESHOLDS],
+        "thresholds": [dataclasses.asdict(t) for t in all_thresholds()],
     }
 
 

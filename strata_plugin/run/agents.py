@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
+from strata_plugin.entry_points import collector_modules
 
 if TYPE_CHECKING:
     from strata_plugin.run.run_folder import RunRecorder
@@ -44,11 +45,13 @@ def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | None,
         # The server's run state on its grid of 20 ms (docs/agent.md, "runstate"): where
         # the server runs, always; the ledger's decode gaps are classified by it.
         collectors.append(RUNSTATE)
+    # Another package's collectors, by module: the agent reads no entry points itself.
+    plugins = {n: m for n, m in collector_modules().items() if n in collectors}
     return agent_argv(
         node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
         pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
         log_patterns=dict(t.log_patterns), collectors=collectors,
-        python=sys.executable, cgroup=cgroup)
+        python=sys.executable, cgroup=cgroup, collector_modules=plugins)
 
 
 class AgentFleet:

@@ -180,15 +180,43 @@ def remote_agent_argv(
     args = _agent_args(local_agent_argv)
     if not ship:
         return ssh_argv(ssh_host, [remote_python, "-m", remote_module, *args], opts, ssh)
+    args, modules = _plugin_collectors(args)
     remote = [remote_python, "-c", BOOTSTRAP, *args]
     return [
         python,
         "-m",
         "strata_plugin.run.remote",
         "agent",
+        *[w for m in modules for w in ("--ship", m)],
         "--",
         *ssh_argv(ssh_host, remote, opts, ssh),
     ]
+
+
+def _plugin_collectors(args: list[str]) -> tuple[list[str], list[str]]:
+    """The agent's options with each plugin collector (``--collector-module NAME=MODULE``)
+    either kept, its module to travel in the zip, or turned into
+    ``--collector-unavailable NAME=REASON`` when it cannot (``run/agent_plugins.py``)."""
+    from strata_plugin.run.agent_plugins import ship_problem  # the local side only
+
+    out, modules = [], []
+    i = 0
+    while i < len(args):
+        if args[i] == "--collector-module" and i + 1 < len(args):
+            name, _, module = args[i + 1].partition("=")
+            problem = ship_problem(module)
+            if problem is None:
+                out += args[i : i + 2]
+                modules.append(module)
+            else:
+                out += ["--collector-unavailable",
+                        f"{name}=not shipped to this node, it runs on the head node only: "
+                        f"{problem} (docs/extending.md, \"A collector\")"]
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out, modules
 
 
 def remote_command_argv(
@@ -246,22 +274,28 @@ def _fallback_sources() -> dict[str, bytes]:
     return out
 
 
-def agent_zip() -> bytes:
-    """The agent package as ``strata_agent/``, this file as ``strata_remote.py``, and
-    the fallback modules (``pynvml``) installed here.
+def agent_zip(plugin_modules: Sequence[str] = ()) -> bytes:
+    """The agent package as ``strata_agent/``, this file as ``strata_remote.py``, the
+    fallback modules (``pynvml``) installed here, and the plugin collector modules
+    named (each one file; ``run/agent_plugins.py`` says which can travel).
 
     Deterministic (fixed dates, sorted names), so its sha256 identifies the code shipped.
     """
-    key = "zip"
+    key = "zip:" + ",".join(sorted(plugin_modules))
     if key in _ZIP_CACHE:
         return _ZIP_CACHE[key]
+    plugins: dict[str, bytes] = {}
+    if plugin_modules:
+        from strata_plugin.run.agent_plugins import zip_files  # the local side only
+
+        plugins = zip_files(tuple(plugin_modules))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted(_AGENT_DIR.rglob("*.py")):
             rel = path.relative_to(_AGENT_DIR).as_posix()
             _zip_add(z, f"{AGENT_MODULE}/{rel}", path.read_bytes())
         _zip_add(z, f"{REMOTE_MODULE}.py", Path(__file__).read_bytes())
-        for name, data in sorted(_fallback_sources().items()):
+        for name, data in sorted({**_fallback_sources(), **plugins}.items()):
             _zip_add(z, name, data)
     _ZIP_CACHE[key] = buf.getvalue()
     return _ZIP_CACHE[key]
@@ -320,11 +354,13 @@ class _Helper:
     SIGTERM (parent-death signal) and the remote side sees the connection close.
     """
 
-    def __init__(self, mode: str, ssh_cmd: list[str], env_names: list[str], grace_s: float):
+    def __init__(self, mode: str, ssh_cmd: list[str], env_names: list[str], grace_s: float,
+                 ship: Sequence[str] = ()):
         self.mode = mode
         self.ssh_cmd = ssh_cmd
         self.env_names = env_names
         self.grace_s = grace_s
+        self.ship = tuple(ship)  # plugin collector modules that travel in the zip
         self.proc: subprocess.Popen[bytes] | None = None
         self.closing = threading.Event()
         self.signals = 0
@@ -365,7 +401,7 @@ class _Helper:
         self._close_stdin()
 
     def run(self) -> int:
-        data = agent_zip()
+        data = agent_zip(self.ship)
         extra: dict[str, Any] = {}
         if self.mode == "run":
             extra["env"] = {n: os.environ[n] for n in self.env_names if n in os.environ}
@@ -418,23 +454,26 @@ def _exit_like(rc: int) -> None:
 
 
 def helper_main(argv: list[str]) -> int:
-    """``agent -- SSH...`` or ``run [--grace S] [--env NAME]... -- SSH...``."""
+    """``agent [--ship MODULE]... -- SSH...`` or ``run [--grace S] [--env NAME]... --
+    SSH...``."""
     if not argv or argv[0] not in ("agent", "run") or "--" not in argv:
         sys.stderr.write(
             "usage: python -m strata_plugin.run.remote agent|run [--grace S] [--env NAME]... "
-            "-- ssh ...\n"
+            "[--ship MODULE]... -- ssh ...\n"
         )
         return 2
     mode = argv[0]
     split = argv.index("--")
     opts, ssh_cmd = argv[1:split], argv[split + 1 :]
-    grace, names = 10.0, []
+    grace, names, ship = 10.0, [], []
     i = 0
     while i < len(opts):
         if opts[i] == "--grace" and i + 1 < len(opts):
             grace = float(opts[i + 1])
         elif opts[i] == "--env" and i + 1 < len(opts):
             names.append(opts[i + 1])
+        elif opts[i] == "--ship" and i + 1 < len(opts):
+            ship.append(opts[i + 1])
         else:
             sys.stderr.write(f"strata remote: unknown option {opts[i]!r}\n")
             return 2
@@ -443,7 +482,7 @@ def helper_main(argv: list[str]) -> int:
         sys.stderr.write("strata remote: no ssh command after --\n")
         return 2
     try:
-        rc = _Helper(mode, ssh_cmd, names, grace).run()
+        rc = _Helper(mode, ssh_cmd, names, grace, ship).run()
     except OSError as e:
         sys.stderr.write(f"strata remote: cannot start {ssh_cmd[0]}: {e}\n")
         return 255
@@ -645,11 +684,54 @@ def guard(argv: Sequence[str], env: Mapping[str, str], grace_s: float, stdin: IO
     return 0 if rc is None else (rc if rc >= 0 else 128 - rc)
 
 
+class _AgentAlias:
+    """On the remote node the agent is ``strata_agent``; a plugin's collector shipped
+    beside it imports it as it does at home, ``strata_plugin.agent...``. This finder
+    hands it the same modules under that name (one ``Collector`` class, one
+    ``Unavailable``), and an empty ``strata_plugin`` package above them."""
+
+    HOME = "strata_plugin.agent"
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.util
+
+        if name == "strata_plugin":
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        if name == self.HOME or name.startswith(self.HOME + "."):
+            target_name = AGENT_MODULE + name[len(self.HOME):]
+            found = importlib.util.find_spec(target_name)
+            if found is None:
+                return None
+            return importlib.util.spec_from_loader(
+                name, self, is_package=found.submodule_search_locations is not None)
+        return None
+
+    def __init__(self) -> None:
+        self.specs: dict[str, Any] = {}
+
+    def create_module(self, spec: Any) -> Any:
+        import importlib
+
+        if spec.name == "strata_plugin":
+            return None  # a plain empty package
+        module = importlib.import_module(AGENT_MODULE + spec.name[len(self.HOME):])
+        self.specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        # already executed under its own name; the import system has just given it the
+        # alias's spec: give it back its own (its relative imports follow it)
+        own = self.specs.pop(getattr(module.__spec__, "name", ""), None)
+        if own is not None:
+            module.__spec__ = own
+
+
 def remote_main(head: Mapping[str, Any], argv: list[str]) -> int:
     """Entry point of the shipped code on the remote node."""
     mode = head.get("mode")
     if mode == "agent":
         sys.argv = [AGENT_MODULE, *argv]
+        sys.meta_path.insert(0, _AgentAlias())  # type: ignore[arg-type]
         from strata_agent import main  # type: ignore[import-not-found]
 
         return main(argv)

@@ -15,7 +15,10 @@ The package: ``table.py`` declares every rule once (class, group, signals with t
 sources) and derives ``CLASSES``, the groups and ``SIGNAL_SOURCES``; ``gpu.py``,
 ``host.py`` and ``serving.py`` are the rule families; ``verdict.py`` is the machinery
 (ranking, conflicts, confidence); ``window.py`` the input and output data;
-``outcome.py`` what one rule records; ``traces.py`` the finer traces a verdict names.
+``outcome.py`` what one rule records and the names rules are written with (``RuleCheck``,
+``Outcome``, ``signal_margin``); ``traces.py`` the finer traces a verdict names;
+``registry.py`` the rules of other packages (``strata.rules`` entry points) and the
+table the verdict runs, Strata's rows and theirs (docs/extending.md, "A rule").
 
 Three promises, each tested:
 
@@ -28,7 +31,6 @@ Three promises, each tested:
 """
 
 from strata_plugin.analysis.rules.gpu import (
-    _gpu_busy,
     rule_gpu_communication,
     rule_gpu_compute,
     rule_gpu_latency,
@@ -39,7 +41,6 @@ from strata_plugin.analysis.rules.gpu import (
     rule_waiting_on_peer,
 )
 from strata_plugin.analysis.rules.host import (
-    _at_own_quota,
     rule_cpu_compute,
     rule_cpu_contention,
     rule_cpu_limited,
@@ -50,13 +51,14 @@ from strata_plugin.analysis.rules.host import (
     rule_server_stalled,
 )
 from strata_plugin.analysis.rules.outcome import (
-    _compare,
-    _m,
-    _margin,
-    _Outcome,
-    _round,
-    _Rule,
+    Outcome,
+    RuleCheck,
+    compare,
+    margin,
+    round_sig,
+    signal_margin,
 )
+from strata_plugin.analysis.rules.registry import RulePlugin
 from strata_plugin.analysis.rules.serving import (
     rule_client_bound,
     rule_interference,
@@ -96,19 +98,7 @@ from strata_plugin.analysis.rules.traces import (
     TRACE_SCHED,
     TRACE_SERVER,
 )
-from strata_plugin.analysis.rules.verdict import (
-    _class_confidence,
-    _classify,
-    _close_pairs,
-    _conflict,
-    _evidence,
-    _headroom_margin,
-    _in_question,
-    _missing_text,
-    _rank,
-    _second_slot_notes,
-    classify,
-)
+from strata_plugin.analysis.rules.verdict import classify
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
 
 __all__ = [
@@ -116,14 +106,13 @@ __all__ = [
     "CPU_SERVER_RULES", "GPU_RULES", "GROUPS", "HOST_RULES", "MODIFIERS", "RULES", "SERVING",
     "SERVING_RULES", "SIGNAL_SOURCES", "TRACE_BLOCK", "TRACE_CLOCK", "TRACE_CUDA",
     "TRACE_GPM", "TRACE_LEDGER", "TRACE_MEM", "TRACE_NCCL", "TRACE_NET", "TRACE_RUNSTATE",
-    "TRACE_SCHED", "TRACE_SERVER", "Evidence", "Rule", "Verdict", "WindowSignals",
-    "_Outcome", "_Rule", "_at_own_quota", "_class_confidence", "_classify", "_close_pairs",
-    "_compare", "_conflict", "_evidence", "_gpu_busy", "_headroom_margin", "_in_question",
-    "_m", "_margin", "_missing_text", "_rank", "_round", "_second_slot_notes", "classify",
+    "TRACE_SCHED", "TRACE_SERVER", "Evidence", "Outcome", "Rule", "RuleCheck", "RulePlugin",
+    "Verdict", "WindowSignals", "classify", "compare", "margin", "round_sig",
     "rule_client_bound", "rule_cpu_compute", "rule_cpu_contention", "rule_cpu_limited",
     "rule_gpu_communication", "rule_gpu_compute", "rule_gpu_latency",
     "rule_gpu_memory_bandwidth", "rule_gpu_pcie_copy", "rule_host_cpu_launch",
     "rule_input_starved", "rule_interference", "rule_io_page_faults", "rule_kv_cache",
     "rule_memory_pressure", "rule_network", "rule_outside_server", "rule_queueing",
     "rule_server_stalled", "rule_throttling", "rule_unexplained", "rule_waiting_on_peer",
+    "signal_margin",
 ]

@@ -3,7 +3,7 @@ or waiting (host CPU / launch, a peer), and the throttling modifier."""
 
 from __future__ import annotations
 
-from strata_plugin.analysis.rules.outcome import _m, _Outcome, _Rule
+from strata_plugin.analysis.rules.outcome import Outcome, RuleCheck, signal_margin
 from strata_plugin.analysis.rules.traces import TRACE_CUDA, TRACE_GPM, TRACE_NCCL, TRACE_SCHED
 from strata_plugin.analysis.rules.window import WindowSignals
 from strata_plugin.analysis.thresholds import value as _v
@@ -18,8 +18,8 @@ def _gpu_busy(s: WindowSignals) -> bool | None:
     return None
 
 
-def rule_gpu_compute(s: WindowSignals) -> _Outcome:
-    r = _Rule("gpu_compute", s)
+def rule_gpu_compute(s: WindowSignals) -> Outcome:
+    r = RuleCheck("gpu_compute", s)
     if not r.need("sm_active"):
         return r.unassessable(TRACE_GPM)
     if s.tensor_active is None and s.dram_active is None:
@@ -32,7 +32,8 @@ def rule_gpu_compute(s: WindowSignals) -> _Outcome:
     )
     if tensor:
         return r.fire(
-            _m(s, "sm_active", "sm_active_compute"), _m(s, "tensor_active", "tensor_active_compute")
+            signal_margin(s, "sm_active", "sm_active_compute"),
+            signal_margin(s, "tensor_active", "tensor_active_compute"),
         )
     sm_hi = (
         s.dram_active is not None
@@ -40,31 +41,31 @@ def rule_gpu_compute(s: WindowSignals) -> _Outcome:
         and r.cmp("dram_active", "<", "dram_active_bound")
     )
     if sm_hi:
-        return r.fire(_m(s, "sm_active", "sm_active_high"))
+        return r.fire(signal_margin(s, "sm_active", "sm_active_high"))
     return r.o
 
 
-def rule_gpu_memory_bandwidth(s: WindowSignals) -> _Outcome:
-    r = _Rule("gpu_memory_bandwidth", s)
+def rule_gpu_memory_bandwidth(s: WindowSignals) -> Outcome:
+    r = RuleCheck("gpu_memory_bandwidth", s)
     if not r.need("dram_active"):
         return r.unassessable(TRACE_GPM)
     if r.cmp("dram_active", ">=", "dram_active_bound"):
         if s.tensor_active is not None and not r.cmp("tensor_active", "<", "tensor_active_compute"):
             # Tensor pipes busy too: compute leads, DRAM is a second, balanced load.
-            return r.fire(_m(s, "dram_active", "dram_active_bound") / 2)
-        return r.fire(_m(s, "dram_active", "dram_active_bound"))
+            return r.fire(signal_margin(s, "dram_active", "dram_active_bound") / 2)
+        return r.fire(signal_margin(s, "dram_active", "dram_active_bound"))
     return r.o
 
 
-def rule_gpu_communication(s: WindowSignals) -> _Outcome:
-    r = _Rule("gpu_communication", s)
+def rule_gpu_communication(s: WindowSignals) -> Outcome:
+    r = RuleCheck("gpu_communication", s)
     if s.multi_node and not r.need("rdma_util"):
         return r.unassessable(TRACE_NCCL)
     link = s.rdma_util is not None and r.cmp("rdma_util", ">=", "rdma_link_frac")
     nvl = s.nvlink_bytes_s is not None and r.cmp("nvlink_bytes_s", ">=", "nvlink_bytes_s")
     if not r.need("gpu_util", "sm_active"):
         if link:
-            return r.fire(_m(s, "rdma_util", "rdma_link_frac"))
+            return r.fire(signal_margin(s, "rdma_util", "rdma_link_frac"))
         return r.unassessable(TRACE_NCCL)
     busy_not_computing = (
         r.cmp("gpu_util", ">=", "gpu_util_busy")
@@ -73,32 +74,32 @@ def rule_gpu_communication(s: WindowSignals) -> _Outcome:
     )
     if (link or nvl) and (busy_not_computing or (s.sm_active or 0) < _v("sm_active_busy")):
         m = (
-            _m(s, "rdma_util", "rdma_link_frac")
+            signal_margin(s, "rdma_util", "rdma_link_frac")
             if link
-            else _m(s, "nvlink_bytes_s", "nvlink_bytes_s")
+            else signal_margin(s, "nvlink_bytes_s", "nvlink_bytes_s")
         )
         return r.fire(m)
     return r.o
 
 
-def rule_gpu_pcie_copy(s: WindowSignals) -> _Outcome:
-    r = _Rule("gpu_pcie_copy", s)
+def rule_gpu_pcie_copy(s: WindowSignals) -> Outcome:
+    r = RuleCheck("gpu_pcie_copy", s)
     if not r.need("pcie_bytes_s"):
         return r.unassessable(TRACE_CUDA)
     cap = _v("pcie_bytes_s_cap")
     if r.cmp("pcie_bytes_s", ">=", "pcie_link_frac", scale=cap):
-        return r.fire(_m(s, "pcie_bytes_s", "pcie_link_frac", scale=cap))
+        return r.fire(signal_margin(s, "pcie_bytes_s", "pcie_link_frac", scale=cap))
     if (
         s.sm_active is not None
         and r.cmp("pcie_bytes_s", ">=", "pcie_active_bytes_s")
         and r.cmp("sm_active", "<", "pcie_sm_max")
     ):
-        return r.fire(_m(s, "sm_active", "pcie_sm_max", "<"))
+        return r.fire(signal_margin(s, "sm_active", "pcie_sm_max", "<"))
     return r.o
 
 
-def rule_gpu_latency(s: WindowSignals) -> _Outcome:
-    r = _Rule("gpu_latency_low_occupancy", s)
+def rule_gpu_latency(s: WindowSignals) -> Outcome:
+    r = RuleCheck("gpu_latency_low_occupancy", s)
     if not r.need("sm_active", "dram_active", "tensor_active"):
         return r.unassessable(TRACE_GPM)
     if (
@@ -109,8 +110,8 @@ def rule_gpu_latency(s: WindowSignals) -> _Outcome:
         occ_low = s.sm_occupancy is None or r.cmp("sm_occupancy", "<", "occupancy_low")
         if occ_low:
             return r.fire(
-                _m(s, "dram_active", "dram_active_low", "<"),
-                _m(s, "tensor_active", "tensor_active_low", "<"),
+                signal_margin(s, "dram_active", "dram_active_low", "<"),
+                signal_margin(s, "tensor_active", "tensor_active_low", "<"),
             )
     return r.o
 
@@ -118,14 +119,14 @@ def rule_gpu_latency(s: WindowSignals) -> _Outcome:
 # --- the rules: GPU waiting --------------------------------------------------------------
 
 
-def rule_host_cpu_launch(s: WindowSignals) -> _Outcome:
+def rule_host_cpu_launch(s: WindowSignals) -> Outcome:
     """GPU under-fed while work is in flight, and a host CPU signal says why.
 
     Under-fed: SM activity under 0.5, or SMs "active" but moving neither DRAM nor tensor
     work (tiny kernels between slow launches look like that too: hence the conflict
     with gpu_latency_low_occupancy, which only a CUDA timeline separates).
     """
-    r = _Rule("host_cpu_launch", s)
+    r = RuleCheck("host_cpu_launch", s)
     busy = _gpu_busy(s)
     if busy is None:
         r.need("sm_active")
@@ -153,31 +154,31 @@ def rule_host_cpu_launch(s: WindowSignals) -> _Outcome:
     if s.server_max_thread_cores is not None and r.cmp(
         "server_max_thread_cores", ">=", "thread_core_saturated"
     ):
-        margins.append(_m(s, "server_max_thread_cores", "thread_core_saturated"))
+        margins.append(signal_margin(s, "server_max_thread_cores", "thread_core_saturated"))
     if s.runq_delay_per_cpu_s is not None and r.cmp(
         "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"
     ):
-        margins.append(_m(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
+        margins.append(signal_margin(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
     if s.psi_cpu_some is not None and r.cmp("psi_cpu_some", ">=", "psi_some_frac"):
-        margins.append(_m(s, "psi_cpu_some", "psi_some_frac"))
+        margins.append(signal_margin(s, "psi_cpu_some", "psi_some_frac"))
     if not margins:
         return r.o
     if idle_pipes:
         underfed = (
-            _m(s, "dram_active", "dram_active_low", "<")
-            + _m(s, "tensor_active", "tensor_active_low", "<")
+            signal_margin(s, "dram_active", "dram_active_low", "<")
+            + signal_margin(s, "tensor_active", "tensor_active_low", "<")
         ) / 2
     elif s.sm_active is not None:
-        underfed = _m(s, "sm_active", "sm_active_busy", "<")
+        underfed = signal_margin(s, "sm_active", "sm_active_busy", "<")
     else:
-        underfed = _m(s, "gpu_util", "gpu_util_busy", "<")
+        underfed = signal_margin(s, "gpu_util", "gpu_util_busy", "<")
     return r.fire(*margins, underfed)
 
 
 
 
-def rule_waiting_on_peer(s: WindowSignals) -> _Outcome:
-    r = _Rule("waiting_on_peer", s)
+def rule_waiting_on_peer(s: WindowSignals) -> Outcome:
+    r = RuleCheck("waiting_on_peer", s)
     if s.n_gpus < 2 and not s.multi_node:
         return r.o  # nothing to be imbalanced against
     peer = ("sm_active_cv", "gpu_util_max_min", "rdma_rail_max_min", "rdma_rail_cv")
@@ -193,23 +194,23 @@ def rule_waiting_on_peer(s: WindowSignals) -> _Outcome:
         ("straggler_rel_dev", "straggler_rel_dev"),  # rails.py gpu_/node_straggler
     ):
         if getattr(s, signal) is not None and r.cmp(signal, ">=", thr):
-            margins.append(_m(s, signal, thr))
+            margins.append(signal_margin(s, signal, thr))
     return r.fire(*margins) if margins else r.o
 
 
-def rule_throttling(s: WindowSignals) -> _Outcome:
-    r = _Rule("throttling", s)
+def rule_throttling(s: WindowSignals) -> Outcome:
+    r = RuleCheck("throttling", s)
     if s.throttle_frac is None and s.sm_clock_low_frac is None:
         r.need("throttle_frac")
         return r.unassessable("NVML clock-event reasons and violation counters")
     if s.throttle_frac is not None and r.cmp("throttle_frac", ">=", "throttle_frac"):
-        return r.fire(_m(s, "throttle_frac", "throttle_frac"))
+        return r.fire(signal_margin(s, "throttle_frac", "throttle_frac"))
     if (
         s.sm_clock_low_frac is not None
         and _gpu_busy(s)
         and r.cmp("sm_clock_low_frac", ">=", "sm_clock_low_frac")
     ):
-        return r.fire(_m(s, "sm_clock_low_frac", "sm_clock_low_frac"))
+        return r.fire(signal_margin(s, "sm_clock_low_frac", "sm_clock_low_frac"))
     return r.o
 
 

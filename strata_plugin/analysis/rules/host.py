@@ -3,7 +3,7 @@ page faults, memory pressure, the network, and a server starved of requests."""
 
 from __future__ import annotations
 
-from strata_plugin.analysis.rules.outcome import _m, _margin, _Outcome, _Rule
+from strata_plugin.analysis.rules.outcome import Outcome, RuleCheck, margin, signal_margin
 from strata_plugin.analysis.rules.traces import (
     TRACE_BLOCK,
     TRACE_MEM,
@@ -15,26 +15,26 @@ from strata_plugin.analysis.rules.window import WindowSignals
 from strata_plugin.analysis.thresholds import value as _v
 
 
-def rule_input_starved(s: WindowSignals) -> _Outcome:
+def rule_input_starved(s: WindowSignals) -> Outcome:
     """The server sat idle for lack of requests (GPU or CPU alike)."""
-    r = _Rule("input_starved", s)
+    r = RuleCheck("input_starved", s)
     if not r.need("inflight_frac"):
         return r.unassessable("request windows (requests.jsonl)")
     if r.cmp("inflight_frac", "<", "inflight_frac_min"):
-        return r.fire(_m(s, "inflight_frac", "inflight_frac_min", "<"))
+        return r.fire(signal_margin(s, "inflight_frac", "inflight_frac_min", "<"))
     return r.o
 
 
 
 
-def rule_cpu_compute(s: WindowSignals) -> _Outcome:
+def rule_cpu_compute(s: WindowSignals) -> Outcome:
     """The server's own threads use the CPU it can use (CPU-only servers)."""
-    r = _Rule("cpu_compute", s)
+    r = RuleCheck("cpu_compute", s)
     if not r.need("server_cpu_cores", "n_cores"):
         return r.unassessable(TRACE_SCHED)
     usable = float(min(s.server_threads, s.n_cores) if s.server_threads else s.n_cores)
     if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable):
-        return r.fire(_m(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
+        return r.fire(signal_margin(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
     if (
         s.host_busy_cores is not None
         and r.cmp("host_busy_cores", ">=", "cores_busy_frac", scale=float(s.n_cores))
@@ -46,24 +46,25 @@ def rule_cpu_compute(s: WindowSignals) -> _Outcome:
             label="server_share_of_busy_cores",
         )
     ):
-        return r.fire(_m(s, "host_busy_cores", "cores_busy_frac", scale=float(s.n_cores)))
+        return r.fire(signal_margin(s, "host_busy_cores", "cores_busy_frac",
+                                    scale=float(s.n_cores)))
     return r.o
 
 
-def rule_cpu_limited(s: WindowSignals) -> _Outcome:
+def rule_cpu_limited(s: WindowSignals) -> Outcome:
     """The server's own cgroup quota keeps its threads from the CPU (a container, a pod,
     a systemd slice): CFS throttled the group in its enforcement periods, however idle
     the host. Other processes taking the cores are ``cpu_contention``'s, not this."""
-    r = _Rule("cpu_limited", s)
+    r = RuleCheck("cpu_limited", s)
     if not r.need("cgroup_throttled_frac"):
         return r.unassessable(TRACE_SCHED)
     if not r.cmp("cgroup_throttled_frac", ">=", "cgroup_throttled_frac"):
         return r.o
-    score = _m(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
+    score = signal_margin(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
     # Corroboration: a group throttled in most periods uses nearly all of its quota. It
     # adds a second met row (confidence) and never lowers the score.
     if s.cgroup_quota_used is not None and r.cmp("cgroup_quota_used", ">=", "cgroup_quota_used"):
-        score = max(score, _m(s, "cgroup_quota_used", "cgroup_quota_used"))
+        score = max(score, signal_margin(s, "cgroup_quota_used", "cgroup_quota_used"))
     return r.fire(score)
 
 
@@ -77,13 +78,13 @@ def _at_own_quota(s: WindowSignals) -> bool:
     )
 
 
-def rule_cpu_contention(s: WindowSignals) -> _Outcome:
+def rule_cpu_contention(s: WindowSignals) -> Outcome:
     """Other work on the same cores, or the hypervisor (steal), keeps the server's threads
     from the CPU. (Its own cgroup's quota is ``cpu_limited``.)"""
-    r = _Rule("cpu_contention", s)
+    r = RuleCheck("cpu_contention", s)
     margins = []
     if s.steal_frac is not None and r.cmp("steal_frac", ">=", "steal_frac"):
-        margins.append(_m(s, "steal_frac", "steal_frac"))
+        margins.append(signal_margin(s, "steal_frac", "steal_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
     other = max(0.0, s.host_busy_cores - s.server_cpu_cores) / max(s.n_cores, 1)
@@ -94,11 +95,11 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
     if s.runq_delay_per_cpu_s is not None and r.cmp(
         "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"
     ):
-        delayed.append(_m(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
+        delayed.append(signal_margin(s, "runq_delay_per_cpu_s", "runq_delay_per_cpu_s"))
     if s.ctx_involuntary_per_cpu_s is not None and r.cmp(
         "ctx_involuntary_per_cpu_s", ">=", "involuntary_ctx_per_cpu_s"
     ):
-        delayed.append(_m(s, "ctx_involuntary_per_cpu_s", "involuntary_ctx_per_cpu_s"))
+        delayed.append(signal_margin(s, "ctx_involuntary_per_cpu_s", "involuntary_ctx_per_cpu_s"))
     if crowded and delayed and _at_own_quota(s):
         # CFS throttling is run-queue delay and preemption too: a server that used its
         # whole quota got all its cgroup allows, so its waits are the quota's
@@ -106,7 +107,7 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
         r.cmp("cgroup_quota_used", "<", "cgroup_quota_used", label="quota_used_not_binding")
     elif crowded and delayed:
         margins.append(sum(delayed) / len(delayed))
-        margins.append(_margin(other, _v("other_cpu_frac"), ">="))
+        margins.append(margin(other, _v("other_cpu_frac"), ">="))
     if (
         crowded
         and s.runq_delay_per_cpu_s is None
@@ -119,16 +120,16 @@ def rule_cpu_contention(s: WindowSignals) -> _Outcome:
     return r.fire(*margins) if margins else r.o
 
 
-def rule_io_page_faults(s: WindowSignals) -> _Outcome:
-    r = _Rule("io_page_faults", s)
+def rule_io_page_faults(s: WindowSignals) -> Outcome:
+    r = RuleCheck("io_page_faults", s)
     if s.major_faults_per_s is None and s.read_bytes_s is None and s.disk_busy_frac is None:
         r.need("major_faults_per_s", "read_bytes_s")
         return r.unassessable(TRACE_BLOCK)
     margins = []
     if s.major_faults_per_s is not None and r.cmp("major_faults_per_s", ">=", "major_faults_per_s"):
-        margins.append(_m(s, "major_faults_per_s", "major_faults_per_s"))
+        margins.append(signal_margin(s, "major_faults_per_s", "major_faults_per_s"))
     if s.read_bytes_s is not None and r.cmp("read_bytes_s", ">=", "read_bytes_s"):
-        margins.append(_m(s, "read_bytes_s", "read_bytes_s"))
+        margins.append(signal_margin(s, "read_bytes_s", "read_bytes_s"))
     # A busy device is the server's only when nothing says otherwise: with its own fault
     # and read counters measured and quiet, the reads are another process's.
     own_measured = s.major_faults_per_s is not None or s.read_bytes_s is not None
@@ -137,13 +138,13 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
         and r.cmp("disk_busy_frac", ">=", "disk_busy_frac")
         and (margins or not own_measured)
     ):
-        margins.append(_m(s, "disk_busy_frac", "disk_busy_frac"))
+        margins.append(signal_margin(s, "disk_busy_frac", "disk_busy_frac"))
     # Corroboration raises the score but never fires the rule alone.
     extra = []
     if s.psi_io_some is not None and r.cmp("psi_io_some", ">=", "psi_some_frac"):
-        extra.append(_m(s, "psi_io_some", "psi_some_frac"))
+        extra.append(signal_margin(s, "psi_io_some", "psi_some_frac"))
     if s.iowait_frac is not None and r.cmp("iowait_frac", ">=", "iowait_frac"):
-        extra.append(_m(s, "iowait_frac", "iowait_frac"))
+        extra.append(signal_margin(s, "iowait_frac", "iowait_frac"))
     if margins:
         return r.fire(*margins, *extra)
     if s.major_faults_per_s is None:
@@ -151,8 +152,8 @@ def rule_io_page_faults(s: WindowSignals) -> _Outcome:
     return r.o
 
 
-def rule_memory_pressure(s: WindowSignals) -> _Outcome:
-    r = _Rule("memory_pressure", s)
+def rule_memory_pressure(s: WindowSignals) -> Outcome:
+    r = RuleCheck("memory_pressure", s)
     if s.psi_mem_some is None and s.mem_available_frac is None and s.cgroup_mem_events is None:
         r.need("psi_mem_some", "mem_available_frac")
         return r.unassessable(TRACE_MEM)
@@ -160,20 +161,20 @@ def rule_memory_pressure(s: WindowSignals) -> _Outcome:
     # The server's own memory limit: reclaim or OOM kills at the limit, on a host with
     # plenty free (a container, a pod). Counts: one event is past, a tenth more scores.
     if s.cgroup_mem_events is not None and r.cmp("cgroup_mem_events", ">=", "cgroup_mem_events"):
-        margins.append(_m(s, "cgroup_mem_events", "cgroup_mem_events"))
+        margins.append(signal_margin(s, "cgroup_mem_events", "cgroup_mem_events"))
     if s.psi_mem_some is not None and r.cmp("psi_mem_some", ">=", "psi_some_frac"):
-        margins.append(_m(s, "psi_mem_some", "psi_some_frac"))
+        margins.append(signal_margin(s, "psi_mem_some", "psi_some_frac"))
     if s.mem_available_frac is not None and r.cmp(
         "mem_available_frac", "<", "mem_available_frac_min"
     ):
-        margins.append(_m(s, "mem_available_frac", "mem_available_frac_min", "<"))
+        margins.append(signal_margin(s, "mem_available_frac", "mem_available_frac_min", "<"))
     return r.fire(*margins) if margins else r.o
 
 
-def rule_network(s: WindowSignals) -> _Outcome:
+def rule_network(s: WindowSignals) -> Outcome:
     """An interface near its capacity (one direction, or both together for request/response
     traffic), or the RDMA fabric erroring, congested, or bypassed (NCCL over sockets)."""
-    r = _Rule("network", s)
+    r = RuleCheck("network", s)
     checks = (
         ("net_util", "net_link_frac"),
         # request/response traffic (llama.cpp RPC) alternates directions: one direction
@@ -187,7 +188,7 @@ def rule_network(s: WindowSignals) -> _Outcome:
         r.need("net_util")
         return r.unassessable(TRACE_NET)
     margins = [
-        _m(s, signal, thr)
+        signal_margin(s, signal, thr)
         for signal, thr in checks
         if getattr(s, signal) is not None and r.cmp(signal, ">=", thr)
     ]
@@ -200,20 +201,20 @@ def rule_network(s: WindowSignals) -> _Outcome:
 
 
 
-def rule_server_stalled(s: WindowSignals) -> _Outcome:
+def rule_server_stalled(s: WindowSignals) -> Outcome:
     """The server neither ran nor could run for part of the time the case is about:
     its cgroup frozen, its threads stopped (T), or neither run time nor run-queue wait
     advancing while its threads were not asleep (swapped in, a hypervisor pause). The
     time ledger gives the share: decode gaps and pre-first-token time in that state."""
-    r = _Rule("server_stalled", s)
+    r = RuleCheck("server_stalled", s)
     if not r.need("server_stalled_frac"):
         return r.unassessable(TRACE_RUNSTATE)
     if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac"):
         return r.o
-    margins = [_m(s, "server_stalled_frac", "server_stalled_frac")]
+    margins = [signal_margin(s, "server_stalled_frac", "server_stalled_frac")]
     # corroboration: the window itself, not only the requests' time (adds a met row)
     if s.server_stalled_window_frac is not None and r.cmp(
         "server_stalled_window_frac", ">=", "server_stalled_frac"
     ):
-        margins.append(_m(s, "server_stalled_window_frac", "server_stalled_frac"))
+        margins.append(signal_margin(s, "server_stalled_window_frac", "server_stalled_frac"))
     return r.fire(max(margins))

@@ -3,12 +3,12 @@ outside the server, the client itself."""
 
 from __future__ import annotations
 
-from strata_plugin.analysis.rules.outcome import _m, _Outcome, _Rule
+from strata_plugin.analysis.rules.outcome import Outcome, RuleCheck, signal_margin
 from strata_plugin.analysis.rules.traces import TRACE_LEDGER, TRACE_SERVER
 from strata_plugin.analysis.rules.window import WindowSignals
 
 
-def rule_queueing(s: WindowSignals) -> _Outcome:
+def rule_queueing(s: WindowSignals) -> Outcome:
     """Requests waited in the server's own queue.
 
     The server's waiting count decides where it is measured: TTFT outside prefill
@@ -17,7 +17,7 @@ def rule_queueing(s: WindowSignals) -> _Outcome:
     engine's own queue time over its TTFT (``engine_queue_frac``, vLLM's histograms) is
     the server's clock and decides alone.
     """
-    r = _Rule("queueing", s)
+    r = RuleCheck("queueing", s)
     if s.waiting_mean is None and s.server_queue_frac is None and s.engine_queue_frac is None:
         r.need("waiting_mean")
         return r.unassessable(TRACE_SERVER)
@@ -26,25 +26,25 @@ def rule_queueing(s: WindowSignals) -> _Outcome:
         "waiting_mean", ">=", "waiting_requests_mean"
     )
     if queued:
-        margins.append(_m(s, "waiting_mean", "waiting_requests_mean"))
+        margins.append(signal_margin(s, "waiting_mean", "waiting_requests_mean"))
     # The engine's own clock of its queue (its histograms): no client delay in it.
     if s.engine_queue_frac is not None and r.cmp("engine_queue_frac", ">=",
                                                   "server_queue_frac"):
-        margins.append(_m(s, "engine_queue_frac", "server_queue_frac"))
+        margins.append(signal_margin(s, "engine_queue_frac", "server_queue_frac"))
     if s.server_queue_frac is not None and r.cmp("server_queue_frac", ">=", "server_queue_frac"):
         if queued or s.waiting_mean is None:
-            margins.append(_m(s, "server_queue_frac", "server_queue_frac"))
+            margins.append(signal_margin(s, "server_queue_frac", "server_queue_frac"))
     return r.fire(*margins) if margins else r.o
 
 
-def rule_outside_server(s: WindowSignals) -> _Outcome:
+def rule_outside_server(s: WindowSignals) -> Outcome:
     """Time before the server's clock starts (network, a proxy, the HTTP front end), as a
     share of TTFT from the time ledger, and at least ``outside_server_min_ms`` of it: a
     short TTFT (a 16-token prompt, 20 ms) is a tenth front end on a direct connection,
     which no path explains. Where the ledger could not take the server's queue out of it
     (no queue clock, no waiting count), it needs the waiting count to be low to tell the
     two apart."""
-    r = _Rule("outside_server", s)
+    r = RuleCheck("outside_server", s)
     if not r.need("outside_server_frac", "before_server_ms"):
         return r.unassessable("llama.cpp timings (prompt_ms) or the engine's prefill clock")
     share = r.cmp("outside_server_frac", ">=", "outside_server_frac")
@@ -52,28 +52,28 @@ def rule_outside_server(s: WindowSignals) -> _Outcome:
     if not (share and floor):
         return r.o
     if s.queue_split:
-        return r.fire(_m(s, "outside_server_frac", "outside_server_frac"))
+        return r.fire(signal_margin(s, "outside_server_frac", "outside_server_frac"))
     if not r.need("waiting_mean"):
         return r.unassessable(TRACE_SERVER)
     if r.cmp("waiting_mean", "<", "waiting_requests_mean"):
-        return r.fire(_m(s, "outside_server_frac", "outside_server_frac"))
+        return r.fire(signal_margin(s, "outside_server_frac", "outside_server_frac"))
     return r.o
 
 
-def rule_kv_cache(s: WindowSignals) -> _Outcome:
-    r = _Rule("kv_cache_capacity", s)
+def rule_kv_cache(s: WindowSignals) -> Outcome:
+    r = RuleCheck("kv_cache_capacity", s)
     if s.kv_usage_max is None and s.preemptions is None:
         r.need("kv_usage_max")
         return r.unassessable(TRACE_SERVER)
     margins = []
     if s.kv_usage_max is not None and r.cmp("kv_usage_max", ">=", "kv_usage_high"):
-        margins.append(max(0.5, _m(s, "kv_usage_max", "kv_usage_high")))
+        margins.append(max(0.5, signal_margin(s, "kv_usage_max", "kv_usage_high")))
     if s.preemptions is not None and r.cmp("preemptions", ">", "preemptions_max"):
         margins.append(1.0)
     return r.fire(*margins) if margins else r.o
 
 
-def rule_interference(s: WindowSignals) -> _Outcome:
+def rule_interference(s: WindowSignals) -> Outcome:
     """Decode streams stalled while a prefill was in flight.
 
     A treatment of an A/B group is judged against its control: its stall time with a
@@ -85,7 +85,7 @@ def rule_interference(s: WindowSignals) -> _Outcome:
     A case without a control must show that its stalls coincide with prefills: a stall
     with no prefill in flight (a busy host, a slow client) is not interference.
     """
-    r = _Rule("prefill_decode_interference", s)
+    r = RuleCheck("prefill_decode_interference", s)
     if (s.concurrency or 1) < 2:
         return r.o  # one request at a time: no prompt can arrive mid-decode
     if not r.need("prefill_stall_frac", "prefill_stall_share"):
@@ -98,30 +98,30 @@ def rule_interference(s: WindowSignals) -> _Outcome:
         )
         if frac and ratio and tail:
             return r.fire(
-                _m(s, "prefill_stall_frac", "prefill_stall_frac"),
-                _m(s, "ab_prefill_stall_ratio", "ab_prefill_stall_ratio"),
-                _m(s, "ab_tail_pace_rise", "ab_tail_pace_rise"),
+                signal_margin(s, "prefill_stall_frac", "prefill_stall_frac"),
+                signal_margin(s, "ab_prefill_stall_ratio", "ab_prefill_stall_ratio"),
+                signal_margin(s, "ab_tail_pace_rise", "ab_tail_pace_rise"),
             )
         pace = s.injected_pace_factor is not None and r.cmp(
             "injected_pace_factor", ">=", "injected_pace_factor"
         )
         if frac and pace:
             return r.fire(
-                _m(s, "prefill_stall_frac", "prefill_stall_frac"),
-                _m(s, "injected_pace_factor", "injected_pace_factor"),
+                signal_margin(s, "prefill_stall_frac", "prefill_stall_frac"),
+                signal_margin(s, "injected_pace_factor", "injected_pace_factor"),
             )
         return r.o
     share = r.cmp("prefill_stall_share", ">=", "prefill_stall_share")
     if frac and share:
         return r.fire(
-            _m(s, "prefill_stall_frac", "prefill_stall_frac"),
-            _m(s, "prefill_stall_share", "prefill_stall_share"),
+            signal_margin(s, "prefill_stall_frac", "prefill_stall_frac"),
+            signal_margin(s, "prefill_stall_share", "prefill_stall_share"),
         )
     return r.o
 
 
-def rule_client_bound(s: WindowSignals) -> _Outcome:
-    r = _Rule("client_bound", s)
+def rule_client_bound(s: WindowSignals) -> Outcome:
+    r = RuleCheck("client_bound", s)
     if not r.need("client_bound"):
         return r.unassessable("the load generator's self-check (cases.jsonl client_bound)")
     if r.cmp("client_bound", "==", "client_bound", value=1.0 if s.client_bound else 0.0):
@@ -130,13 +130,13 @@ def rule_client_bound(s: WindowSignals) -> _Outcome:
 
 
 
-def rule_unexplained(s: WindowSignals) -> _Outcome:
+def rule_unexplained(s: WindowSignals) -> Outcome:
     """The time ledger does not close: the residual (what no clock or server state
     explains) is a large share of the case's metric. ``headroom`` needs it measured and
     under its bound."""
-    r = _Rule("unexplained", s)
+    r = RuleCheck("unexplained", s)
     if not r.need("ledger_residual_frac"):
         return r.unassessable(TRACE_LEDGER)
     if r.cmp("ledger_residual_frac", ">=", "ledger_residual_max"):
-        return r.fire(_m(s, "ledger_residual_frac", "ledger_residual_max"))
+        return r.fire(signal_margin(s, "ledger_residual_frac", "ledger_residual_max"))
     return r.o

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from strata_plugin.analysis.rules import gpu, host, serving
-from strata_plugin.analysis.rules.outcome import _Outcome
+from strata_plugin.analysis.rules.outcome import Outcome
 from strata_plugin.analysis.rules.traces import (
     TRACE_BLOCK,
     TRACE_CLOCK,
@@ -39,7 +39,7 @@ class Rule:
 
     cls: str
     group: str
-    fn: Callable[[WindowSignals], _Outcome]
+    fn: Callable[[WindowSignals], Outcome]
     signals: tuple[tuple[str, str], ...]
     #: must be assessable before a window can be called clean ("headroom"), per server kind
     core: tuple[str, ...] = ()

@@ -12,22 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strata_plugin.analysis.rules.outcome import _margin, _Outcome, _round
-from strata_plugin.analysis.rules.table import (
-    AMBIGUOUS,
-    CLASSES,
-    CLIENT_MEASURED,
-    CONTRADICTIONS,
-    CORE_CPU,
-    CORE_GPU,
-    CPU_SERVER_RULES,
-    GPU_RULES,
-    HOST_RULES,
-    MODIFIERS,
-    SERVING,
-    SERVING_RULES,
-    SIGNAL_SOURCES,
-)
+from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
+from strata_plugin.analysis.rules.registry import active
+from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
 from strata_plugin.analysis.rules.traces import TRACE_CLOCK, TRACE_LEDGER, TRACE_SCHED
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
 from strata_plugin.analysis.thresholds import threshold
@@ -35,7 +22,7 @@ from strata_plugin.analysis.thresholds import value as _v
 
 
 def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = ()) -> str:
-    src = SIGNAL_SOURCES.get(signal, signal)
+    src = active().signal_sources.get(signal, signal)
     if signal in distrusted:
         return f"{signal} <- {src} (not trusted: the load generator's self-check flagged it)"
     collector = src.split(":", 1)[0]
@@ -83,21 +70,22 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
             + ", ".join(CLIENT_MEASURED)
             + ") are not trusted for this window"
         )
-    rules = list(HOST_RULES) + list(SERVING_RULES)
-    rules = (list(GPU_RULES) if gpu_mode else list(CPU_SERVER_RULES)) + rules
+    t = active()  # the table's rules and the installed plugins' (rules/registry.py)
+    rules = list(t.host_rules) + list(t.serving_rules)
+    rules = (list(t.gpu_rules) if gpu_mode else list(t.cpu_server_rules)) + rules
     outcomes = {o.cls: o for o in (rule(s) for rule in rules)}
     if not gpu_mode:
         notes.append("no GPU telemetry and none expected: GPU classes not assessed")
 
     fired = [o for o in outcomes.values() if o.fired]
-    modifiers = tuple(o.cls for o in fired if o.cls in MODIFIERS)
-    ordered = _rank([o for o in fired if o.cls not in MODIFIERS], background)
+    modifiers = tuple(o.cls for o in fired if o.cls in t.modifiers)
+    ordered = _rank([o for o in fired if o.cls not in t.modifiers], background)
 
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     unassessed = [o for o in outcomes.values() if not o.assessable]
     missing_text = tuple(_missing_text(m, s, distrusted) for m in missing_signals)
     penalty = threshold("missing_penalty").value ** len(
-        {SIGNAL_SOURCES.get(m, m).split(":", 1)[0] for m in missing_signals}
+        {t.signal_sources.get(m, m).split(":", 1)[0] for m in missing_signals}
     )
 
     # Signals that contradict each other: the server used more CPU than the whole node.
@@ -130,7 +118,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
         return Verdict(
             classes=(a, b),
             evidence=_evidence(pair + [o for o in ordered if o.cls not in (a, b)]),
-            confidence=_round(min(0.4, 0.4 * penalty)),
+            confidence=round_sig(min(0.4, 0.4 * penalty)),
             inconclusive=True,
             finer_trace=(trace,),
             missing_signals=missing_text,
@@ -145,7 +133,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
         return Verdict(
             classes=("unexplained",),
             evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
-            confidence=_round(min(0.4, 0.4 * penalty)),
+            confidence=round_sig(min(0.4, 0.4 * penalty)),
             inconclusive=True,
             finer_trace=(TRACE_LEDGER, *_in_question(unassessed, s)),
             missing_signals=missing_text,
@@ -162,7 +150,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
         return Verdict(
             classes=tuple(o.cls for o in top),
             evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
-            confidence=_round(max(0.1, conf)),
+            confidence=round_sig(max(0.1, conf)),
             inconclusive=False,
             finer_trace=traces if missing_signals else (),
             missing_signals=missing_text,
@@ -178,7 +166,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
         return Verdict(
             classes=modifiers,
             evidence=_evidence([mod]),
-            confidence=_round(_class_confidence(mod) * penalty),
+            confidence=round_sig(_class_confidence(mod) * penalty),
             inconclusive=False,
             finer_trace=(),
             missing_signals=missing_text,
@@ -186,7 +174,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
             notes=tuple(notes),
         )
 
-    core = CORE_GPU if gpu_mode else CORE_CPU
+    core = t.core_gpu if gpu_mode else t.core_cpu
     blind = [c for c in core if c in outcomes and not outcomes[c].assessable]
     if blind:
         traces = tuple(sorted({outcomes[c].trace for c in blind if outcomes[c].trace}))
@@ -206,7 +194,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     return Verdict(
         classes=("headroom",),
         evidence=_evidence(clear),
-        confidence=_round(conf),
+        confidence=round_sig(conf),
         inconclusive=False,
         finer_trace=_in_question(unassessed, s),
         missing_signals=missing_text,
@@ -216,7 +204,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     )
 
 
-def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...]:
+def _in_question(unassessed: list[Outcome], s: WindowSignals) -> tuple[str, ...]:
     """Finer traces for the unassessed classes that could matter in this window: a
     one-node run serves over loopback, so no network class is in question there."""
     return tuple(sorted({
@@ -225,8 +213,8 @@ def _in_question(unassessed: list[_Outcome], s: WindowSignals) -> tuple[str, ...
     }))
 
 
-def _rank(fired: list[_Outcome], background: frozenset[str] | set[str] = frozenset()
-          ) -> list[_Outcome]:
+def _rank(fired: list[Outcome], background: frozenset[str] | set[str] = frozenset()
+          ) -> list[Outcome]:
     """The order classes are named in: the client, a resource, a serving symptom, the rest.
 
     A client that fell behind leads: nothing below it was measured under the load asked
@@ -238,25 +226,27 @@ def _rank(fired: list[_Outcome], background: frozenset[str] | set[str] = frozens
     classes already past threshold in the idle baseline (``background``) come after
     those that appeared with the load.
     """
-    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score, CLASSES.index(o.cls)))
+    t = active()
+    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score,
+                                          t.classes.index(o.cls)))
     client = [o for o in ranked if o.cls == "client_bound"]
-    resource = [o for o in ranked if o.cls not in SERVING]
-    serving = [o for o in ranked if o.cls in SERVING and o.cls not in LAST]
+    resource = [o for o in ranked if o.cls not in t.serving]
+    serving = [o for o in ranked if o.cls in t.serving and o.cls not in LAST]
     last = [o for o in ranked if o.cls == "unexplained"]
     return client + resource[:1] + serving[:1] + resource[1:] + serving[1:] + last
 
 
-def _close_pairs(ordered: list[_Outcome], cls: str):
+def _close_pairs(ordered: list[Outcome], cls: str):
     """AMBIGUOUS pairs of ``cls`` with another fired class it does not lead by the margin."""
     names = {o.cls: o for o in ordered}
-    margin = _v("dominance_margin")
+    dominance = _v("dominance_margin")
     for a, b, trace, why in AMBIGUOUS:
         if cls in (a, b) and a in names and b in names:
-            if abs(names[a].score - names[b].score) < margin:
+            if abs(names[a].score - names[b].score) < dominance:
                 yield a, b, trace, why
 
 
-def _conflict(ordered: list[_Outcome]) -> tuple[str, str, str, str] | None:
+def _conflict(ordered: list[Outcome]) -> tuple[str, str, str, str] | None:
     """A contradiction anywhere, or an ambiguous pair that puts the leading class in doubt.
 
     An ambiguous pair further down (two weak classes the counters cannot separate,
@@ -272,7 +262,7 @@ def _conflict(ordered: list[_Outcome]) -> tuple[str, str, str, str] | None:
     return None
 
 
-def _second_slot_notes(ordered: list[_Outcome]) -> list[str]:
+def _second_slot_notes(ordered: list[Outcome]) -> list[str]:
     if len(ordered) < 2:
         return []
     return [
@@ -281,13 +271,13 @@ def _second_slot_notes(ordered: list[_Outcome]) -> list[str]:
     ]
 
 
-def _class_confidence(o: _Outcome) -> float:
+def _class_confidence(o: Outcome) -> float:
     """0.5 at the threshold, up to 0.9 far past it; +0.1 when two signals agree."""
     met = sum(1 for e in o.evidence if e.met)
     return min(1.0, 0.5 + 0.4 * o.score + (0.1 if met >= 2 else 0.0))
 
 
-def _headroom_margin(clear: list[_Outcome]) -> float:
+def _headroom_margin(clear: list[Outcome]) -> float:
     """How far the assessed comparisons stayed from firing (0..1, the closest).
 
     Each row not met is measured on the other side of its threshold: a ">=" row by how
@@ -296,7 +286,7 @@ def _headroom_margin(clear: list[_Outcome]) -> float:
     so is ``==`` (the client-bound flag)."""
     other_side = {">=": "<", ">": "<", "<": ">="}
     margins = [
-        _margin(e.value, e.threshold_value, other_side[e.op])
+        margin(e.value, e.threshold_value, other_side[e.op])
         for o in clear
         for e in o.evidence
         if not e.met and e.op in other_side and e.threshold_value
@@ -304,7 +294,7 @@ def _headroom_margin(clear: list[_Outcome]) -> float:
     return min(margins) if margins else 0.5
 
 
-def _evidence(outcomes: list[_Outcome]) -> tuple[Evidence, ...]:
+def _evidence(outcomes: list[Outcome]) -> tuple[Evidence, ...]:
     return tuple(e for o in outcomes for e in o.evidence)
 
 
