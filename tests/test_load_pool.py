@@ -158,7 +158,7 @@ def test_a_worker_lost_mid_load_names_itself_and_nothing_hangs(
 def test_a_client_bound_worker_is_named_and_makes_the_load_client_bound() -> None:
     from strata_plugin.formats.records import RequestRecord
     from strata_plugin.load.client.loopstats import LoopStats
-    from strata_plugin.load.generator import _ShardView, sharded_check
+    from strata_plugin.load.generator import ShardView, sharded_check
     from strata_plugin.load.pool_worker import ShardReport
 
     def rec(i: int) -> RequestRecord:
@@ -168,9 +168,9 @@ def test_a_client_bound_worker_is_named_and_makes_the_load_client_bound() -> Non
     quiet = LoopStats(lag_ns=(1_000_000,) * 100, own_ns=(100_000,) * 100)
     # Its own work 12 ms late at every probe: past the promised 5 ms (client_timing_error_ms)
     late = LoopStats(lag_ns=(12_000_000,) * 100, own_ns=(12_000_000,) * 100)
-    views = [_ShardView("process 0", "a", 2, (rec(0), rec(2)),
+    views = [ShardView("process 0", "a", 2, (rec(0), rec(2)),
                         ShardReport(quiet, 0.1, 0, 10**9), None),
-             _ShardView("process 1", "b", 2, (rec(1), rec(3)),
+             ShardView("process 1", "b", 2, (rec(1), rec(3)),
                         ShardReport(late, 0.1, 0, 10**9), None)]
     sc = sharded_check([rec(i) for i in range(4)], views, engine="pool", placement="test")
     assert sc.client_bound
@@ -180,7 +180,7 @@ def test_a_client_bound_worker_is_named_and_makes_the_load_client_bound() -> Non
     assert sc.per_process[1]["stamps_late_ms"] == pytest.approx(12.0)
     # Just below the promise, the same worker is not named.
     ok = LoopStats(lag_ns=(4_900_000,) * 100, own_ns=(4_900_000,) * 100)
-    views[1] = _ShardView("process 1", "b", 2, (rec(1), rec(3)),
+    views[1] = ShardView("process 1", "b", 2, (rec(1), rec(3)),
                           ShardReport(ok, 0.1, 0, 10**9), None)
     sc = sharded_check([rec(i) for i in range(4)], views, engine="pool", placement="test")
     assert not sc.client_bound and sc.per_process[1]["stamps_late_ms"] is None
