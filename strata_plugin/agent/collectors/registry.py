@@ -36,6 +36,7 @@ COLLECTORS: dict[str, str] = {
     "perf": ".perf",
     "numa": ".numa",
     "runstate": ".runstate",
+    "path": ".path",
 }
 
 #: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).
