@@ -29,11 +29,12 @@ Envoy, Go's ``httputil.ReverseProxy``, Python HTTP clients): those are there at 
 moment. Others open one per request (a TCP relay, HAProxy in TCP mode, nginx without
 ``keepalive``): between requests the proxy holds no connection on, and a look at an
 idle proxy finds the proxy alone. So the sockets are read over a short window
-(``window_s``, 1 s) while a probe request is in flight: one held open (a POST whose
-head is complete and whose body stops after its first byte, so a streaming proxy
-connects upstream and the engine waits for a body that never comes; no token is
-generated), and a GET of the health path every 50 ms for proxies that buffer the whole
-request before they connect. A connection that appeared during the probe carried it:
+(``window_s``, 1 s) while probe requests are in flight: two held open, a POST whose
+head stops short (a TCP relay forwards it at once, and every server waits for the
+head's end) and one whose head is whole and whose body stops after its first byte (an
+HTTP proxy connects on once it has the head; the engine waits for a body that never
+comes: no token is generated), and a GET of the health path every 50 ms for proxies
+that buffer the whole request before they connect. A connection that appeared during the probe carried it:
 those are the hop's upstreams. A hop that opened none is followed along the
 connections it already held only to a listener that answers the health path with a
 2xx status (an engine's own connections to a database, a Ray head or a ZeroMQ peer do
@@ -449,12 +450,16 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
             s = ctx.wrap_socket(s, server_hostname=host)
         return s
 
-    hold = None
-    with contextlib.suppress(OSError, ValueError):
-        hold = connect()
-        hold.sendall((f"POST {prefix}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                      "Content-Type: application/json\r\nContent-Length: 4096\r\n"
-                      "Connection: close\r\n\r\n{").encode())
+    holds = []
+    head = (f"POST {prefix}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 4096\r\n")
+    # A head cut short (a relay forwards it at once; every server waits for its end), and
+    # a whole head with a body cut short (an HTTP proxy connects on once it has the head).
+    for text in (head, head + "Connection: close\r\n\r\n{"):
+        with contextlib.suppress(OSError, ValueError):
+            s = connect()
+            holds.append(s)
+            s.sendall(text.encode())
     try:
         while not stop.wait(GET_EVERY_S):
             with contextlib.suppress(OSError, ValueError):
@@ -467,9 +472,9 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
                 finally:
                     s.close()
     finally:
-        if hold is not None:
+        for s in holds:
             with contextlib.suppress(OSError):
-                hold.close()
+                s.close()
 
 
 def answers_health(addr: str, port: int, health_path: str, timeout_s: float = 0.5) -> bool:
