@@ -34,11 +34,11 @@ head stops short (a TCP relay forwards it at once, and every server waits for th
 head's end) and one whose head is whole and whose body stops after its first byte (an
 HTTP proxy connects on once it has the head; the engine waits for a body that never
 comes: no token is generated), and a GET of the health path every 50 ms for proxies
-that buffer the whole request before they connect. A connection that appeared during the probe carried it:
-those are the hop's upstreams. A hop that opened none is followed along the
-connections it already held only to a listener that answers the health path with a
-2xx status (an engine's own connections to a database, a Ray head or a ZeroMQ peer do
-not), and without any it is the engine.
+that buffer the whole request before they connect. A connection that appeared during
+the probe carried it: those are the hop's upstreams. A hop that opened none is followed
+along the connections it already held only to a listener that answers the health path
+with a 2xx status (an engine's own connections to a database, a Ray head or a ZeroMQ
+peer do not), and without any it is the engine.
 
 What this cannot see, stated where it matters: a proxy that forwards over a Unix
 socket (no TCP peer to follow); another user's processes, without privileges (their
