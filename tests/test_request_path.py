@@ -97,8 +97,9 @@ def test_a_pool_is_followed_and_an_engines_own_connections_are_not(procs):
     pool, pool_port = procs.start("pool", "--to", f"127.0.0.1:{port}")
     path = discover(f"http://127.0.0.1:{pool_port}", health_path="/health")
     assert _chain_kinds(path) == [[("proxy", pool.pid), ("engine", engine.pid)]]
-    direct = discover(f"http://127.0.0.1:{port}", health_path="/health")
+    direct = discover(f"http://localhost:{port}", health_path="/health")  # ::1 or 127.0.0.1
     assert _chain_kinds(direct) == [[("engine", engine.pid)]] and not direct.proxy_pids
+    assert direct.chains[0][0].address == f"127.0.0.1:{port}"
     assert db.pid not in (*path.engine_pids, *path.proxy_pids)
 
 

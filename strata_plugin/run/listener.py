@@ -534,7 +534,11 @@ def discover(url: str, *, pid_pattern: str = "", health_path: str = "/health",
     own_net = proc / "net"
     own = _Net(_netns("self", proc), own_net, local_addresses(own_net))
     addrs = _resolve(host)
-    addr = next((a for a in addrs if _is_local(a, own.local)), None)
+    local = [a for a in addrs if _is_local(a, own.local)]
+    # ``localhost`` may resolve to ::1 and 127.0.0.1: the one something listens on
+    own.read()
+    addr = next((a for a in local if own.listener(a, port) is not None),
+                local[0] if local else None)
     if addr is None:
         where = _hostport(addrs[0], port) if addrs else f"{host}:{port}"
         path = RequestPath(url, ((Hop(where, "remote", note=REMOTE_NOTE),),), "none",
