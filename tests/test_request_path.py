@@ -25,6 +25,7 @@ from strata_plugin.run.listener import attached_server_pid, discover
 from strata_plugin.run.server import free_port
 from strata_plugin.testing.relay import LatencyProxy, RelayChain
 
+pytest_plugins = ["pytester"]
 HERE = Path(__file__).resolve().parent
 PROCS = HERE / "path_procs.py"
 
@@ -290,3 +291,35 @@ def test_llama_server_alone_is_its_own_path(llama_server):
     assert _chain_kinds(path) == [[("engine", server.pid)]]
     assert path.proxy_pids == () and path.engine_pids == (server.pid,)
     assert attached_server_pid(url) == server.pid
+
+
+@pytest.mark.integration
+def test_an_attached_run_through_a_relay_follows_the_engine_and_reports_the_path(
+        llama_server, pytester, monkeypatch):
+    """``--strata-server-url`` pointed at a relay in front of llama-server: the manifest
+    and report.md name the relay and llama-server, and the head agent's command follows
+    llama-server as the server and the relay as the path (its samples under ``path``)."""
+    from tests.test_robustness_support import local_profile
+
+    server, url = llama_server
+    monkeypatch.setenv("PYTHONPATH", str(HERE.parent))
+    profile = local_profile(pytester.path / "profile.toml", baseline_s=1, cooldown_s=0)
+    pytester.makeini(f"[pytest]\nstrata_reports_dir = {pytester.path / 'reports'}\n")
+    with LatencyProxy(url, delay_ms=20.0, max_s=120) as relay:
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--strata-server-url={relay.url}",
+            f"--strata-profile={profile}", "--strata-workload=isl=16,osl=8,requests=4",
+            "--strata-run-id=p1")
+        relay_pid = relay.pid
+    result.assert_outcomes(passed=1)
+    run = pytester.path / "reports" / "p1"
+    manifest = json.loads((run / "manifest.json").read_text())
+    (path,) = paths_in(manifest).values()
+    assert _chain_kinds(path) == [[("proxy", relay_pid), ("engine", server.pid)]]
+    assert f"| request path | {path.line()} |" in (run / "report.md").read_text()
+    argv = json.loads((run / "nodes" / "local" / "collector_commands" / "agent.json")
+                      .read_text())
+    assert argv[argv.index("--pid") + 1] == str(server.pid)
+    assert argv[argv.index("--path-pid") + 1] == str(relay_pid)
+    samples = (run / "nodes" / "local" / "samples" / "path.csv").read_text()
+    assert f",path,pid{relay_pid},cpu_user_s," in samples
