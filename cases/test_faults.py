@@ -31,7 +31,8 @@ of the server and run the fault arm as attach mode runs against a URL: the path 
 proxy's URL is looked at (``run/listener.discover``), must end at the server's process
 behind the proxies, and the head agent follows it (the engine as the server, the proxies
 as the path: ``AgentFleet.follow``). Their verdict's first class must be about the path
-(``outside_server``), not the engine's own CPU named as other processes'.
+(``outside_server``), not the engine's own CPU named as other processes' (a class the
+host watch saw happen, other users' load, may lead it; the path must still be named).
 ``STRATA_FAULT_ATTACH=listener`` follows the URL's listener instead, as attach mode did
 before issue 31 (the comparison: the proxy followed as if it were the server).
 """
@@ -517,15 +518,18 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
 
 def _check_path(r: ArmResult, server) -> list[str]:
     """An attached arm: the path found the server's process behind the proxies, and the
-    verdict's first class is the path's (``outside_server``)."""
+    verdict's first class is the path's (``outside_server``), or another class that the
+    independent host watch says really happened (other users' load on a shared machine:
+    the watch counts the server's tree apart, so the engine's own CPU is never that)."""
     path = RequestPath.from_json(r.facts.get("path") or {})
     out = []
     if ATTACH == "path" and path.engine_pids != (server.pid,):
         out.append(f"{r.case_id}: the path's engine is {list(path.engine_pids)}, not the "
                    f"server's PID {server.pid}: {path.line()}")
-    if not r.classes or r.classes[0] != "outside_server":
-        out.append(f"{r.case_id}: the first class is {r.classes[:1]}, not outside_server "
-                   f"('{r.verdict}'; path: {path.line()})")
+    first = r.classes[0] if r.classes else "none"
+    if first != "outside_server" and first not in r.truth:
+        out.append(f"{r.case_id}: the first class is {first}, not outside_server, and "
+                   f"{first} did not happen ('{r.verdict}'; path: {path.line()})")
     return out
 
 
