@@ -299,11 +299,13 @@ def test_an_attached_run_through_a_relay_follows_the_engine_and_reports_the_path
     """``--strata-server-url`` pointed at a relay in front of llama-server: the manifest
     and report.md name the relay and llama-server, and the head agent's command follows
     llama-server as the server and the relay as the path (its samples under ``path``)."""
-    from tests.test_robustness_support import local_profile
-
     server, url = llama_server
     monkeypatch.setenv("PYTHONPATH", str(HERE.parent))
-    profile = local_profile(pytester.path / "profile.toml", baseline_s=1, cooldown_s=0)
+    profile = pytester.path / "profile.toml"  # attached: no command of its own
+    profile.write_text('name = "attached"\n[server]\nengine = "llamacpp"\napi = "llamacpp"\n'
+                       'argv = []\ntoken_id_range = [300, 1000]\n[telemetry]\n'
+                       'interval_s = 0.25\nbaseline_s = 1\ncooldown_s = 0\n'
+                       'collectors = ["proc", "cpu", "mem", "prom", "log"]\n')
     pytester.makeini(f"[pytest]\nstrata_reports_dir = {pytester.path / 'reports'}\n")
     with LatencyProxy(url, delay_ms=20.0, max_s=120) as relay:
         result = pytester.runpytest_subprocess(
