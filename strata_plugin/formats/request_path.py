@@ -98,14 +98,17 @@ class RequestPath:
         return tuple(h for c in self.chains for h in c if h.kind == "proxy")
 
     def line(self) -> str:
-        """The path in one line (chains joined by ``; ``), then what cannot be observed."""
+        """The path in one line (chains joined by ``; ``), its notes (a cycle, the depth
+        bound), then what cannot be observed."""
         text = "; ".join(" -> ".join(h.text() for h in chain) for chain in self.chains)
         if self.engine_from == "pid_pattern":
             pids = ", ".join(map(str, self.engine_pids)) or "none yet"
             text += f"; the engine by telemetry.pid_pattern: PID {pids}"
+        text = text or self.url
+        text += "".join(f" ({n})" for n in self.notes)
         if self.reason:
             text += f". {self.reason}"
-        return text or self.url
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "line": self.line(), "observable": self.observable,

@@ -140,10 +140,17 @@ class AgentFleet:
         (the client connects to it directly)."""
         if not self.attached:
             return None
-        from strata_plugin.run.listener import discover
+        from strata_plugin.run.listener import attached_server_pid, discover
 
-        path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
-                        health_path=self.health_path)
+        try:
+            path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
+                            health_path=self.health_path)
+        except Exception as exc:  # a look that failed must not stop the run: the listener
+            pid = attached_server_pid(server.base_url)
+            path = RequestPath(server.base_url, engine_from="path" if pid else "none",
+                               engine_pids=(pid,) if pid else (), how="listener",
+                               notes=(f"the path could not be looked at ({type(exc).__name__}:"
+                                      f" {exc}): the URL's listener is followed",))
         self._record_path(server.block_key, path)
         return path
 

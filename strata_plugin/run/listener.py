@@ -303,7 +303,7 @@ def _tree(roots: Iterable[int], proc: Path) -> set[int]:
 class _Net:
     """One network namespace: where its tables are read, its addresses, the baseline."""
 
-    key: str  # the /proc/<pid>/ns/net link ("" = the harness's own)
+    key: str  # its /proc/<pid>/ns/net link, "net:[<inode>]"
     net: Path
     local: set[str]
     socks: list[Sock] = field(default_factory=list)
@@ -326,7 +326,6 @@ class _Node:
     pids: set[int]  # every PID holding the listening socket
     upstream_new: dict[tuple[str, int], str] = field(default_factory=dict)  # far end -> net key
     upstream_old: dict[tuple[str, int], str] = field(default_factory=dict)
-    note: str = ""
 
     @property
     def key(self) -> tuple[str, str, int]:
