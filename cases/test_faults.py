@@ -140,8 +140,8 @@ SET_ASIDE_SCENARIOS = (
 #: set on them, and they differ from the proxy_* relays above in mechanism (attached, the
 #: path looked at; two hops; the upload paced; the answer buffered) and in parameters.
 #: The paced upload: the DECODE request's ~0.7 KB at 2 KB/s reaches the server ~0.35 s
-#: late. The buffered answer: the relay's response-buffering mode (the i31-clocks branch,
-#: ``relay ... --buffer-flush-ms N``); skipped with the reason where the relay lacks it.
+#: late. The buffered answer: the relay's response-buffering mode (``relay ...
+#: --buffer-flush-ms N``, issue 31's delivery work); skipped, saying so, where it lacks it.
 PATH_SCENARIOS = (
     Scenario("outside_server", DECODE, mechanism="attached_relay_chain", fault_set=SET_ASIDE,
              attached="chain", hops=2, delay_ms=40.0),
@@ -214,8 +214,8 @@ def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injec
         return relay.PacedUpload(server.base_url, pace_up_bps=sc.pace_up_bps, max_s=300)
     if sc.attached == "buffer":
         if "buffer_flush_ms" not in inspect.signature(relay.LatencyProxy).parameters:
-            pytest.skip("the relay's response buffering (relay --buffer-flush-ms N, the "
-                        "i31-clocks branch) is not in this checkout")
+            pytest.skip("the relay's response buffering (relay --buffer-flush-ms N) is not "
+                        "in this checkout")
         return relay.LatencyProxy(server.base_url, delay_ms=0.0, max_s=300,
                                   buffer_flush_ms=sc.buffer_flush_ms)
     if sc.mechanism == "memcg_evict":
