@@ -325,3 +325,16 @@ def test_an_attached_run_through_a_relay_follows_the_engine_and_reports_the_path
     assert argv[argv.index("--path-pid") + 1] == str(relay_pid)
     samples = (run / "nodes" / "local" / "samples" / "path.csv").read_text()
     assert f",path,pid{relay_pid},cpu_user_s," in samples
+
+
+def test_a_head_reached_over_ssh_is_not_looked_at_from_here(tmp_path):
+    """The server's node is another machine: its sockets are not this one's. Nothing is
+    probed; the pattern, where given, is what that node's agent follows."""
+    server = SimpleNamespace(base_url="http://10.0.0.5:8000", log_path=None, block_key="b")
+    nodes = (NodeSpec("gpu", ssh_host="gpu-a"),)
+    fleet = AgentFleet(nodes, TelemetrySpec(pid_pattern="vllm serve"), tmp_path, None,
+                       attached=True)
+    path = fleet.look_at_path(server)
+    assert path.engine_from == "pid_pattern" and path.how == "none" and not path.reason
+    blind = AgentFleet(nodes, TelemetrySpec(), tmp_path, None, attached=True)
+    assert "node gpu is reached over ssh" in blind.look_at_path(server).reason

@@ -142,6 +142,16 @@ class AgentFleet:
             return None
         from strata_plugin.run.listener import attached_server_pid, discover
 
+        head = next((n for n in self.nodes if n.name == self.head), None)
+        if head is not None and head.ssh_host:  # its sockets are there, not here
+            pattern = self.telemetry.pid_pattern
+            path = RequestPath(server.base_url, engine_from="pid_pattern" if pattern else "none",
+                               how="none", reason="" if pattern else (
+                                   f"The server's node {head.name} is reached over ssh: the "
+                                   "path is not looked at from here; name the engine with "
+                                   "telemetry.pid_pattern for that node's agent to follow"))
+            self._record_path(server.block_key, path)
+            return path
         try:
             path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
                             health_path=self.health_path)
