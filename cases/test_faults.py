@@ -33,10 +33,22 @@ a 1,536-token prompt.
     pytest cases/ -m fault
     pytest cases/ -m fault -k "freezer or sigstop or proxy or memcg"   # the set-aside set
     pytest cases/ -m fault -k "affinity or cpuset or pinned or prefill"   # the allowance
+    pytest cases/ -m fault -k attached       # the request's path (issue 31), set aside
+
+The attached scenarios (issue 31, set aside: they set no threshold) put proxies in front
+of the server and run the fault arm as attach mode runs against a URL: the path from the
+proxy's URL is looked at (``run/listener.discover``), must end at the server's process
+behind the proxies, and the head agent follows it (the engine as the server, the proxies
+as the path: ``AgentFleet.follow``). Their verdict's first class must be about the path
+(``outside_server``), not the engine's own CPU named as other processes' (a class the
+host watch saw happen, other users' load, may lead it; the path must still be named).
+``STRATA_FAULT_ATTACH=listener`` follows the URL's listener instead, as attach mode did
+before issue 31 (the comparison: the proxy followed as if it were the server).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -49,9 +61,11 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.formats.request_path import RequestPath
 from strata_plugin.load.case_runner import check_case
 from strata_plugin.load.workload import Workload
 from strata_plugin.report import summarize_case
+from strata_plugin.run.listener import attached_server_pid, discover
 from strata_plugin.testing import allowance, faults, memcg, pauses, relay
 
 #: Classes a fault scenario can inject; a run may name one only when it happened.
@@ -114,6 +128,13 @@ class Scenario:
     first: bool = False  # the expected class must be the first named, not one of two
     never: tuple[str, ...] = ()  # classes no arm may name (a quiet case: headroom)
     names_actor: bool = False  # the verdict must name the busy process (its PID)
+    #: attached through proxies (issue 31): "chain" (relays one behind the other, each
+    #: ``delay_ms`` each way), "upload" (the request paced at ``pace_up_bps``), "buffer"
+    #: (the answer held and flushed every ``buffer_flush_ms``)
+    attached: str = ""
+    hops: int = 1
+    pace_up_bps: float = 0.0
+    buffer_flush_ms: float = 0.0
 
     @property
     def name(self) -> str:
@@ -181,8 +202,27 @@ ALLOWANCE_SET_ASIDE = (
              fault_set=SET_ASIDE),
 )
 
+
+#: The request's path, attached through proxies (issue 31). Set aside: no threshold was
+#: set on them, and they differ from the proxy_* relays above in mechanism (attached, the
+#: path looked at; two hops; the upload paced; the answer buffered) and in parameters.
+#: The paced upload: the DECODE request's ~0.7 KB at 2 KB/s reaches the server ~0.35 s
+#: late. The buffered answer: the relay's response-buffering mode (``relay ...
+#: --buffer-flush-ms N``, issue 31's delivery work); skipped, saying so, where it lacks it.
+PATH_SCENARIOS = (
+    Scenario("outside_server", DECODE, mechanism="attached_relay_chain", fault_set=SET_ASIDE,
+             attached="chain", hops=2, delay_ms=40.0),
+    Scenario("outside_server", DECODE, mechanism="attached_upload_paced",
+             fault_set=SET_ASIDE, attached="upload", pace_up_bps=2000.0),
+    Scenario("outside_server", DECODE, mechanism="attached_buffered", fault_set=SET_ASIDE,
+             attached="buffer", buffer_flush_ms=300.0),
+)
+SET_ASIDE_SCENARIOS = SET_ASIDE_SCENARIOS + PATH_SCENARIOS
 SCENARIOS = TUNING_SCENARIOS + SET_ASIDE_SCENARIOS + ALLOWANCE_TUNING + ALLOWANCE_SET_ASIDE
 _BY_NAME = {sc.name: sc for sc in SCENARIOS}
+#: How the attached scenarios follow the proxy's URL: "path" (the engine found behind the
+#: proxies, issue 31) or "listener" (the URL's listener, as attach mode did before it).
+ATTACH = os.environ.get("STRATA_FAULT_ATTACH", "path")
 
 
 @dataclass(frozen=True)
@@ -253,6 +293,17 @@ def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injec
         return pauses.SigStopPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
     if sc.mechanism.startswith("proxy_"):
         return relay.LatencyProxy(server.base_url, delay_ms=sc.delay_ms, max_s=300)
+    if sc.attached == "chain":
+        return relay.RelayChain(server.base_url, [{"delay_ms": sc.delay_ms}] * sc.hops,
+                                max_s=300)
+    if sc.attached == "upload":
+        return relay.PacedUpload(server.base_url, pace_up_bps=sc.pace_up_bps, max_s=300)
+    if sc.attached == "buffer":
+        if "buffer_flush_ms" not in inspect.signature(relay.LatencyProxy).parameters:
+            pytest.skip("the relay's response buffering (relay --buffer-flush-ms N) is not "
+                        "in this checkout")
+        return relay.LatencyProxy(server.base_url, delay_ms=0.0, max_s=300,
+                                  buffer_flush_ms=sc.buffer_flush_ms)
     if sc.mechanism == "memcg_evict":
         assert model is not None
         return memcg.MemcgEvict(server.pid, model, keep_frac=MEMCG_KEEP_FRAC,
@@ -343,6 +394,19 @@ def _private_model(sess, server, tmp: Path) -> Iterator[str]:
         server.start()
         sess.fleet.retrack(server)
         copy.unlink(missing_ok=True)
+
+
+def _follow_attached(sess, server, url: str) -> RequestPath:
+    """The head agent pointed along the path from ``url`` as attach mode points it: the
+    engine behind the proxies (``ATTACH`` "path"), or the URL's listener ("listener": the
+    proxy followed as the server, as before issue 31)."""
+    if ATTACH == "listener":
+        pid = attached_server_pid(url)
+        path = RequestPath(url, engine_pids=(pid,) if pid else (), how="listener")
+    else:
+        path = discover(url, health_path=sess.cfg.profile.server.health_path)
+    sess.fleet.follow(server, path)
+    return path
 
 
 def _run_arm(strata, sess, server, sc: Scenario, arm: str, rep: int,
@@ -550,6 +614,7 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
         injector: faults.Injector | None = None
         group: list[ArmResult] = []
         t0 = time.monotonic()
+        path: RequestPath | None = None
         try:
             arms = [(i, a) for i, order in enumerate(_orders(sc.arms)) for a in order]
             for pos, (rep, arm) in enumerate(arms):
@@ -576,10 +641,15 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
                     except faults.FaultUnavailable as exc:
                         pytest.skip(f"{sc.fault}: cannot inject here: {exc}")
                 elif arm == "clean" and injector is not None:
-                    _close(injector, group)
-                    injector, group = None, []
-                via = injector.url if isinstance(injector, relay.LatencyProxy) else None
+                    _close(injector, group, sess, server, path)
+                    injector, group, path = None, [], None
+                via = (injector.url if isinstance(injector, (relay.LatencyProxy,
+                                                             relay.RelayChain)) else None)
+                if sc.attached and via and path is None:
+                    path = _follow_attached(sess, server, via)
                 r = _run_arm(strata, sess, server, sc, arm, rep, via)
+                if path is not None:
+                    r.facts["path"] = path.to_json()
                 results.append(r)
                 fault_matrix.append(r)
                 if arm == "fault":
@@ -587,11 +657,15 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
                 print(r.line())
         finally:
             if injector is not None:
-                _close(injector, group)
+                _close(injector, group, sess, server, path)
     problems = [p for r in results for p in _check(r)]
+    if sc.attached:
+        problems += [p for r in results if r.arm == "fault" for p in _check_path(r, server)]
     want = {"freezer_pause": "freezer_pause", "sigstop_pause": "sigstop_pause",
-            "memcg_evict": "memcg_evict"}.get(sc.mechanism,
-                                              "latency_proxy" if sc.delay_ms else None)
+            "memcg_evict": "memcg_evict"}.get(sc.mechanism, {
+                "chain": "relay_chain", "upload": "upload_pacing",
+                "buffer": "latency_proxy"}.get(sc.attached,
+                                               "latency_proxy" if sc.delay_ms else None))
     problems += [f"{r.case_id}: injected by {r.facts['injector'].get('name')}, not {want}"
                  for r in results if want and r.arm == "fault"
                  and r.facts["injector"].get("name") != want]
@@ -603,7 +677,27 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
     assert not problems, "\n".join(problems)
 
 
-def _close(injector: faults.Injector, group: list[ArmResult]) -> None:
+def _check_path(r: ArmResult, server) -> list[str]:
+    """An attached arm: the path found the server's process behind the proxies, and the
+    verdict's first class is the path's (``outside_server``), or another class that the
+    independent host watch says really happened (other users' load on a shared machine:
+    the watch counts the server's tree apart, so the engine's own CPU is never that)."""
+    path = RequestPath.from_json(r.facts.get("path") or {})
+    out = []
+    if ATTACH == "path" and path.engine_pids != (server.pid,):
+        out.append(f"{r.case_id}: the path's engine is {list(path.engine_pids)}, not the "
+                   f"server's PID {server.pid}: {path.line()}")
+    first = r.classes[0] if r.classes else "none"
+    if first != "outside_server" and first not in r.truth:
+        out.append(f"{r.case_id}: the first class is {first}, not outside_server, and "
+                   f"{first} did not happen ('{r.verdict}'; path: {path.line()})")
+    return out
+
+
+def _close(injector: faults.Injector, group: list[ArmResult], sess=None, server=None,
+           path: RequestPath | None = None) -> None:
+    if path is not None:  # the agent back on the server itself, before the proxies go
+        sess.fleet.follow(server, None)
     facts = injector.stop().as_dict()
     for r in group:
         r.facts["injector"] = facts

@@ -402,6 +402,19 @@ def test_latency_outside_the_server_is_not_blamed_on_its_queue():
     assert any(m.startswith("waiting_mean") for m in blind.missing_signals)
 
 
+def test_the_proxies_cpu_is_the_paths_not_other_processes():
+    """An attached server behind a proxy on the same host: the proxy's cores are the path
+    (agent source ``path``), not other processes crowding the server. 3.1 cores busy, 1.0
+    the server's, the server waiting for a CPU: other processes hold 2.1 of 8 cores
+    (0.2625, past a quarter) without the proxy's share taken out; with 0.05 of it taken
+    out 2.05 (0.256: still past), with 0.2 taken out 1.9 (0.2375: under)."""
+    crowded = dict(host_busy_cores=3.1, runq_delay_per_cpu_s=0.6, ctx_involuntary_per_cpu_s=300.0)
+    assert "cpu_contention" in v(CPU_CLEAN, **crowded).classes
+    assert "cpu_contention" in v(CPU_CLEAN, **crowded, path_cpu_cores=0.05).classes
+    assert "cpu_contention" not in v(CPU_CLEAN, **crowded, path_cpu_cores=0.2).classes
+    assert "cpu_contention" not in v(CPU_CLEAN, **crowded, path_cpu_cores=2.1).classes
+
+
 def test_a_late_client_still_sees_a_server_side_queue_and_resources():
     verdict = v(
         CPU_CLEAN,

@@ -459,6 +459,69 @@ def test_latency_proxy_adds_its_delay_each_way(delay_ms):
 def test_latency_proxy_refuses_a_non_loopback_upstream():
     with pytest.raises(ValueError, match="loopback"):
         relay.LatencyProxy("http://10.0.0.1:8080")
+    with pytest.raises(ValueError, match="pace_up_bps"):
+        relay.PacedUpload("http://127.0.0.1:8080", pace_up_bps=50)
+
+
+@pytest.mark.parametrize("bps", [4000.0, 16000.0])
+def test_paced_upload_sends_the_request_at_its_rate(bps):
+    """2000 bytes up through a relay pacing at ``bps``: the server (an echo) has the last
+    byte no sooner than the pace allows (its last fiftieth-of-a-second piece leaves at
+    (2000 - piece) / bps), and not 60 ms later; the answer comes back unpaced (the echo
+    of the first piece is back within 60 ms); every byte relayed, the helper gone."""
+    srv, port = _echo_server()
+    try:
+        px = relay.PacedUpload(f"http://127.0.0.1:{port}", pace_up_bps=bps, max_s=30)
+        px.start()
+        piece = int(bps / 50)
+        with socket.create_connection(("127.0.0.1", px.port)) as s:
+            t0 = time.monotonic()
+            s.sendall(b"x" * 2000)
+            got = s.recv(65536)
+            first = time.monotonic() - t0
+            while len(got) < 2000:
+                got += s.recv(65536)
+            last = time.monotonic() - t0
+        facts = px.stop().as_dict()
+        paced = (2000 - piece) / bps
+        assert paced <= last < paced + 0.06, (last, paced)
+        assert first < 0.06 and len(got) == 2000, (first, len(got))
+        assert facts["name"] == "upload_pacing" and facts["pace_up_bps"] == bps, facts
+        assert facts["bytes_up"] == 2000 and paced <= facts["pace_wait_s"] <= paced + 0.03
+        assert not pauses_helpers()
+    finally:
+        srv.close()
+
+
+def test_a_relay_chain_is_one_process_per_hop_and_adds_every_delay():
+    """relay (20 ms) -> relay (30 ms) -> echo: a round trip gains both hops' delays each
+    way (100 ms, and not 25 ms more), each hop is its own process whose listener the next
+    hop's connection reaches, and stop ends them all."""
+    srv, port = _echo_server()
+    try:
+        chain = relay.RelayChain(f"http://127.0.0.1:{port}",
+                                 [{"delay_ms": 20.0}, {"delay_ms": 30.0}], max_s=30)
+        chain.start()
+        first, second = chain.relays
+        assert first.upstream == ("127.0.0.1", second.port) and chain.url == first.url
+        assert len(set(chain.pids)) == 2 and all(alive(p) for p in chain.pids)
+        with socket.create_connection(("127.0.0.1", first.port)) as s:
+            rtts = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                s.sendall(b"y" * 100)
+                got = b""
+                while len(got) < 100:
+                    got += s.recv(65536)
+                rtts.append(time.monotonic() - t0)
+        pids = chain.pids
+        facts = chain.stop().as_dict()
+        assert 0.1 <= sorted(rtts)[1] < 0.125, rtts
+        assert [h["delay_ms"] for h in facts["hops"]] == [20.0, 30.0]
+        assert [h["bytes_up"] for h in facts["hops"]] == [300, 300], facts
+        assert not any(alive(p) for p in pids)
+    finally:
+        srv.close()
 
 
 def test_memcg_evict_evicts_the_model_pages_without_an_oom_kill(model_file):

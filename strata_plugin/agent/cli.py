@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, action="append", default=[], help="server PID (repeatable)")
     p.add_argument("--pid-pattern", help="regex matched against /proc/*/cmdline")
     p.add_argument("--container", help="docker container whose processes are the server")
+    p.add_argument(
+        "--path-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a proxy on the request's way to the server (repeatable): sampled by the path "
+        "collector, apart from the server",
+    )
     p.add_argument("--rescan", type=float, default=2.0, help="seconds between process-tree scans")
     p.add_argument("--top-threads", type=int, default=8, help="busiest threads emitted per tick")
     p.add_argument("--no-threads", action="store_true", help="skip per-thread reads")
@@ -177,6 +185,7 @@ class Agent:
         self.overruns = 0
         self.tick_s = 0.0
         self._pending_pids: list[int] | None = None
+        self._pending_path: list[int] | None = None
         self._pending_lock = threading.Lock()
         self._last_errors: dict[str, str] = {}
         self._names: dict[tuple[str, str], str] = {}
@@ -216,6 +225,8 @@ class Agent:
             "python": sys.version.split()[0],
             "argv": sys.argv,
             "targets": self.targets.describe(),
+            "path_pids": [p for c in self.collectors if getattr(c, "follows_path", False)
+                          for p in c.targets.pids],
             "collectors": self.status,
         }
 
@@ -246,6 +257,14 @@ class Agent:
                         continue
                     with self._pending_lock:
                         self._pending_pids = pids
+                elif cmd == "path":
+                    try:
+                        path = [int(w) for w in arg.replace(",", " ").split()]
+                    except ValueError:
+                        self._error("control", f"bad path line: {line!r}")
+                        continue
+                    with self._pending_lock:
+                        self._pending_path = path
                 elif cmd == "snapshot":
                     threading.Thread(
                         target=self._snapshot,
@@ -312,6 +331,11 @@ class Agent:
     def _apply_pending_pids(self) -> None:
         with self._pending_lock:
             pids, self._pending_pids = self._pending_pids, None
+            path, self._pending_path = self._pending_path, None
+        if path is not None:  # the proxies: the path collector only
+            for c in self.collectors:
+                if getattr(c, "follows_path", False):
+                    c.set_pids(path)
         if pids is None:
             return
         self.targets.set_pids(pids)

@@ -91,6 +91,7 @@ def agent_argv(
     collectors: Iterable[str] | None = None,
     *,
     container: str | None = None,
+    path_pids: Iterable[int] = (),
     ib_root: str | os.PathLike[str] | None = None,
     cgroup: str | None = None,
     prom_interval_s: float | None = None,
@@ -121,6 +122,8 @@ def agent_argv(
         argv += ["--pid-pattern", pid_pattern]
     if container:
         argv += ["--container", container]
+    for pid in path_pids:
+        argv += ["--path-pid", str(int(pid))]
     if prom_url:
         argv += ["--prom-url", prom_url]
     if prom_interval_s is not None:
@@ -353,6 +356,10 @@ class AgentHandle:
     def track_pids(self, pids: Iterable[int]) -> None:
         """Point the process collectors at new server PIDs (e.g. once the server started)."""
         self.send("pids " + " ".join(str(int(p)) for p in pids))
+
+    def track_path(self, pids: Iterable[int]) -> None:
+        """Point the path collector at the proxies on the request's way (none: stop)."""
+        self.send("path " + " ".join(str(int(p)) for p in pids))
 
     def measure_clock_offset(self, n: int = 8, timeout_s: float = 5.0) -> ClockOffset:
         """NTP-style offset from ``n`` ping/pong round trips; the smallest round trip wins."""

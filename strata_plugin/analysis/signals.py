@@ -214,7 +214,7 @@ def _rate(
         if (device is None or r.device == device)
         and not (exclude_tid and r.device.startswith("tid"))
     ]
-    if source == "proc" and any(r.device == "" for r in rows):
+    if source in ("proc", "path") and any(r.device == "" for r in rows):
         # The process tree ("") already sums its processes (pid<N>): count it once.
         rows = [r for r in rows if r.device == ""]
     vals = [r.rate for r in rows if r.rate is not None]
@@ -308,6 +308,13 @@ def _host_signals(view: HwView, node: str | None) -> dict:
     runq = _rate(view, "proc", "runqueue_delay_ns", node)
     invol = _rate(view, "proc", "ctx_involuntary", node)
     busy_cpu = server_cpu if server_cpu and server_cpu > 0.01 else None
+    # The proxies on the request's way (an attached server behind one): neither the
+    # server's CPU nor other processes'; their run-queue wait per CPU-second like the
+    # server's (a proxy starved of CPU delays every byte it relays).
+    p_user = _rate(view, "path", "cpu_user_s", node)
+    p_sys = _rate(view, "path", "cpu_system_s", node)
+    path_cpu = None if p_user is None and p_sys is None else (p_user or 0.0) + (p_sys or 0.0)
+    path_runq = _rate(view, "path", "runqueue_delay_ns", node)
     disk = [r.rate / 1000.0 for r in view.select("disk", "busy_ms", node) if r.rate is not None]
     avail = [r for r in view.select("mem", "mem_available_bytes", node) if r.min is not None]
     total_mem = [r.mean for r in view.select("mem", "mem_total_bytes", node) if r.mean]
@@ -326,6 +333,10 @@ def _host_signals(view: HwView, node: str | None) -> dict:
         cgroup_throttled_frac=throttled,
         cgroup_quota_used=cgroup_quota_used(view, node, server_cpu),
         server_cpu_cores=server_cpu,
+        path_cpu_cores=path_cpu,
+        path_runq_delay_per_cpu_s=(path_runq / 1e9 / path_cpu)
+        if path_runq is not None and path_cpu and path_cpu > 0.01
+        else (0.0 if path_runq is not None else None),
         server_threads=server_threads,
         server_max_thread_cores=max_thread,
         runq_delay_per_cpu_s=(runq / 1e9 / busy_cpu)

@@ -36,6 +36,7 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 METRIC_ALIASES: dict[tuple[str, str], tuple[str, float]] = {
     ("proc", "run_delay_s"): ("runqueue_delay_ns", 1e9),
     ("proc", "cpu_s"): ("thread_cpu_s", 1.0),  # per thread (tid<N>)
+    ("path", "run_delay_s"): ("runqueue_delay_ns", 1e9),  # the proxies, as the server
     ("cpu", "psi_cpu_some_s"): ("psi_cpu_some_total_us", 1e6),
     ("cpu", "psi_io_some_s"): ("psi_io_some_total_us", 1e6),
     ("cpu", "psi_memory_some_s"): ("psi_memory_some_total_us", 1e6),

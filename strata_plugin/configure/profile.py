@@ -84,7 +84,9 @@ class TelemetrySpec:
     baseline_s: float = 15.0
     cooldown_s: float = 15.0
     collectors: tuple[str, ...] = ("proc", "cpu", "mem", "disk", "net", "nvml", "prom", "log")
-    pid_pattern: str = ""  # for a server started elsewhere
+    #: the engine of a server started elsewhere, by command line: attached, it wins over
+    #: the engine the request's path leads to (run/listener.py)
+    pid_pattern: str = ""
     log_patterns: tuple[tuple[str, str], ...] = ()
     #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
     #: shared uplink): the network rules measure against it.

@@ -106,7 +106,9 @@ MEANINGS = {
                             "an installed plugin's too (docs/extending.md).",
     "telemetry.pid_pattern": "A regular expression matched against process command lines to "
                              "find the server's processes when Strata did not start it (an "
-                             "attached server, a container's workers); \"\": none.",
+                             "attached server, a container's workers); \"\": none. Attached, "
+                             "it names the engine and wins over the engine the request's "
+                             "path leads to (docs/attribution.md, \"The request's path\").",
     "telemetry.log_patterns": "Named regular expressions the log collector matches in the "
                               "server's log; each named group becomes a sample.",
     "telemetry.link_caps": "`\"<node>/<interface>\" = bits/s` where the real limit is not the "

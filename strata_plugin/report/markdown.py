@@ -116,9 +116,22 @@ def header(d: ReportData) -> str:
             or "-",
         ),
     ]
+    rows += path_rows(m)
     if m.get("incomplete_reason"):
         rows.append(("incomplete", m["incomplete_reason"]))
     return f"# Strata report: {d.bundle.run_id}\n" + first_lines(d) + md_table(("", ""), rows)
+
+
+def path_rows(manifest: dict) -> list[tuple[str, str]]:
+    """The request's way to an attached server, per block (run/listener.py): the URL's
+    listener, each proxy and the engine, by address, PID and command; what cannot be
+    observed (another host, another user's process) said in the same line."""
+    from strata_plugin.formats.request_path import paths_in
+
+    paths = paths_in(manifest)
+    many = len(paths) > 1
+    return [(f"request path ({block})" if many else "request path", p.line())
+            for block, p in sorted(paths.items())]
 
 
 def first_lines(d: ReportData) -> str:

@@ -160,6 +160,9 @@ KEY_METRICS = (
     ("proc", "runqueue_delay_ns", "rate", "server run-queue delay", 1e-9, "s/s"),
     ("proc", "ctx_involuntary", "rate", "server involuntary switches", 1.0, "1/s"),
     ("proc", "rss_bytes", "max", "server RSS (max)", 2**-30, "GiB"),
+    ("path", "cpu_user_s", "rate", "proxies CPU user", 1.0, "cores"),
+    ("path", "cpu_system_s", "rate", "proxies CPU system", 1.0, "cores"),
+    ("path", "runqueue_delay_ns", "rate", "proxies run-queue delay", 1e-9, "s/s"),
     ("mem", "mem_available_bytes", "min", "MemAvailable (min)", 2**-30, "GiB"),
     ("mem", "swap_used_bytes", "max", "swap used (max)", 2**-30, "GiB"),
     ("disk", "read_bytes", "rate", "disk read", 1e-6, "MB/s"),
@@ -185,7 +188,7 @@ def key_hw_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
     for r in hw:
         if r.device.startswith("tid") or (r.source == "cpu" and r.device.startswith("cpu")):
             continue
-        if r.source == "proc" and r.device.startswith("pid"):
+        if r.source in ("proc", "path") and r.device.startswith("pid"):
             continue  # the tree ("") sums its processes
         by.setdefault((r.source, r.metric), []).append(r)
     rows = []

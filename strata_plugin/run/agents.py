@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
 from strata_plugin.entry_points import collector_modules
+from strata_plugin.formats.request_path import MANIFEST_KEY as PATH_KEY
+from strata_plugin.formats.request_path import RequestPath
 
 if TYPE_CHECKING:
     from strata_plugin.run.run_folder import RunRecorder
@@ -29,45 +31,67 @@ if TYPE_CHECKING:
 
 #: The fine-grained run-state collector, enabled on every node that follows a server.
 RUNSTATE = "runstate"
+#: The proxies on the request's way (agent/collectors/path.py), enabled with it: silent
+#: until the head agent is given a proxy to follow (an attached server behind one).
+PATH = "path"
 
 
-def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | None,
-               log_file: str | None, prom_url: str | None) -> list[str]:
-    """One node's agent command as it runs on that node (before any ssh prefix)."""
+def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | Sequence[int] | None,
+               log_file: str | None, prom_url: str | None,
+               path_pids: Sequence[int] = ()) -> list[str]:
+    """One node's agent command as it runs on that node (before any ssh prefix).
+
+    ``server_pid``: the process(es) followed as the server; none with the profile's
+    ``pid_pattern`` set, the agent matching it itself. ``path_pids``: the proxies in front
+    of it (an attached server reached through a router or a gateway)."""
     from strata_plugin.agent.handle import agent_argv
 
     t = telemetry
+    pids = ([server_pid] if isinstance(server_pid, int) else list(server_pid or ()))
+    follows = bool(pids or t.pid_pattern)
     # The server's own cgroup (its quota, throttling, memory limit), not the agent's: on
     # a node without a server process to follow there is no cgroup worth reading.
-    cgroup = "server" if server_pid or t.pid_pattern else "none"
+    cgroup = "server" if follows else "none"
     collectors = list(t.collectors)
-    if (server_pid or t.pid_pattern) and RUNSTATE not in collectors:
+    if follows:
         # The server's run state on its grid of 20 ms (docs/agent.md, "runstate"): where
-        # the server runs, always; the ledger's decode gaps are classified by it.
-        collectors.append(RUNSTATE)
+        # the server runs, always; the ledger's decode gaps are classified by it. The
+        # path's proxies beside it, apart from the server and from "other processes".
+        collectors += [c for c in (RUNSTATE, PATH) if c not in collectors]
     # Another package's collectors, by module: the agent reads no entry points itself.
     plugins = {n: m for n, m in collector_modules().items() if n in collectors}
     return agent_argv(
-        node=node, interval_s=t.interval_s, pids=[server_pid] if server_pid else [],
+        node=node, interval_s=t.interval_s, pids=pids,
         pid_pattern=t.pid_pattern or None, prom_url=prom_url, log_file=log_file,
         log_patterns=dict(t.log_patterns), collectors=collectors,
-        python=sys.executable, cgroup=cgroup, collector_modules=plugins)
+        python=sys.executable, cgroup=cgroup, path_pids=path_pids,
+        collector_modules=plugins)
 
 
 class AgentFleet:
     """The agents of every server block of a run, by block key.
 
     ``attached`` is a run against a server Strata did not start (``--strata-server-url``):
-    its head agent then follows the process listening on the server's port.
+    before its first case the request's path is looked at (``run/listener.discover``:
+    the URL's listener, the proxies it connects on through, the engine), recorded in the
+    manifest (``request_path``), and the head agent follows the engine as the server and
+    the proxies as the path. The profile's ``telemetry.pid_pattern`` names the engine
+    instead, where given: the agent is then given the pattern and no PID (a PID given
+    beside a pattern wins in the agent, ``agent/targets.py``; the listener's PID passed
+    with it is why the pattern lost to a proxy before).
     """
 
     def __init__(self, nodes: Sequence[NodeSpec], telemetry: TelemetrySpec, run_dir: Path,
-                 recorder: RunRecorder, *, attached: bool = False) -> None:
+                 recorder: RunRecorder, *, attached: bool = False,
+                 health_path: str = "/health") -> None:
         self.nodes = tuple(nodes)
         self.telemetry = telemetry
         self.run_dir = Path(run_dir)
         self.recorder = recorder
         self.attached = attached
+        self.health_path = health_path
+        #: the request's path of each server block, where one was looked at
+        self.paths: dict[str, RequestPath] = {}
         #: the live agent handles of each server block (the list a recovery restarts into)
         self.blocks: dict[str, list] = {}
         #: every agent that ended unasked, as in the manifest's ``agents_lost``
@@ -84,19 +108,28 @@ class AgentFleet:
     def commands(self, server_pid: int | None,
                  server: Server | None = None) -> dict[str, list[str]]:
         """The agent command for every node of the profile (ssh-prefixed for remote ones);
-        the head's follows ``server_pid``, the server's log and its ``/metrics``."""
+        the head's follows ``server_pid`` (an attached server: the engine its path found,
+        or the profile's pattern), the server's log and its ``/metrics``."""
         out = {}
-        if server_pid is None and server is not None and self.attached:
-            # An attached server on this machine: follow the process listening on its port.
-            from strata_plugin.run.listener import attached_server_pid
+        path = self.paths.get(str(getattr(server, "block_key", ""))) if server else None
+        if path is None and server_pid is None and server is not None and self.attached:
+            # No path looked at yet (the dry run): the sockets as they are, nothing sent.
+            from strata_plugin.run.listener import discover
 
-            server_pid = attached_server_pid(server.base_url)
+            path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
+                            probe=False)
+        engine: list[int] = [server_pid] if server_pid else []
+        proxies: tuple[int, ...] = ()
+        if path is not None:
+            engine = list(path.engine_pids) if path.engine_from == "path" else []
+            proxies = path.proxy_pids
         log_file = str(server.log_path) if server is not None and server.log_path else None
         prom_url = f"{server.base_url}/metrics" if server is not None else None
         for node in self.nodes:
             head = node.name == self.head
-            argv = local_argv(self.telemetry, node.name, server_pid if head else None,
-                              log_file if head else None, prom_url if head else None)
+            argv = local_argv(self.telemetry, node.name, engine if head else None,
+                              log_file if head else None, prom_url if head else None,
+                              path_pids=proxies if head else ())
             if node.ssh_host:
                 from strata_plugin.run.remote import remote_agent_argv
 
@@ -104,6 +137,63 @@ class AgentFleet:
                 argv = remote_agent_argv(node.ssh_host, argv)
             out[node.name] = argv
         return out
+
+    def look_at_path(self, server: Server) -> RequestPath | None:
+        """An attached server's path, looked at once per block before its agents start
+        (about a second: the probe's window), and recorded; None for a server we started
+        (the client connects to it directly)."""
+        if not self.attached:
+            return None
+        from strata_plugin.run.listener import attached_server_pid, discover
+
+        head = next((n for n in self.nodes if n.name == self.head), None)
+        if head is not None and head.ssh_host:  # its sockets are there, not here
+            pattern = self.telemetry.pid_pattern
+            path = RequestPath(server.base_url, engine_from="pid_pattern" if pattern else "none",
+                               how="none", reason="" if pattern else (
+                                   f"The server's node {head.name} is reached over ssh: the "
+                                   "path is not looked at from here; name the engine with "
+                                   "telemetry.pid_pattern for that node's agent to follow"))
+            self._record_path(server.block_key, path)
+            return path
+        try:
+            path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
+                            health_path=self.health_path)
+        except Exception as exc:  # a look that failed must not stop the run: the listener
+            pid = attached_server_pid(server.base_url)
+            path = RequestPath(server.base_url, engine_from="path" if pid else "none",
+                               engine_pids=(pid,) if pid else (), how="listener",
+                               notes=(f"the path could not be looked at ({type(exc).__name__}:"
+                                      f" {exc}): the URL's listener is followed",))
+        self._record_path(server.block_key, path)
+        return path
+
+    def _record_path(self, block_key: str, path: RequestPath | None) -> None:
+        if path is None:
+            self.paths.pop(block_key, None)
+        else:
+            self.paths[block_key] = path
+        if self.recorder is not None:
+            recorded = dict(self.recorder.manifest.get(PATH_KEY) or {})
+            if path is None:
+                recorded.pop(block_key, None)
+            else:
+                recorded[block_key] = path.to_json()
+            self.recorder.update_manifest(**{PATH_KEY: recorded})
+
+    def follow(self, server: Server, path: RequestPath | None) -> None:
+        """Point the head's agent along ``path`` from now on (the engine as the server, the
+        proxies as the path), as attach mode does at its start, and record it; ``None``:
+        back to the server itself, with no path. The fault suite puts a proxy in front of
+        the server it started and follows it like this (cases/test_faults.py)."""
+        self._record_path(server.block_key, path)
+        engine = ([server.pid] if server.pid else []) if path is None else (
+            list(path.engine_pids) if path.engine_from == "path" else [])
+        for h in self.blocks.get(server.block_key, []):
+            if h.alive and h.node == self.head:
+                if engine:
+                    h.track_pids(engine)
+                h.track_path(path.proxy_pids if path is not None else ())
 
     def handles(self, block_key: str) -> list:
         """The agents of one server block (empty when it has none)."""
@@ -119,6 +209,8 @@ class AgentFleet:
         from strata_plugin.run.remote import on_agent_exit
 
         handles = []
+        if server.block_key not in self.paths:
+            self.look_at_path(server)
         nodes = dict(self.recorder.manifest.get("nodes", {}))
         try:
             for name, argv in self.commands(server.pid, server).items():

@@ -132,7 +132,8 @@ class StrataSession:
         #: the telemetry agents of every block (whose agents follow which server), and
         #: those lost (the manifest's "agents_lost")
         self.fleet = AgentFleet(cfg.profile.nodes, cfg.profile.telemetry, self.run_dir,
-                                self.recorder, attached=bool(cfg.server_url))
+                                self.recorder, attached=bool(cfg.server_url),
+                                health_path=cfg.profile.server.health_path)
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
         self.containers_left: list[str] = []  # containers a stop could not remove

@@ -13,6 +13,13 @@ itself is not delayed. The case's client is pointed at :attr:`LatencyProxy.url`.
 The helper exits on its own after ``max_s`` and with the harness. Facts: the delay,
 bytes relayed each way, connections, and the delay measured on the relay's own clock
 (how late each chunk left against its due time: the event loop's timer error).
+
+Two more shapes of a path, for the request's path (issue 31): :class:`PacedUpload`
+dribbles the request's bytes upstream at a set rate (a slow uplink: the request reaches
+the server late, every byte of it, while the answer comes back at once), and
+:class:`RelayChain` puts relays one behind the other (client -> relay -> relay ->
+server: a gateway in front of a router). Every relay is its own process, so the path's
+discovery (``run/listener.py``) finds each hop by its sockets.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from strata_plugin.testing.faults import (
 _MODULE = "strata_plugin.testing.relay"
 #: Only loopback: the relay never listens on or connects to anything else.
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: The upload pace a relay takes, bytes/s: from a very slow uplink to one that barely
+#: slows a request of a few kilobytes.
+MIN_PACE_BPS, MAX_PACE_BPS = 100.0, 100e6
 
 
 class LatencyProxy(Injector):
@@ -49,7 +59,8 @@ class LatencyProxy(Injector):
     name = "latency_proxy"
     expected_class = "outside_server"
 
-    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0) -> None:
+    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0, *,
+                 pace_up_bps: float = 0.0) -> None:
         super().__init__()
         u = urlsplit(upstream if "//" in upstream else f"http://{upstream}")
         if u.hostname not in LOOPBACK or not u.port:
@@ -57,11 +68,20 @@ class LatencyProxy(Injector):
                              f"127.0.0.1), not {upstream!r}")
         if not 0 <= delay_ms <= 10_000:
             raise ValueError("delay_ms is in [0, 10000]")
+        if pace_up_bps and not MIN_PACE_BPS <= pace_up_bps <= MAX_PACE_BPS:
+            raise ValueError(f"pace_up_bps is 0 (not paced) or in [{MIN_PACE_BPS:g}, "
+                             f"{MAX_PACE_BPS:g}] bytes/s")
         self.upstream = (u.hostname, u.port)
         self.scheme = u.scheme or "http"
         self.delay_ms, self.max_s = delay_ms, max_s
+        self.pace_up_bps = float(pace_up_bps)
         self.proc: Any = None
         self.port = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The relay's own process (the path's discovery finds it by its sockets)."""
+        return self.proc.pid if self.proc is not None else None
 
     @property
     def url(self) -> str:
@@ -70,9 +90,10 @@ class LatencyProxy(Injector):
 
     def _start(self) -> None:
         host, port = self.upstream
+        pace = ["--pace-up-bps", f"{self.pace_up_bps:g}"] if self.pace_up_bps else []
         self.proc = _spawn(_helper_argv(
             "relay", self.max_s, "--upstream-host", host, "--upstream-port", str(port),
-            "--delay-ms", f"{self.delay_ms:g}", module=_MODULE))
+            "--delay-ms", f"{self.delay_ms:g}", *pace, module=_MODULE))
         self.port = int(_await_line(self.proc, "ready", 15.0)["port"])
 
     def _stop(self) -> dict[str, Any]:
@@ -81,8 +102,65 @@ class LatencyProxy(Injector):
             _kill(self.proc)
             done = _last_json(self.proc, "done")
             _close_pipes(self.proc)
-        return {"delay_ms": self.delay_ms, "port": self.port,
+        return {"delay_ms": self.delay_ms, "port": self.port, "pid": self.pid,
+                "pace_up_bps": self.pace_up_bps,
                 "upstream": f"{self.upstream[0]}:{self.upstream[1]}", **done}
+
+
+class PacedUpload(LatencyProxy):
+    """A relay that sends the request's bytes upstream at ``pace_up_bps`` bytes/s (a slow
+    uplink) and the response back as it comes (plus ``delay_ms``, 0 by default).
+
+    Every request byte is paced, head and body alike (the relay reads no HTTP): a request
+    of B bytes reaches the server B / rate seconds after the client sent it, which the
+    server's clocks never see. The facts add the seconds the relay spent pacing
+    (``pace_wait_s``) beside the bytes it paced (``bytes_up``).
+    """
+
+    name = "upload_pacing"
+
+    def __init__(self, upstream: str, pace_up_bps: float, delay_ms: float = 0.0,
+                 max_s: float = 300.0) -> None:
+        super().__init__(upstream, delay_ms=delay_ms, max_s=max_s, pace_up_bps=pace_up_bps)
+
+
+class RelayChain(Injector):
+    """Relays one behind the other in front of ``upstream``: the client connects to the
+    first (:attr:`url`), each relays to the next, the last to the server. ``hops`` are the
+    relays' keyword arguments (``delay_ms``, ``pace_up_bps``), first hop first."""
+
+    name = "relay_chain"
+    expected_class = "outside_server"
+
+    def __init__(self, upstream: str, hops: list[dict[str, float]],
+                 max_s: float = 300.0) -> None:
+        super().__init__()
+        if not hops:
+            raise ValueError("a chain has one relay at least")
+        self.upstream, self.hops, self.max_s = upstream, [dict(h) for h in hops], max_s
+        self.relays: list[LatencyProxy] = []
+
+    @property
+    def url(self) -> str:
+        return self.relays[0].url
+
+    @property
+    def pids(self) -> list[int]:
+        """The relays' processes, first hop first."""
+        return [r.pid for r in self.relays if r.pid is not None]
+
+    def _start(self) -> None:
+        target = self.upstream
+        for hop in reversed(self.hops):  # the server's side first: each needs its next
+            relay = LatencyProxy(target, max_s=self.max_s, **hop)
+            self.relays.insert(0, relay)  # stopped with the others if its start fails
+            relay.start()
+            target = relay.url
+
+    def _stop(self) -> dict[str, Any]:
+        facts = [r.stop().as_dict() for r in self.relays]
+        return {"hops": facts, "url": self.relays[0].url if self.relays else "",
+                "upstream": self.upstream}
 
 
 # --- the helper process -------------------------------------------------------------------
@@ -93,11 +171,31 @@ class _Stats:
         self.up = self.down = self.connections = self.chunks = 0
         self.late_max_s = 0.0
         self.late_sum_s = 0.0
+        self.pace_wait_s = 0.0
+
+
+async def _paced_write(writer: asyncio.StreamWriter, data: bytes, bps: float,
+                       stats: _Stats) -> None:
+    """``data`` written in pieces of a fiftieth of a second's bytes, each at its due time
+    on the relay's clock (due times add up from the first piece: no drift)."""
+    loop = asyncio.get_running_loop()
+    piece = max(1, int(bps / 50))
+    t0 = due = loop.time()
+    for i in range(0, len(data), piece):
+        part = data[i:i + piece]
+        wait = due - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        writer.write(part)
+        await writer.drain()
+        due += len(part) / bps
+    stats.pace_wait_s += max(0.0, due - t0)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
-                stats: _Stats, up: bool) -> None:
-    """Read chunks as they come; write each ``delay_s`` after it was read, in order."""
+                stats: _Stats, up: bool, pace_bps: float = 0.0) -> None:
+    """Read chunks as they come; write each ``delay_s`` after it was read, in order
+    (``pace_bps``: dribbled at that many bytes per second)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -130,6 +228,9 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
                     stats.up += len(data)
                 else:
                     stats.down += len(data)
+                if pace_bps:
+                    await _paced_write(writer, data, pace_bps, stats)
+                    continue
                 writer.write(data)
                 await writer.drain()
         except OSError:
@@ -153,7 +254,7 @@ async def _serve(a: argparse.Namespace, deadline_s: float, stats: _Stats) -> Non
             cw.close()
             return
         try:
-            await asyncio.gather(_pump(cr, sw, delay_s, stats, True),
+            await asyncio.gather(_pump(cr, sw, delay_s, stats, True, a.pace_up_bps),
                                  _pump(sr, cw, delay_s, stats, False))
         finally:
             for w in (sw, cw):
@@ -184,7 +285,8 @@ def _main_relay(a: argparse.Namespace, deadline: float) -> None:
                       "connections": stats.connections, "chunks": stats.chunks,
                       "late_mean_ms": round(stats.late_sum_s / stats.chunks * 1e3, 3)
                       if stats.chunks else 0.0,
-                      "late_max_ms": round(stats.late_max_s * 1e3, 3)})
+                      "late_max_ms": round(stats.late_max_s * 1e3, 3),
+                      "pace_wait_s": round(stats.pace_wait_s, 3)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream-host", required=True)
     p.add_argument("--upstream-port", type=int, required=True)
     p.add_argument("--delay-ms", type=float, default=50.0)
+    p.add_argument("--pace-up-bps", type=float, default=0.0,
+                   help="send the request's bytes upstream at this many bytes/s (0: as read)")
     a = p.parse_args(argv)
     if a.upstream_host not in LOOPBACK:
         sys.stderr.write(f"the relay connects to loopback only, not {a.upstream_host}\n")

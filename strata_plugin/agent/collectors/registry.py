@@ -45,6 +45,7 @@ COLLECTORS: dict[str, str] = {
     "perf": ".perf",
     "numa": ".numa",
     "runstate": ".runstate",
+    "path": ".path",
 }
 
 #: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).

@@ -87,7 +87,9 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
         margins.append(signal_margin(s, "steal_frac", "steal_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
-    other = max(0.0, s.host_busy_cores - s.server_cpu_cores) / max(s.n_cores, 1)
+    # The proxies on the request's way are the path, not other processes (issue 31).
+    other = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
+                ) / max(s.n_cores, 1)
     crowded = r.cmp(
         "host_busy_cores", ">=", "other_cpu_frac", value=other, label="other_processes_cores_frac"
     )

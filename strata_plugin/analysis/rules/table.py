@@ -100,7 +100,8 @@ RULES: tuple[Rule, ...] = (
         ("server_threads", "proc:num_threads (or thread_cpu_s devices)")), core=("cpu",)),
     Rule("cpu_contention", "host", host.rule_cpu_contention, (
         ("steal_frac", "cpu:steal_s"), HOST_BUSY, SERVER_CPU, N_CORES, RUNQ,
-        ("ctx_involuntary_per_cpu_s", "proc:ctx_involuntary"), THROTTLED, QUOTA_USED),
+        ("ctx_involuntary_per_cpu_s", "proc:ctx_involuntary"), THROTTLED, QUOTA_USED,
+        ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)")),
         core=("cpu",)),
     Rule("cpu_limited", "host", host.rule_cpu_limited, (THROTTLED, QUOTA_USED)),
     Rule("memory_pressure", "host", host.rule_memory_pressure, (
@@ -155,6 +156,7 @@ RULES: tuple[Rule, ...] = (
 REPORTED_SIGNALS: tuple[tuple[str, str], ...] = (
     ("prefix_cache_hit_frac", "prom:prefix_cache_hits_total/prefix_cache_queries_total"),
     ("chunk_gap_p99_p50", "requests: chunk gaps"),
+    ("path_runq_delay_per_cpu_s", "path:runqueue_delay_ns (the proxies on the way)"),
 )
 
 

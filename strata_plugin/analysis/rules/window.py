@@ -54,6 +54,10 @@ class WindowSignals:
     # CFS quota in cores; None without a quota
     cgroup_quota_used: float | None = None
     server_cpu_cores: float | None = None
+    # the proxies on the request's way to an attached server (agent source ``path``): their
+    # CPU in cores, and their threads' run-queue wait per CPU-second (None: no proxy)
+    path_cpu_cores: float | None = None
+    path_runq_delay_per_cpu_s: float | None = None
     server_threads: int | None = None
     server_max_thread_cores: float | None = None
     runq_delay_per_cpu_s: float | None = None

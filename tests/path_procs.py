@@ -1,0 +1,111 @@
+"""Small real servers and proxies for the request-path tests (tests/test_request_path.py),
+each its own process, so the path's discovery finds it by its sockets as it would find
+nginx or a router: ``python tests/path_procs.py MODE [options]``; prints the port it
+listens on, then serves until killed (or ``--max-s``).
+
+* ``http``: an HTTP/1.1 server answering every request ``200`` (``--hold HOST:PORT``: it
+  also keeps one connection open to that address from its start, as an engine keeps
+  one to a database or a Ray head).
+* ``forward``: a proxy that opens a new connection upstream for each client connection
+  (``--to HOST:PORT``) and relays both ways; at most ``--max-conns`` connections (a
+  loop of two forwarders would otherwise open them without end): past them a client's
+  connection is held open, unanswered.
+* ``pool``: a proxy holding one connection to its upstream (``--to``) from its start and
+  opening none per request (a keep-alive pool); it answers clients itself.
+* ``raw``: a TCP listener that accepts and never speaks HTTP (a database).
+
+``--port N`` listens on that port (default: an ephemeral one), ``--bind ADDR`` on that
+address (default 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+def _addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _answer(c: socket.socket) -> None:
+    with c:
+        c.settimeout(5)
+        try:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                data = c.recv(4096)
+                if not data:
+                    return
+                got += data
+            c.sendall(OK)
+        except OSError:
+            pass
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("http", "forward", "pool", "raw"))
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--to", type=_addr)
+    p.add_argument("--hold", type=_addr)
+    p.add_argument("--max-conns", type=int, default=50)
+    p.add_argument("--max-s", type=float, default=120.0)
+    a = p.parse_args()
+    srv = socket.create_server((a.bind, a.port))
+    held = []
+    if a.hold:
+        held.append(socket.create_connection(a.hold))
+    if a.mode == "pool":
+        held.append(socket.create_connection(a.to))
+    print(srv.getsockname()[1], flush=True)
+    conns = 0
+    deadline = time.monotonic() + a.max_s
+    srv.settimeout(0.5)
+    while time.monotonic() < deadline:
+        try:
+            c, _ = srv.accept()
+        except TimeoutError:
+            continue
+        if a.mode == "raw":
+            held.append(c)
+        elif a.mode == "forward":
+            conns += 1
+            if conns > a.max_conns:  # held, not closed: a close would run back the loop
+                held.append(c)
+                continue
+            try:
+                up = socket.create_connection(a.to, timeout=5)
+            except OSError:
+                c.close()
+                continue
+            for src, dst in ((c, up), (up, c)):
+                threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+        else:
+            threading.Thread(target=_answer, args=(c,), daemon=True).start()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
