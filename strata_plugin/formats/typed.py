@@ -31,13 +31,12 @@ class FormatError(StrataError, ValueError):
 
 
 def shown(v: Any) -> str:
-    """A value as the error shows it: its JSON type's name and its text, cut short."""
-    kind = {dict: "object", list: "list", str: "string", bool: "boolean", int: "integer",
-            float: "number", type(None): "null"}.get(type(v), type(v).__name__)
-    text = json.dumps(v, default=str)
+    """A value as an error shows it: its type and its JSON text, cut short (as
+    formats/cases.py does: ``str "0.5"``, ``int 3``, ``null``)."""
     if v is None:
         return "null"
-    return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
+    text = json.dumps(v, default=str)
+    return f"{type(v).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def expected(where: str, key: str, what: str, v: Any) -> FormatError:
