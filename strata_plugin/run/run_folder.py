@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.configure.credentials import redact_argv
 from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
@@ -293,9 +294,11 @@ def _make_reserve(path: Path) -> Path | None:
 
 def base_manifest(*, run_id: str, profile: dict[str, Any], argv: list[str],
                   root: Path) -> dict[str, Any]:
+    """The manifest's first facts; the command line with every URL's credentials
+    hidden (``--strata-server-url http://user:pw@...``)."""
     from strata_plugin import __version__
 
-    return {"run_id": run_id, "strata_version": __version__, "argv": argv,
+    return {"run_id": run_id, "strata_version": __version__, "argv": redact_argv(argv),
             "git_sha": _git_sha(root), "host": host_facts(), "versions": package_versions(),
             "profile": profile,
             "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}

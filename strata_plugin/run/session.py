@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.configure.credentials import redact, redact_json, split_credentials
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.cases import CaseLine
@@ -103,8 +104,9 @@ def _ssh_probe(host: str):
 
 def public_profile(cfg: StrataConfig) -> dict:
     """The profile as recorded in the manifest (and summary.json): every env table cut to
-    its variable names (``Profile.recorded``), so a literal value is never written."""
-    return dict(cfg.profile.recorded(), _path=str(cfg.profile.path))
+    its variable names (``Profile.recorded``), so a literal value is never written, and
+    no URL's credentials (configure/credentials.py)."""
+    return redact_json(dict(cfg.profile.recorded(), _path=str(cfg.profile.path)))
 
 
 class StrataSession:
@@ -217,7 +219,7 @@ class StrataSession:
         """Launch (or attach to) the server of one configuration for one block."""
         block_id = block_id or config_id
         if self.cfg.server_url:
-            server = Server(None, self.cfg.server_url)
+            server = Server(None, self.cfg.server_url, auth=self.cfg.server_auth)
             server.wait_healthy(self.cfg.profile.server.health_timeout_s)
         else:
             spec = self.launch_spec(config_id, block_id)
@@ -447,6 +449,8 @@ class StrataSession:
             key = os.environ.get(p.server.api_key_env)
             if key:
                 headers["Authorization"] = f"Bearer {key}"
+        if server.auth is not None:  # the URL's credentials win, as requests sent them
+            headers.update(server.auth.headers())
         lo, hi = p.server.token_id_range
         setup = CaseSetup(
             base_url=server.base_url, api=p.server.api, config_id=server.config_id,
@@ -514,22 +518,23 @@ class StrataSession:
             return
         from strata_plugin.run.prometheus import Job, PromClient, pull
 
-        headers = {}
+        url, auth = split_credentials(spec.url)
+        headers = auth.headers() if auth else {}
         if spec.auth_env and os.environ.get(spec.auth_env):
             headers["Authorization"] = f"Bearer {os.environ[spec.auth_env]}"
         windows = [(m.start_wall_ns, m.end_wall_ns) for m in self.recorder.markers
                    if m.kind in ("case", "baseline", "cooldown")]
         try:
-            res = pull(self.run_dir, PromClient(spec.url, headers=headers),
+            res = pull(self.run_dir, PromClient(url, headers=headers),
                        [Job(job, kind) for job, kind in spec.jobs], windows,
                        spec.step_s or self.cfg.profile.telemetry.interval_s)
             self.recorder.update_manifest(prometheus={
-                "url": spec.url, "samples": res.samples, "nodes": list(res.nodes),
+                "url": url, "samples": res.samples, "nodes": list(res.nodes),
                 "clock_offset_ns": res.clock.offset_ns if res.clock else None,
                 "clock_uncertainty_ns": res.clock.uncertainty_ns if res.clock else None})
         except Exception as exc:  # the agents' data stands; say what is missing
-            self.recorder.update_manifest(prometheus={"url": spec.url,
-                                                      "error": f"{type(exc).__name__}: {exc}"})
+            self.recorder.update_manifest(prometheus={"url": url, "error": redact(
+                f"{type(exc).__name__}: {exc}")})
 
     def finish(self, *, interrupted: bool) -> Path | None:
         """Stop what runs, then write the report; an interrupted run says so in both."""

@@ -16,6 +16,7 @@ Samples are stamped with the midpoint of the HTTP request.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -224,8 +225,17 @@ class NameMapper:
         return common + suffix
 
 
-def scrape(url: str, timeout_s: float) -> str:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+#: The environment variable that carries the ``Authorization`` value of the scrape (a
+#: server reached with ``http://user:pw@host``): by environment, never by argv, which
+#: every local user can read (/proc/PID/cmdline); the environment only its owner.
+AUTH_ENV = "STRATA_PROM_AUTHORIZATION"
+
+
+def scrape(url: str, timeout_s: float, authorization: str | None = None) -> str:
+    headers = {"Accept": "text/plain"}
+    if authorization:
+        headers["Authorization"] = authorization
+    req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return resp.read().decode("utf-8", errors="replace")
 
@@ -236,6 +246,7 @@ class PromCollector(Collector):
     def __init__(self, url: str, interval_s: float = 0.5, timeout_s: float | None = None) -> None:
         super().__init__()
         self.url = url
+        self.authorization = os.environ.get(AUTH_ENV) or None
         self.interval_s = interval_s
         self.timeout_s = timeout_s if timeout_s is not None else max(0.2, min(5.0, interval_s * 4))
         self.mapper = NameMapper()
@@ -266,9 +277,12 @@ class PromCollector(Collector):
         t0 = time.time_ns()
         m0 = time.monotonic()
         try:
-            text = scrape(self.url, self.timeout_s)
+            text = scrape(self.url, self.timeout_s, self.authorization)
         except urllib.error.HTTPError as e:
-            hint = " (llama.cpp serves /metrics only with --metrics)" if e.code == 404 else ""
+            hint = {404: " (llama.cpp serves /metrics only with --metrics)",
+                    401: " (it wants credentials: give them in the server's URL, "
+                    "http://user:password@host:port)" if not self.authorization else
+                    " (the credentials given were refused)"}.get(e.code, "")
             self._fail(f"HTTP {e.code} from {self.url}{hint}", t0)
             return
         except (urllib.error.URLError, OSError, ValueError) as e:
