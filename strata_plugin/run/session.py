@@ -547,8 +547,8 @@ class StrataSession:
             self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
             if not interrupted:
                 self.pull_prometheus()
-            if interrupted:
-                self.outcome.add("interrupted")
+            if interrupted and not self.outcome.has("preflight_failed"):  # (a preflight
+                self.outcome.add("interrupted")  # ends the run this way, for its reason)
             for line in self.failed_cases():
                 self.outcome.add("requests_failed", line)
             self.recorder.flush_markers()
