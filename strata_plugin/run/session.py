@@ -449,8 +449,9 @@ class StrataSession:
             key = os.environ.get(p.server.api_key_env)
             if key:
                 headers["Authorization"] = f"Bearer {key}"
-        if server.auth is not None:  # the URL's credentials win, as requests sent them
-            headers.update(server.auth.headers())
+        auth = getattr(server, "auth", None)  # (a dry run's planned server has none)
+        if auth is not None:  # the URL's credentials win, as requests sent them
+            headers.update(auth.headers())
         lo, hi = p.server.token_id_range
         setup = CaseSetup(
             base_url=server.base_url, api=p.server.api, config_id=server.config_id,
