@@ -7,9 +7,10 @@ later, far from its line, as an AttributeError or TypeError traceback, or worse,
 silently wrong number. Here a dataclass's own field types (its annotations) say what
 each JSON value must be, so a new field is checked the day it is added.
 
-Also here: JSON lines read with their numbers, where a last line without its newline is
-a *torn* line (the writer was stopped mid-write: it is skipped and reported, never an
-error) and any other line that is not one JSON object is an error naming the line.
+Also here: JSON lines read with their numbers. A last line cut mid-write (no newline,
+not whole JSON) is a *torn* line: the writer was stopped inside a write, so it is
+skipped and reported, never an error. Any other line that is not one JSON object is
+damage, an error naming the line.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def is_int(v: object) -> bool:
 
 
 def is_number(v: object) -> bool:
-    return (type(v) is int or type(v) is float)
+    return type(v) is int or type(v) is float
 
 
 # --- dataclasses from JSON objects, checked against their annotations ----------------------
