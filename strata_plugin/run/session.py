@@ -479,7 +479,11 @@ class StrataSession:
         """A request record to requests.jsonl, counted for its case's failures."""
         from strata_plugin.analysis.failures import FailureTally
 
-        self.recorder.record(rec)
+        try:
+            self.recorder.record(rec)
+        except OSError as exc:  # a full disk: the reason first, then the load stops
+            self.run_folder_failed("requests.jsonl", exc)
+            raise
         tally = self.failures.get(rec.case_id)
         if tally is None:
             tally = self.failures[rec.case_id] = FailureTally()
@@ -487,7 +491,11 @@ class StrataSession:
 
     def add_case(self, line: CaseLine) -> None:
         """A case line to cases.jsonl; the failures it allows are kept for the end."""
-        self.recorder.add_case(line)
+        try:
+            self.recorder.add_case(line)
+        except OSError as exc:
+            self.run_folder_failed("cases.jsonl", exc)
+            raise
         if line.allow_errors and line.case_id:
             self.allowed_errors[line.case_id] = line.allow_errors
 
