@@ -228,6 +228,7 @@ def test_a_container_left_fails_the_block_marks_the_run_and_stays_registered(tmp
                                                                             monkeypatch):
     from types import SimpleNamespace
 
+    from strata_plugin.formats.outcome import RunOutcome
     from strata_plugin.run import reaper
     from strata_plugin.run.session import ContainerLeft, StrataSession
 
@@ -240,7 +241,7 @@ def test_a_container_left_fails_the_block_marks_the_run_and_stays_registered(tmp
     manifest: dict = {}
     sess.recorder = SimpleNamespace(update_manifest=manifest.update, manifest=manifest)
     sess.servers, sess.workers = {"default": server}, {}
-    sess.incomplete_reason, sess.containers_left = "", []
+    sess.outcome = RunOutcome()
     sess.cfg = SimpleNamespace(profile=SimpleNamespace(telemetry=SimpleNamespace(
         collectors=("proc",))))
     reaper.register(server)

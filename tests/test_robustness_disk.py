@@ -78,7 +78,8 @@ def test_full_results_disk_fails_clearly_and_nothing_claims_completion(tmp_path,
     assert "No space left on device" in out, out[-3000:]
     assert "run incomplete: could not write the run folder" in out, out[-3000:]
     m = json.loads((run.run_dir / "manifest.json").read_text())  # still whole JSON
-    assert m["complete"] is False
+    assert m["complete"] is False  # with its reason (the run kept room aside for it)
+    assert "could not write the run folder" in m["incomplete_reason"], m
     report = run.run_dir / "report.md"
     assert not report.exists() or "incomplete" in report.read_text()
     assert not processes_mentioning(str(run.run_dir))

@@ -23,6 +23,7 @@ from typing import Any, Callable, List, Tuple
 
 from . import nvml_lib, procfs
 from .protocol import AGENT_VERSION
+from .redact import redact
 from .targets import run_tool
 
 Runner = Callable[[List[str], float], Tuple[int, str, str]]
@@ -264,7 +265,7 @@ def _server_facts(pids: Iterable[int]) -> list[dict[str, Any]]:
         if argv is None:
             out.append({"pid": pid, "error": "no such process"})
             continue
-        entry: dict[str, Any] = {"pid": pid, "argv": argv}
+        entry: dict[str, Any] = {"pid": pid, "argv": [redact(a) for a in argv]}
         try:
             entry["exe"] = os.readlink(f"/proc/{pid}/exe")
         except OSError as e:

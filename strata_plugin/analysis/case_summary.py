@@ -27,7 +27,7 @@ from strata_plugin.analysis.metrics import (
 )
 from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.rules.registry import active as active_rules
-from strata_plugin.analysis.run_folder import RunBundle, load_bundle
+from strata_plugin.analysis.run_folder import CaseInfo, RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
     HwView,
@@ -87,6 +87,9 @@ class CaseAnalysis:
     ledger: CaseLedger | None = None  # where each request's time went (analysis/ledger.py)
     #: ``info`` typed (formats/cases.py); None until the line is written
     line: CaseLine | None = None
+    #: why the case did not run to its end ("" when it did): its numbers are labelled
+    #: partial and are never a headline (report.md, summary.json, the CI files)
+    partial: str = ""
 
     def hw_headline(self) -> dict[str, float]:
         """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
@@ -467,6 +470,7 @@ def analyze_case(
             f"{why}: this node's signals are missing or cover part of the window"
             for _, why in lost))
     return CaseAnalysis(
+        partial=partial_reason(info, window, records),
         case_id=case_id,
         name=info.name,
         config_id=info.config_id,
@@ -484,6 +488,19 @@ def analyze_case(
         interference=inter,
         ledger=ledger,
     )
+
+
+def partial_reason(info: CaseInfo, window: Window | None,
+                   records: Sequence[RequestRecord]) -> str:
+    """Why a case did not run to its end, or "": cut short by an interrupt (its line says
+    so), or a run that ended inside it (killed: its measured requests are on disk, but
+    neither its measured window nor its cases.jsonl line is)."""
+    if info.line.interrupted:
+        return "cut short by an interrupt in its measured load"
+    if window is None and not info.recorded and any(r.phase == "measured" for r in records):
+        return ("the run ended inside this case: no measured window and no cases.jsonl "
+                "line, only the requests it had recorded")
+    return ""
 
 
 def agents_lost(manifest: dict[str, Any], case_id: str) -> list[tuple[str, str]]:
@@ -511,8 +528,9 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def load_run(run_dir: Path, case_id: str | None = None) -> tuple[RunBundle, SampleStore]:
-    bundle = load_bundle(run_dir, case_id)
+def load_run(run_dir: Path, case_id: str | None = None, *,
+             live: bool = False) -> tuple[RunBundle, SampleStore]:
+    bundle = load_bundle(run_dir, case_id, live=live)
     store = load_samples(bundle.run_dir, node_clocks(bundle.manifest))
     return bundle, store
 
@@ -525,9 +543,9 @@ def summarize_case(run_dir: Path, case_id: str) -> CaseAnalysis:
     written. The ``cases.jsonl`` line is optional (client self-check, params).
     """
     with gc_paused():
-        bundle, store = load_run(Path(run_dir), case_id)
+        bundle, store = load_run(Path(run_dir), case_id, live=True)
         if control_cases(bundle, case_id):  # a treatment is judged against its control
-            bundle = load_bundle(Path(run_dir))
+            bundle = load_bundle(Path(run_dir), live=True)
         window = bundle.case_windows().get(case_id)
         hw = summarize_window(store, window) if window is not None else []
         base = baseline_window(bundle, case_id)
@@ -582,11 +600,11 @@ def analyze_run(run_dir: Path | str, *, parallel: bool | None = None) -> RunAnal
     """
     import os
 
-    from strata_plugin.analysis.run_folder import read_json
     from strata_plugin.analysis.timeline import load_markers, run_windows
+    from strata_plugin.formats.manifest import read_manifest
 
     run_dir = Path(run_dir)
-    manifest = read_json(run_dir / "manifest.json")
+    manifest = read_manifest(run_dir / "manifest.json")
     windows = run_windows(load_markers(run_dir))
     if parallel is None:
         parallel = (os.cpu_count() or 1) > 1 and _sample_bytes(run_dir) > PARALLEL_MIN_SAMPLE_BYTES

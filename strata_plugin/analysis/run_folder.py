@@ -2,8 +2,10 @@
 
 Everything derived is rebuilt from what this module reads, so the live report and
 ``python -m strata_plugin report DIR`` see the same inputs. It reads a folder that
-is still being written (a case teardown): a half-written last line of a JSON-lines
-file is skipped, and every file but the manifest may be missing.
+is still being written (a case teardown, ``live``): a half-written last line of a
+JSON-lines file is skipped, and every file but the manifest may be missing. After the
+run, a last line cut mid-write is named (``RunBundle.torn``: the report says the run is
+incomplete) and any other damage is an error naming the file, line and key.
 """
 
 from __future__ import annotations
@@ -15,9 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis.metrics import RequestMetrics, request_metrics
+from strata_plugin.analysis.rules.window import Verdict
 from strata_plugin.analysis.timeline import Window, case_windows, load_markers, run_windows
 from strata_plugin.formats.cases import CaseLine
+from strata_plugin.formats.manifest import read_manifest
+from strata_plugin.formats.outcome import RunOutcome
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
+from strata_plugin.formats.typed import (
+    BOOL,
+    INT,
+    NUM,
+    STR,
+    JsonLines,
+    check_present,
+    check_shape,
+    opt,
+)
 from strata_plugin.formats.windows import Marker
 
 #: Files the report writes; everything else in a run folder is raw.
@@ -87,7 +102,11 @@ class RunBundle:
     cases: dict[str, CaseInfo]
     markers: list[Marker]
     records: dict[str, list[RequestRecord]] = field(default_factory=dict)
-    bad_lines: int = 0
+    bad_lines: int = 0  # torn lines skipped (a run cut mid-write), named in ``torn``
+    #: ``requests.jsonl:N: torn line (...)`` per raw file whose last line was cut
+    torn: tuple[str, ...] = ()
+    #: the run's outcome, as the report states it (set by report/writer.py)
+    outcome: RunOutcome | None = None
     metrics_cache: dict[str, RequestMetrics] = field(default_factory=dict, repr=False)
 
     def metrics_of(self, rec: RequestRecord) -> RequestMetrics:
@@ -138,95 +157,91 @@ class RunBundle:
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file, leniently: {} where it is missing, not JSON or not an object."""
     if not path.exists():
         return {}
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def _jsonl(path: Path, must_contain: str | None = None) -> tuple[list[dict[str, Any]], int]:
-    """Parsed lines, and how many were unreadable (a torn last line of a live run).
-
-    ``must_contain``: skip, unparsed, every line without this text (a cheap filter).
-    """
-    if not path.exists():
-        return [], 0
-    out, bad = [], 0
-    with path.open() as fh:
-        for line in fh:
-            if must_contain is not None and must_contain not in line:
-                continue
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(d, dict):
-                out.append(d)
-    return out, bad
-
-
-def read_cases(path: Path) -> dict[str, CaseInfo]:
-    """The last line of each case id. A torn last line (a live run) is skipped, as is a
-    line without an id; a key of the wrong type raises ``CaseLineError`` naming
-    ``path:line`` and the key (formats/cases.py)."""
-    if not path.exists():
-        return {}
+def read_cases(path: Path, *, live: bool = False,
+               lines: JsonLines | None = None) -> dict[str, CaseInfo]:
+    """The last line of each case id; a line without an id is skipped. A torn last line
+    is skipped (``lines.torn`` names it); any other line that is not a JSON object, or a
+    key of the wrong type, raises ``FormatError`` naming ``path:line`` and the key
+    (formats/cases.py). ``live``: the run is still writing (an unreadable last line is
+    skipped, whatever it is)."""
+    lines = lines or JsonLines(path)
     out: dict[str, CaseInfo] = {}
-    with path.open() as fh:
-        for n, text in enumerate(fh, 1):
-            text = text.strip()
-            if not text:
-                continue
-            try:
-                d = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(d, dict):
-                continue
-            line = CaseLine.from_dict(d, f"{path}:{n}")
-            if line.case_id:
-                out[line.case_id] = CaseInfo.of(line)
+    for n, d in lines.read(live=live):
+        line = CaseLine.from_dict(d, f"{path}:{n}")
+        check_read_parts(line, f"{path}:{n}")
+        if line.case_id:
+            out[line.case_id] = CaseInfo.of(line)
     return out
 
 
+#: The parts of a case line's objects that the analysis and the report read, with their
+#: types (formats/typed.py shapes); other keys in them are free.
+_PARAMS = {"isl": opt(INT), "osl": opt(INT), "concurrency": opt(INT), "requests": opt(INT),
+           "rate": opt(NUM), "arrival": opt(STR), "prefix": opt(STR)}
+_SELF_CHECK = {"client_bound": opt(BOOL), "dispatch_lateness_p99_ms": opt(NUM),
+               "client_cpu_cores": opt(NUM), "timing_error_bound_ms": opt(NUM),
+               "dispatch_delay_share": opt(NUM), "read_backlog_p99_bytes": opt(NUM)}
+
+
+def check_read_parts(line: CaseLine, where: str) -> None:
+    """The case line's nested values that are read (the workload's parameters, the
+    client's self-check, the recorded verdict) hold their types: FormatError naming
+    ``where`` and the key otherwise. A recorded verdict may lack fields (another
+    version's): the analysis then decides it again; a field it has must be typed."""
+    if line.params is not None:
+        check_shape(line.params, _PARAMS, where, "params")
+    if line.self_check is not None:
+        check_shape(line.self_check, _SELF_CHECK, where, "self_check")
+    if line.verdict is not None:
+        check_present(Verdict, line.verdict, where, "verdict")
+
+
 def read_records(
-    path: Path, case_id: str | None = None
+    path: Path, case_id: str | None = None, *, live: bool = False,
+    lines: JsonLines | None = None,
 ) -> tuple[dict[str, list[RequestRecord]], int]:
     """Records grouped by case; with ``case_id``, only that case's (lines that do not
-    mention the id are not even parsed: a case teardown reads 1/N of the file)."""
-    must = json.dumps(case_id) if case_id is not None else None
-    lines, bad = _jsonl(path, must)
+    mention the id are not even parsed: a case teardown reads 1/N of the file). Returns
+    the records and the number of torn lines skipped (0 or 1, the last; ``lines.torn``
+    names it). A line that is not a record of this format raises ``FormatError`` naming
+    ``path:line`` and the key (formats/records.py); ``live`` as for ``read_cases``."""
+    lines = lines or JsonLines(path)
+    must = json.dumps(case_id).encode() if case_id is not None else None
     out: dict[str, list[RequestRecord]] = defaultdict(list)
-    for d in lines:
-        try:
-            rec = RequestRecord.from_dict(d)
-        except (TypeError, ValueError, KeyError):
-            bad += 1
-            continue
+    for n, d in lines.read(must, live=live):
+        rec = RequestRecord.from_dict(d, f"{path}:{n}")
         if case_id is None or rec.case_id == case_id:
             out[rec.case_id].append(rec)
-    return dict(out), bad
+    return dict(out), int(lines.torn is not None)
 
 
-def load_bundle(run_dir: Path, case_id: str | None = None) -> RunBundle:
+def load_bundle(run_dir: Path, case_id: str | None = None, *, live: bool = False) -> RunBundle:
     """Every raw file except the samples (see ``timeline.load_samples``); with
-    ``case_id``, the requests of that case only."""
+    ``case_id``, the requests of that case only. Read through the typed formats: a file
+    that does not hold its format raises ``FormatError`` naming the file, line and key.
+    ``live``: the run is still writing these files (a case's teardown)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
-    records, bad = read_records(run_dir / "requests.jsonl", case_id)
+    req = JsonLines(run_dir / "requests.jsonl")
+    cases = JsonLines(run_dir / "cases.jsonl")
+    records, bad = read_records(req.path, case_id, live=live, lines=req)
     return RunBundle(
         run_dir=run_dir,
-        manifest=read_json(run_dir / "manifest.json"),
-        cases=read_cases(run_dir / "cases.jsonl"),
+        manifest=read_manifest(run_dir / "manifest.json"),
+        cases=read_cases(cases.path, live=live, lines=cases),
         markers=load_markers(run_dir),
         records=records,
         bad_lines=bad,
+        torn=tuple(x.torn for x in (req, cases) if x.torn),
     )

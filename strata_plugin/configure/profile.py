@@ -18,6 +18,7 @@ from typing import Any
 
 from strata_plugin.agent.collectors import registry as collector_registry
 from strata_plugin.agent.collectors.log import parse_pattern
+from strata_plugin.configure.credentials import UrlAuth
 from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
 from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
@@ -656,6 +657,9 @@ class StrataConfig:
     regression_metrics: tuple[str, ...] = ("ttft_ms", "tpot_ms")
     #: the diagnostic round: "auto" and/or case ids / workload names (run/diagnostic_round)
     escalate: tuple[str, ...] = ()
+    #: the credentials ``server_url`` was given with (configure/credentials.py): sent as
+    #: Basic auth, never written; ``server_url`` itself holds none
+    server_auth: UrlAuth | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata_plugin.errors import StrataError
+from strata_plugin.formats.typed import FormatError
 
 
-class CaseLineError(StrataError, ValueError):
+class CaseLineError(FormatError):
     """A ``cases.jsonl`` line whose key holds a type no Strata writes there."""
 
 

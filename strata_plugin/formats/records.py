@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata_plugin.formats.typed import expected, reader_of
+
 #: Error classes a failed request can carry. One vocabulary for every client.
 ERROR_CLASSES = (
     "http_status",  # the server answered with a non-2xx status
@@ -180,22 +182,35 @@ class RequestRecord:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
-        d = dict(d)
-        d["events"] = tuple(map(_token_event, d.get("events", ())))
-        d["usage"] = Usage(**d["usage"]) if d.get("usage") else Usage()
-        d["timings"] = Timings(**d["timings"]) if d.get("timings") else None
-        d["error"] = RequestError(**d["error"]) if d.get("error") else None
-        d["proc"] = ProcDelta(**d["proc"]) if d.get("proc") else None
-        eng = d.get("engine")
-        if eng:
-            eng = dict(eng)
-            eng["token_ms"] = tuple(eng.get("token_ms", ()))
-            d["engine"] = EngineClocks(**eng)
-        else:
-            d["engine"] = None
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], where: str = "request record") -> RequestRecord:
+        """The record from its parsed JSON, every field checked against its type (nested
+        ones too): a wrong one raises ``FormatError`` naming ``where`` (``path:line``)
+        and the key. ``usage`` null or absent reads as an empty Usage."""
+        if type(d) is dict and d.get("usage") is None:
+            d = {**d, "usage": {}}
+        return _read_record(d, where, "")
 
     @classmethod
-    def from_json(cls, line: str) -> RequestRecord:
-        return cls.from_dict(json.loads(line))
+    def from_json(cls, line: str, where: str = "request record") -> RequestRecord:
+        return cls.from_dict(json.loads(line), where)
+
+
+def _events(v: Any, where: str, key: str) -> tuple[TokenEvent, ...]:
+    """``events``: a run holds a million of them, so a whole, well-typed event (what
+    to_json writes) is filled without the general reader; any other goes through it,
+    and a wrong one is named."""
+    if type(v) is not list and type(v) is not tuple:
+        raise expected(where, key, "a list of token events", v)
+    out = []
+    slow = reader_of(TokenEvent)
+    for i, e in enumerate(v):
+        if (type(e) is dict and e.keys() == _TOKEN_EVENT_FIELDS and type(e["t_ns"]) is int
+                and type(e["n_tokens"]) is int and type(e["kind"]) is str
+                and type(e["handled_ns"]) is int):
+            out.append(_token_event(e))
+        else:
+            out.append(slow(e, where, f"{key}[{i}]"))
+    return tuple(out)
+
+
+_read_record = reader_of(RequestRecord, {"events": _events})

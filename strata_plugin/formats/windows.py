@@ -7,8 +7,12 @@ report can slice telemetry samples without any live state.
 from __future__ import annotations
 
 import csv
+import io
+import re
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+
+from strata_plugin.formats.typed import FormatError, expected
 
 MARKER_KINDS = ("run", "baseline", "cooldown", "case", "warmup", "measured", "request", "event")
 
@@ -48,9 +52,48 @@ def write_markers(path: Path, markers: list[Marker]) -> None:
 
 
 def read_markers(path: Path) -> list[Marker]:
-    with path.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    return [
-        Marker(r["kind"], r["name"], r["case_id"], int(r["start_wall_ns"]), int(r["end_wall_ns"]))
-        for r in rows
-    ]
+    """Every marker of ``markers.csv``. A file that does not hold them (a missing column, a
+    short row, a time that is not an integer, an unknown kind, a row that ends before it
+    starts, bytes that are not UTF-8) raises FormatError naming ``path:line`` and the
+    column, never a bare traceback: the offline report may read a damaged copy."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise FormatError(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x})") from None
+    rows = csv.reader(io.StringIO(text, newline=""))
+    header = next(rows, None)
+    if header is None:
+        return []
+    missing = [c for c in MARKER_COLUMNS if c not in header]
+    if missing:
+        raise FormatError(f"{path}:1: missing column(s) {', '.join(missing)} (expected "
+                          f"{','.join(MARKER_COLUMNS)})")
+    at = [header.index(c) for c in MARKER_COLUMNS]
+    out = []
+    for row in rows:
+        n = rows.line_num
+        if not row:
+            continue
+        if len(row) < len(header):
+            raise FormatError(f"{path}:{n}: short row: {len(row)} of {len(header)} columns")
+        kind, name, case_id, start, end = (row[i] for i in at)
+        where = f"{path}:{n}"
+        try:
+            out.append(Marker(kind, name, case_id, _ns(start, where, "start_wall_ns"),
+                              _ns(end, where, "end_wall_ns")))
+        except ValueError as exc:
+            if isinstance(exc, FormatError):
+                raise
+            raise FormatError(f"{where}: {exc}") from None
+    return out
+
+
+def _ns(v: str, where: str, key: str) -> int:
+    if not _INT.fullmatch(v):
+        raise expected(where, key, "an integer (wall-clock ns)", v)
+    return int(v)
+
+
+_INT = re.compile(r"-?[0-9]+")

@@ -13,6 +13,7 @@ from strata_plugin.plugin.hooks import (
     pytest_keyboard_interrupt,
     pytest_pyfunc_call,
     pytest_runtest_makereport,
+    pytest_sessionfinish,
     pytest_terminal_summary,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "pytest_keyboard_interrupt",
     "pytest_pyfunc_call",
     "pytest_runtest_makereport",
+    "pytest_sessionfinish",
     "pytest_terminal_summary",
     "strata",
     "strata_config",

@@ -147,7 +147,10 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
         if not flushed:
             extra["telemetry_flushed"] = False
-        sess.recorder.add_case(line.updated(outcome=outcome, nodeid=item.nodeid, **extra))
+        try:
+            sess.recorder.add_case(line.updated(outcome=outcome, nodeid=item.nodeid, **extra))
+        except OSError as exc:  # a full disk: the run fails with this reason, not a traceback
+            sess.run_folder_failed("cases.jsonl", exc)
     item.user_properties.extend(props)
     item.user_properties.append(("strata_run_dir", str(sess.run_dir)))
     item.user_properties.append(("strata_report", str(sess.run_dir / "report.md")))

@@ -46,7 +46,7 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
         try:
             sess.preflight()
         except PreflightFailed as exc:
-            sess.incomplete_reason = f"preflight failed: {exc}"
+            sess.add_reason("preflight_failed", str(exc))
             sess.finish(interrupted=True)
             pytest.exit(f"strata preflight failed, nothing was started:\n{exc}", returncode=3)
     try:

@@ -159,6 +159,17 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
     INTERRUPTED.set()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
+    """The run's outcome decides the exit status too: a run whose report could not be
+    written (or whose raw data is torn) fails, though every test passed."""
+    result = yield
+    sess = run_state(session.config).session
+    if sess is not None and sess.outcome.fails_run and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from strata_plugin.plugin.summary import write_summary
 

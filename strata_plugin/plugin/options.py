@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_plugin.configure.credentials import UrlAuth, split_credentials
 from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.configure.profile import StrataConfig, load_profile, resolve_profile
 
@@ -90,14 +91,16 @@ def _with_api(profile, api: str):
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, api=api))
 
 
-def _server_url(url: str) -> str:
-    """``--strata-server-url`` checked now: a malformed URL is a usage error, not a wait."""
+def _server_url(url: str) -> tuple[str, UrlAuth | None]:
+    """``--strata-server-url`` checked now: a malformed URL is a usage error, not a wait.
+    Its credentials (``http://user:pw@host``) are taken apart here, so the URL the run
+    keeps, writes and shows has none (configure/credentials.py)."""
     if not url.strip():
-        return ""
+        return "", None
     from strata_plugin.run.server import check_server_url
 
     try:
-        return check_server_url(url)
+        return split_credentials(check_server_url(url))
     except ValueError as exc:
         raise pytest.UsageError(f"--strata-server-url (ini: strata_server_url): {exc}") from None
 
@@ -143,11 +146,13 @@ def build_config(config: pytest.Config) -> StrataConfig:
     api = _value(config, "strata_api").strip()
     if api:
         profile = _with_api(profile, api)
+    server_url, server_auth = _server_url(_value(config, "strata_server_url"))
     return StrataConfig(
         profile=profile,
         reports_dir=reports if reports.is_absolute() else root / reports,
         run_id=_run_id(config) or new_run_id(),
-        server_url=_server_url(_value(config, "strata_server_url")),
+        server_url=server_url,
+        server_auth=server_auth,
         dry_run=bool(config.getoption("strata_dry_run")),
         baseline_dir=Path(baseline) if baseline else None,
         max_regression_pct=max_reg,

@@ -14,9 +14,14 @@ from strata_plugin.report.fmt import md_num
 
 
 def report_main(argv: list[str]) -> int:
+    """Exit 0: the report of a complete run; 1: the report is written, the run is
+    incomplete (the reason is its first line, and on stderr); 2: no report, a raw file
+    does not hold its format (named by file, line and key) or no run folder."""
     p = argparse.ArgumentParser(
         prog="python -m strata_plugin report",
-        description="Regenerate every derived file of a run folder from its raw files.",
+        description="Regenerate every derived file of a run folder from its raw files. "
+        "Exit status: 0 complete, 1 the run is incomplete (the report says why), 2 a raw "
+        "file is damaged (the error names its line).",
     )
     p.add_argument("run_dir", type=Path, help="reports/<RUN_ID>")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -26,18 +31,24 @@ def report_main(argv: list[str]) -> int:
         return 2
     from strata_plugin.entry_points import PluginError
     from strata_plugin.extend import check_plugins
-    from strata_plugin.formats.cases import CaseLineError
+    from strata_plugin.formats.manifest import read_manifest
+    from strata_plugin.formats.outcome import RunOutcome
+    from strata_plugin.formats.typed import FormatError
     from strata_plugin.report.writer import write_report
 
-    try:
+    try:  # the run's outcome as recorded; the report adds a torn raw line to it
         check_plugins()  # a broken plugin: said before any derived file is rewritten
-        path = write_report(args.run_dir)
-    except (CaseLineError, PluginError) as exc:  # a hand-edited or foreign line: which
+        outcome = RunOutcome.from_manifest(read_manifest(args.run_dir / "manifest.json"))
+        path = write_report(args.run_dir, outcome=outcome)
+    except (FormatError, PluginError) as exc:  # a hand-edited or damaged file: which
         # file, line, key; or an installed plugin that cannot load: which one, and why
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(path)
+    if not outcome.complete:  # the report is written, and says so in its first lines
+        print(f"run incomplete: {outcome.words}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -117,8 +117,9 @@ def header(d: ReportData) -> str:
         ),
     ]
     rows += path_rows(m)
-    if m.get("incomplete_reason"):
-        rows.append(("incomplete", m["incomplete_reason"]))
+    reason = _incomplete(d)
+    if reason:
+        rows.append(("incomplete", reason))
     return f"# Strata report: {d.bundle.run_id}\n" + first_lines(d) + md_table(("", ""), rows)
 
 
@@ -134,12 +135,21 @@ def path_rows(manifest: dict) -> list[tuple[str, str]]:
             for block, p in sorted(paths.items())]
 
 
+def _incomplete(d: ReportData) -> str:
+    """Why the run is incomplete ("" when it is not): the outcome the report was given
+    (formats/outcome.py), else the manifest's words."""
+    o = d.bundle.outcome
+    if o is not None:
+        return o.words
+    return str(d.bundle.manifest.get("incomplete_reason") or "")
+
+
 def first_lines(d: ReportData) -> str:
     """What went wrong, before anything else: the run's incomplete reason (a server that
     could not be reached, an interrupt) and each case whose requests mostly failed."""
     from strata_plugin.analysis.failures import VERDICT_CLASS
 
-    reason = str(d.bundle.manifest.get("incomplete_reason") or "")
+    reason = _incomplete(d)
     lines = [f"**Run incomplete:** {reason}"] if reason else []
     lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {a.verdict.notes[0]}"
               for a in d.analyses if a.verdict.classes == (VERDICT_CLASS,) and a.verdict.notes
@@ -276,6 +286,10 @@ def summary_section(d: ReportData) -> str:
                              ("TTFT p95 ms", pct_cell(cm.ttft.p95, cm.ttft.n, "p95")))
             if x is not None
         )
+        if a.partial:  # labelled, never a headline
+            rows.append((f"[`{a.case_id}`](#{_anchor(a)})", f"partial: {a.partial}", "-",
+                         "- (partial case: no headline)", "-"))
+            continue
         rows.append((f"[`{a.case_id}`](#{_anchor(a)})", a.verdict.summary() or "none",
                      _deciding(a.verdict), head or "-", vs.get(a.case_id, "-")))
     return "\n## Summary\n\n" + md_table(
@@ -346,7 +360,8 @@ def summary_table(d: ReportData) -> str:
                 cm.tpot.p50,
                 cm.output_tok_s,
                 a.energy.j_per_output_token if a.energy else None,
-                a.verdict.summary() or "-",
+                f"partial: {a.verdict.summary() or '-'}" if a.partial
+                else a.verdict.summary() or "-",
                 a.verdict.confidence,
             )
         )
@@ -517,6 +532,8 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     out = [f'\n### {a.name} <a id="{_anchor(a)}"></a>\n\n']
     info = a.info
     facts = [("case id", f"`{a.case_id}`"), ("config", a.config_id or "-")]
+    if a.partial:
+        facts.append(("PARTIAL", f"{a.partial}; its numbers describe the part that ran"))
     if info.get("outcome"):
         facts.append(("outcome", info["outcome"]))
     if info.get("ab_group"):

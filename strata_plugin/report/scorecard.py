@@ -34,9 +34,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.analysis.rules.window import Verdict
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_write_text
-from strata_plugin.formats.cases import CaseLine, CaseLineError
+from strata_plugin.formats.cases import CaseLine
+from strata_plugin.formats.typed import (
+    STR,
+    FormatError,
+    JsonLines,
+    check_present,
+    check_shape,
+    opt,
+    shown,
+)
 
 #: A clean arm expects nothing.
 NONE = "none"
@@ -101,16 +111,45 @@ class ScorecardError(StrataError, ValueError):
     """A folder that is not a fault-suite run; the message says which and why."""
 
 
+#: The fault suite's keys of a case line (in ``CaseLine.extra``), as the scorecard reads
+#: them.
+_FAULT_KEYS = {"fault": opt(STR), "fault_arm": opt(STR), "fault_set": opt(STR),
+               "fault_scenario": opt(STR)}
+#: fault_matrix.json, as the scorecard reads it.
+_MATRIX = {"fault_classes": opt(("list", STR)),
+           "arms": opt(("list", {"case_id": STR, "truth": opt(("list", STR))}))}
+
+
 def _lines(path: Path) -> list[CaseLine]:
-    """Every case line (formats/cases.py); the fault suite's keys are in ``extra``."""
+    """Every case line (formats/cases.py); the fault suite's keys are in ``extra``. A
+    line, key or verdict field of the wrong type raises FormatError naming
+    ``path:line`` and the key (a torn last line is skipped, as the report does)."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(CaseLine.from_json(line, f"{path}:{n}"))
-            except json.JSONDecodeError as exc:
-                raise ScorecardError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for n, d in JsonLines(path).read():
+        where = f"{path}:{n}"
+        line = CaseLine.from_dict(d, where)
+        check_shape(dict(line.extra), _FAULT_KEYS, where, "case line")
+        if line.verdict is not None:
+            check_present(Verdict, line.verdict, where, "verdict")
+        out.append(line)
     return out
+
+
+def read_matrix(path: Path) -> dict[str, Any]:
+    """fault_matrix.json, checked: FormatError naming the file (and key) otherwise."""
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    if type(doc) is not dict:
+        raise FormatError(f"{path}: expected a JSON object (fault_classes, arms), got "
+                          f"{shown(doc)}")
+    check_shape(doc, _MATRIX, str(path), "fault_matrix")
+    return doc
 
 
 def rescored_verdicts(run_dir: Path, case_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -155,10 +194,10 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
     matrix = run_dir / "fault_matrix.json"
     recorded: tuple[str, ...] = ()
     if matrix.exists():
-        doc = json.loads(matrix.read_text())
-        recorded = tuple(doc.get("fault_classes", ()))
-        for a in doc.get("arms", []):
-            truth[a["case_id"]] = tuple(a.get("truth", ()))
+        doc = read_matrix(matrix)
+        recorded = tuple(doc.get("fault_classes") or ())
+        for a in doc.get("arms") or ():
+            truth[a["case_id"]] = tuple(a.get("truth") or ())
     latest: dict[str, CaseLine] = {}
     for c in _lines(cases):
         if c.extra.get("fault") and c.extra.get("fault_arm") and c.verdict is not None:
@@ -320,7 +359,7 @@ def scorecard_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         arms = [a for run in args.runs for a in read_run(run, rescore=args.rescore)]
-    except (ScorecardError, CaseLineError, OSError) as exc:
+    except (ScorecardError, FormatError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = scorecard_markdown(arms)

@@ -73,9 +73,14 @@ def case_rows(cases: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     for c in cases:
         m = c.get("metrics") or {}
         ok, total = m.get("n_ok"), m.get("n_requests")
+        done = f"{_num(ok)}/{_num(total)}" if total is not None else "-"
+        if c.get("partial"):  # labelled, its numbers never shown as the case's
+            rows.append([_cut(names[str(c.get("case_id", ""))], CASE_WIDTH),
+                         _cut("partial: the case did not finish", VERDICT_WIDTH), done,
+                         "-", "-", "-"])
+            continue
         rows.append([
-            _cut(names[str(c.get("case_id", ""))], CASE_WIDTH), _verdict(c),
-            f"{_num(ok)}/{_num(total)}" if total is not None else "-",
+            _cut(names[str(c.get("case_id", ""))], CASE_WIDTH), _verdict(c), done,
             _num(m.get("output_tok_s")), _pair(m, "ttft"), _pair(m, "tpot")])
     return rows
 

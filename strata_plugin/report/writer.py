@@ -36,6 +36,7 @@ from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSu
 from strata_plugin.analysis.thresholds import all_thresholds
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
 from strata_plugin.formats.atomic import atomic_write_text
+from strata_plugin.formats.outcome import RunOutcome
 from strata_plugin.formats.telemetry import TelemetryFacts
 from strata_plugin.report import ab_plots, plots, sections, sufficiency_md
 from strata_plugin.report.benchjson import benchmark_json
@@ -60,8 +61,8 @@ def run_limits(
     """What this run could not see, said plainly."""
     out = []
     m = bundle.manifest
-    if m.get("incomplete_reason"):
-        out.append(f"run incomplete: {m['incomplete_reason']}")
+    if bundle.outcome is not None and not bundle.outcome.complete:
+        out.append(f"run incomplete: {bundle.outcome.words}")
     for cid, info in sorted(bundle.cases.items()):  # cached tokens the server did not report
         cold = info.line.cold_prefix or ""
         if cold.startswith(("cold prefix not verifi", "NOT cold")):
@@ -100,8 +101,6 @@ def run_limits(
     out.extend(clock_warnings(m, TelemetryFacts.from_manifest(m).interval_s))
     if bundle.anchor is None:
         out.append("no clock_anchor in manifest.json: request windows come from markers.csv")
-    if bundle.bad_lines:
-        out.append(f"requests.jsonl: {bundle.bad_lines} unreadable line(s) skipped")
     for a in analyses:
         if a.window is None:
             out.append(f"case {a.case_id}: no measured window marked; no hardware summary")
@@ -250,6 +249,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                 "config_id": a.config_id,
                 "params": a.params,
                 "outcome": (a.line.outcome if a.line else None) or "",
+                "partial": a.partial or None,
                 "ab_group": (a.line.ab_group if a.line else None) or "",
                 "ab_arm": (a.line.ab_arm if a.line else None) or "",
                 "window": None
@@ -289,6 +289,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                 for n in data.store.nodes()
             },
         },
+        "outcome": (data.bundle.outcome or RunOutcome()).to_json(),
         "limits": data.limits,
         "windows": [dataclasses.asdict(w) for w in windows],
         "cases": cases,
@@ -306,11 +307,23 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
     }
 
 
-def write_report(run_dir: Path | str) -> Path:
-    """(Re)generate every derived file of ``run_dir``; returns the path of report.md."""
+def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> Path:
+    """(Re)generate every derived file of ``run_dir``; returns the path of report.md.
+
+    ``outcome``: the live run's own (it knows why it is incomplete; its manifest says
+    ``complete: false`` until this report is written). Offline, the outcome is read
+    from the manifest (``RunOutcome.from_manifest``: a run killed before its end is
+    incomplete). Either way a raw file torn mid-line is added to it, so the caller sees
+    it too. Raises ``FormatError`` naming the file, line and key of a raw file that
+    does not hold its format."""
     run_dir = Path(run_dir)
     ra = analyze_run(run_dir)
     bundle, store, windows, hw_by_window = ra.bundle, ra.store, ra.windows, ra.hw_by_window
+    if outcome is None:
+        outcome = RunOutcome.from_manifest(bundle.manifest)
+    for torn in bundle.torn:
+        outcome.add("torn_line", torn)
+    bundle.outcome = outcome
     ctx, analyses = ra.ctx, ra.analyses
     sufficiency = _sufficiency(bundle, analyses)
     case_notes: dict[str, list[str]] = {}
@@ -394,11 +407,13 @@ def write_report(run_dir: Path | str) -> Path:
     }
     atomic_write_text(
         run_dir / "benchmark.json",
-        json_text(benchmark_json(bundle, [a.case_id for a in analyses], extra)),
+        json_text(benchmark_json(bundle, [a.case_id for a in analyses if not a.partial],
+                                 extra)),
     )
     ci_cases = [
         CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
         for a in analyses
+        if not a.partial  # a partial case is never a number on a dashboard
     ]
     for name, text in ci_files(ci_cases).items():
         atomic_write_text(run_dir / name, text)

@@ -14,6 +14,7 @@ module turns a profile and a live server into agent command lines.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -134,7 +135,8 @@ class AgentFleet:
                 from strata_plugin.run.remote import remote_agent_argv
 
                 # The agent package travels over the connection: the node needs only python3.
-                argv = remote_agent_argv(node.ssh_host, argv)
+                argv = remote_agent_argv(node.ssh_host, argv,
+                                         env_names=self.env(node.name, server) or {})
             out[node.name] = argv
         return out
 
@@ -195,6 +197,26 @@ class AgentFleet:
                     h.track_pids(engine)
                 h.track_path(path.proxy_pids if path is not None else ())
 
+    def env(self, node: str, server: Server | None) -> dict[str, str] | None:
+        """What the agent of ``node`` gets in its environment beyond the harness's: the
+        server's credentials for the head's ``/metrics`` scrape (a URL given as
+        ``http://user:pw@host``), never in its argv, which any local user can read
+        (/proc/PID/cmdline, ``ps``). None: nothing more."""
+        auth = getattr(server, "auth", None)
+        if auth is None or node != self.head:
+            return None
+        from strata_plugin.agent.collectors.prom import AUTH_ENV
+
+        return {AUTH_ENV: auth.header()}
+
+    def _start(self, node: str, out_dir: Path, argv: list[str], server: Server):
+        from strata_plugin.agent.handle import AgentHandle
+        from strata_plugin.run.remote import on_agent_exit
+
+        more = self.env(node, server)
+        return AgentHandle.start(node, out_dir, argv, on_exit=on_agent_exit(out_dir),
+                                 env={**os.environ, **more} if more else None)
+
     def handles(self, block_key: str) -> list:
         """The agents of one server block (empty when it has none)."""
         return self.blocks.get(block_key, [])
@@ -204,9 +226,7 @@ class AgentFleet:
     def start(self, server: Server) -> list:
         """One agent per node for this server's lifetime; clock offsets measured at start.
         Nothing stays running when a start or a clock measurement fails (Ctrl-C too)."""
-        from strata_plugin.agent.handle import AgentHandle
         from strata_plugin.analysis.clocks import fit
-        from strata_plugin.run.remote import on_agent_exit
 
         handles = []
         if server.block_key not in self.paths:
@@ -215,7 +235,7 @@ class AgentFleet:
         try:
             for name, argv in self.commands(server.pid, server).items():
                 out_dir = self.run_dir / "nodes" / name
-                h = AgentHandle.start(name, out_dir, argv, on_exit=on_agent_exit(out_dir))
+                h = self._start(name, out_dir, argv, server)
                 handles.append(h)
                 nodes[name] = fit(name, h.measure_clock_offset()).manifest()
             self.recorder.update_manifest(nodes=nodes)  # a Ctrl-C here too: handles not kept
@@ -231,13 +251,11 @@ class AgentFleet:
     def restart(self, server: Server, node: str):
         """A fresh agent for ``node`` (one that was lost), appending to the same folder; its
         clock offset is measured again. Raises AgentStartError when it cannot start."""
-        from strata_plugin.agent.handle import AgentHandle
         from strata_plugin.analysis.clocks import fit
-        from strata_plugin.run.remote import on_agent_exit
 
         argv = self.commands(server.pid, server)[node]
         out_dir = self.run_dir / "nodes" / node
-        h = AgentHandle.start(node, out_dir, argv, on_exit=on_agent_exit(out_dir))
+        h = self._start(node, out_dir, argv, server)
         nodes = dict(self.recorder.manifest.get("nodes", {}))
         nodes[node] = fit(node, h.measure_clock_offset()).manifest()
         self.recorder.update_manifest(nodes=nodes)

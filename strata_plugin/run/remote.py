@@ -168,8 +168,13 @@ def remote_agent_argv(
     remote_module: str = AGENT_MODULE,
     python: str = sys.executable,
     ssh: str = "ssh",
+    env_names: Iterable[str] = (),
 ) -> list[str]:
     """The command that runs the same agent on ``ssh_host`` (for ``AgentHandle.start``).
+
+    ``env_names``: variables of the helper's environment the agent gets too (a secret,
+    such as the scrape's credentials): they travel in the header on ssh's stdin, never
+    in an argv (``ship=True`` only).
 
     ``ship=True``: the agent package travels over the connection (the remote node needs
     only ``remote_python``). ``ship=False``: an installed copy, ``python3 -m
@@ -182,12 +187,14 @@ def remote_agent_argv(
         return ssh_argv(ssh_host, [remote_python, "-m", remote_module, *args], opts, ssh)
     args, modules = _plugin_collectors(args)
     remote = [remote_python, "-c", BOOTSTRAP, *args]
+    names = [x for n in env_names if _ENV_RX.match(n) for x in ("--env", n)]
     return [
         python,
         "-m",
         "strata_plugin.run.remote",
         "agent",
         *[w for m in modules for w in ("--ship", m)],
+        *names,
         "--",
         *ssh_argv(ssh_host, remote, opts, ssh),
     ]
@@ -403,8 +410,8 @@ class _Helper:
     def run(self) -> int:
         data = agent_zip(self.ship)
         extra: dict[str, Any] = {}
+        extra["env"] = {n: os.environ[n] for n in self.env_names if n in os.environ}
         if self.mode == "run":
-            extra["env"] = {n: os.environ[n] for n in self.env_names if n in os.environ}
             extra["grace_s"] = self.grace_s
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
@@ -730,6 +737,7 @@ def remote_main(head: Mapping[str, Any], argv: list[str]) -> int:
     """Entry point of the shipped code on the remote node."""
     mode = head.get("mode")
     if mode == "agent":
+        os.environ.update(head.get("env") or {})  # sent on stdin, not in any argv
         sys.argv = [AGENT_MODULE, *argv]
         sys.meta_path.insert(0, _AgentAlias())  # type: ignore[arg-type]
         from strata_agent import main  # type: ignore[import-not-found]

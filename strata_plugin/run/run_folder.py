@@ -8,6 +8,7 @@ completed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import json
@@ -22,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.configure.credentials import redact_argv
 from strata_plugin.configure.names import NAME_RULE, is_name
 from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
@@ -29,6 +31,12 @@ from strata_plugin.formats.windows import Marker, write_markers
 
 #: Request markers wait at most this long before markers.csv is rewritten with them.
 MARKER_FLUSH_S = 1.0
+#: Room kept aside in the run folder (a hidden file, removed at the run's end) for the
+#: manifest's last words: on a disk that fills up, the manifest is still rewritten once
+#: more with why the run is incomplete, instead of keeping ``complete: false`` without a
+#: reason. 128 KiB: a manifest is 2-10 KB (one that lists many nodes and servers, tens).
+RESERVE_NAME = ".strata-reserve"
+RESERVE_BYTES = 128 * 1024
 #: Packages whose versions go into the manifest.
 _VERSIONED = ("pytest", "pytest-benchmark", "requests", "sseclient-py", "pandas",
               "nvidia-ml-py", "matplotlib", "numpy")
@@ -125,21 +133,41 @@ def host_facts() -> dict[str, Any]:
 
 
 class JsonlWriter:
-    """Append-only JSON lines, flushed per line; safe from several threads."""
+    """Append-only JSON lines, each on disk as soon as it is written; safe from several
+    threads. A line never stays half-written: it goes out in one ``write(2)``, and a
+    write that fails part way (a full disk: the kernel writes what fits, then ENOSPC)
+    is cut back to the last whole line before the error goes on. (A process killed
+    inside the write can still leave a torn last line; the readers name it:
+    formats/typed.JsonLines.)"""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fh = path.open("a", buffering=1)
+        self._fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o666)
+        self._size = os.fstat(self._fd).st_size  # the end of the last whole line
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
         with self._lock:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+            if self._fd is None:
+                raise ValueError(f"{self.path.name}: write after close")
+            done = 0
+            try:
+                while done < len(data):
+                    done += os.write(self._fd, data[done:])
+            except BaseException:  # ENOSPC, EIO, Ctrl-C between two partial writes
+                if done:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(self._fd, self._size)
+                raise
+            self._size += len(data)
 
     def close(self) -> None:
         with self._lock:
-            self._fh.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class RunRecorder:
@@ -154,6 +182,12 @@ class RunRecorder:
         self._lock = threading.Lock()
         self._markers_written = 0.0  # monotonic s of the last markers.csv rewrite
         self._markers_dirty = False
+        #: whole-file rewrites (markers.csv, manifest.json) that failed and were not redone
+        #: since, by file name: the file keeps its last whole version and the next rewrite
+        #: carries everything (a full disk that frees up loses nothing). Whatever is left
+        #: here at the run's end is lost, and the run says so (run/session.py).
+        self.unwritten: dict[str, OSError] = {}
+        self._reserve: Path | None = _make_reserve(run_dir / RESERVE_NAME)
         self.requests = JsonlWriter(run_dir / "requests.jsonl")
         self.cases = JsonlWriter(run_dir / "cases.jsonl")
         self.write_manifest(complete=False)
@@ -183,7 +217,13 @@ class RunRecorder:
         return m
 
     def _write_markers(self, now: float) -> None:
-        write_markers(self.run_dir / "markers.csv", self.markers)
+        try:
+            write_markers(self.run_dir / "markers.csv", self.markers)
+        except OSError as exc:  # kept in memory: the next rewrite carries it
+            self.unwritten["markers.csv"] = exc
+            self._markers_dirty = True
+            return
+        self.unwritten.pop("markers.csv", None)
         self._markers_written, self._markers_dirty = now, False
 
     def flush_markers(self) -> None:
@@ -195,15 +235,39 @@ class RunRecorder:
         self.cases.write(case.to_json())
 
     def update_manifest(self, **fields: Any) -> None:
+        """Add to the manifest and rewrite it; a rewrite that fails (a full disk) is noted
+        in :attr:`unwritten`, not raised: the next one carries these fields too."""
         with self._lock:
             self.manifest.update(fields)
-        self.write_manifest(complete=self.manifest.get("complete", False))
+        try:
+            self.write_manifest(complete=self.manifest.get("complete", False))
+        except OSError as exc:
+            self.unwritten["manifest.json"] = exc
 
     def write_manifest(self, *, complete: bool) -> None:
+        """Rewrite the manifest now; raises OSError when it cannot. A full disk first
+        gives up the room kept aside (:data:`RESERVE_BYTES`), once."""
         with self._lock:
             self.manifest["complete"] = complete
             text = json.dumps(self.manifest, indent=2, sort_keys=True, default=str) + "\n"
-        atomic_write_text(self.run_dir / "manifest.json", text)
+        try:
+            atomic_write_text(self.run_dir / "manifest.json", text)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.release_reserve():
+                raise
+            atomic_write_text(self.run_dir / "manifest.json", text)
+        self.unwritten.pop("manifest.json", None)
+
+    def release_reserve(self) -> bool:
+        """Remove the room kept aside; True when there was some to give."""
+        path, self._reserve = self._reserve, None
+        if path is None:
+            return False
+        try:
+            path.unlink()
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         try:
@@ -211,13 +275,30 @@ class RunRecorder:
         finally:
             self.requests.close()
             self.cases.close()
+            self.release_reserve()
+
+
+def _make_reserve(path: Path) -> Path | None:
+    """:data:`RESERVE_BYTES` of the disk, held by a hidden file; None where there is no
+    room even for that (the run goes on without it)."""
+    try:
+        with path.open("wb") as fh:
+            fh.write(b"\0" * RESERVE_BYTES)  # written, not sparse: the blocks are taken
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+    return path
 
 
 def base_manifest(*, run_id: str, profile: dict[str, Any], argv: list[str],
                   root: Path) -> dict[str, Any]:
+    """The manifest's first facts; the command line with every URL's credentials
+    hidden (``--strata-server-url http://user:pw@...``)."""
     from strata_plugin import __version__
 
-    return {"run_id": run_id, "strata_version": __version__, "argv": argv,
+    return {"run_id": run_id, "strata_version": __version__, "argv": redact_argv(argv),
             "git_sha": _git_sha(root), "host": host_facts(), "versions": package_versions(),
             "profile": profile,
             "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import requests
 
+from strata_plugin.configure.credentials import UrlAuth, redact_json
 from strata_plugin.errors import StrataError
 from strata_plugin.run.reaper import die_with_parent
 
@@ -45,29 +46,34 @@ class ServerUnreachable(ServerStartError):
 
 def check_server_url(url: str) -> str:
     """``url`` as a server's base URL, or ValueError saying what is wrong with it, in the
-    terms of the option that gave it (scheme, host, port)."""
+    terms of the option that gave it (scheme, host, port). Credentials in it
+    (``http://user:pw@host``) are kept, and never shown in an error."""
     from urllib.parse import urlsplit
 
+    from strata_plugin.configure.credentials import redact
+
     text = url.strip()
+    shown = repr(redact(url))
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{url!r} is not an http:// or https:// URL (expected e.g. "
+        raise ValueError(f"{shown} is not an http:// or https:// URL (expected e.g. "
                          "http://127.0.0.1:8000)")
     if not parts.hostname:
-        raise ValueError(f"{url!r} has no host (expected e.g. http://127.0.0.1:8000)")
+        raise ValueError(f"{shown} has no host (expected e.g. http://127.0.0.1:8000)")
     try:
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"{url!r}: the port is not a number from 1 to 65535 ({exc})") from None
+        raise ValueError(f"{shown}: the port is not a number from 1 to 65535 "
+                         f"({redact(str(exc))})") from None
     if parts.netloc.endswith(":") or port == 0:
-        raise ValueError(f"{url!r} has no port after ':' (expected e.g. "
+        raise ValueError(f"{shown} has no port after ':' (expected e.g. "
                          f"{parts.scheme}://{parts.hostname}:8000)")
     if parts.path.rstrip("/").endswith("/v1"):
-        raise ValueError(f"{url!r} ends in /v1: give the server's root URL "
-                         f"({text[: text.rstrip('/').rfind('/v1')]}); Strata adds the API's "
-                         "path (/v1/completions, /v1/chat/completions, ...) itself")
+        raise ValueError(f"{shown} ends in /v1: give the server's root URL "
+                         f"({redact(text[: text.rstrip('/').rfind('/v1')])}); Strata adds the "
+                         "API's path (/v1/completions, /v1/chat/completions, ...) itself")
     if parts.query or parts.fragment:
-        raise ValueError(f"{url!r} has a query or fragment; give the server's root URL")
+        raise ValueError(f"{shown} has a query or fragment; give the server's root URL")
     return text.rstrip("/")
 
 
@@ -104,8 +110,8 @@ class LaunchSpec:
     container: ContainerLaunch | None = None
 
     def to_json(self) -> dict:
-        # Env values may be secrets: record names only.
-        out = {"config_id": self.config_id, "argv": list(self.argv),
+        # Env values may be secrets: record names only; a URL's credentials are hidden.
+        out = {"config_id": self.config_id, "argv": redact_json(list(self.argv)),
                "env_names": sorted(k for k, _ in self.env), "base_url": self.base_url,
                "log": str(self.log_path)}
         if self.container is not None:
@@ -117,9 +123,13 @@ class LaunchSpec:
 class Server:
     """A running server, launched by us or attached to."""
 
-    def __init__(self, spec: LaunchSpec | None, base_url: str) -> None:
+    def __init__(self, spec: LaunchSpec | None, base_url: str,
+                 auth: UrlAuth | None = None) -> None:
         self.spec = spec
         self.base_url = base_url.rstrip("/")
+        #: credentials to send (an attached server's URL had them): the health poll,
+        #: the load's requests and the agent's /metrics scrape send them; never written
+        self.auth = auth
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
         self.restarts = 0
@@ -223,10 +233,13 @@ class Server:
                     f"server exited with code {self.exit_code()} before becoming healthy\n"
                     f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}")
             try:
-                r = requests.get(url, timeout=2)
+                r = requests.get(url, timeout=2,
+                                 headers=self.auth.headers() if self.auth else None)
                 if r.status_code == 200:
                     return
-                last = f"HTTP {r.status_code}"
+                last = f"HTTP {r.status_code}" + (
+                    " (the server wants credentials: http://user:password@host:port, or "
+                    "the profile's server.api_key_env)" if r.status_code == 401 else "")
                 if self.spec is None and _not_starting(r.status_code):
                     raise ServerStartError(not_starting_text(
                         self.base_url, url, r.status_code, time.monotonic() - t0))
@@ -342,10 +355,14 @@ def not_starting_text(base_url: str, url: str, status: int, waited_s: float) -> 
               "(/v1/completions, /v1/chat/completions, ...) to the URL given, so give the "
               "server's root URL" if path else
               "the profile's server.health_path (the path this server answers health on)"),
-        401: ("the profile's server.health_path: Strata's health check sends no "
-              "credentials, so it needs a path the server answers without them"),
-        403: ("the profile's server.health_path: Strata's health check sends no "
-              "credentials, so it needs a path the server answers without them"),
+        401: ("the credentials: the health check sends those of the URL "
+              "(http://user:password@host:port) and no others, so give them there, or "
+              "set the profile's server.health_path to a path the server answers "
+              "without them"),
+        403: ("the credentials: the health check sends those of the URL "
+              "(http://user:password@host:port) and no others, so give them there, or "
+              "set the profile's server.health_path to a path the server answers "
+              "without them"),
     }.get(status, "the URL and the profile's server.health_path")
     return (f"The server at {base_url} answered GET {url} with HTTP {status} (after "
             f"{waited_s:.1f} s): a client error is its answer to that URL, not a server "
@@ -400,10 +417,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def write_command(commands_dir: Path, name: str, payload: dict) -> Path:
-    """Record a command as run (argv list, env names only) for the run folder."""
+    """Record a command as run (argv list, env names only) for the run folder; the
+    credentials of any URL in it are hidden (configure/credentials.redact)."""
     commands_dir.mkdir(parents=True, exist_ok=True)
     path = commands_dir / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(redact_json(payload), indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_plugin.configure.credentials import redact, redact_json, split_credentials
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.cases import CaseLine
+from strata_plugin.formats.outcome import RunOutcome
 from strata_plugin.formats.records import ClockAnchor
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.workload import TokenSpace
@@ -46,7 +48,9 @@ def case_id_from(nodeid: str) -> str:
 
 
 class RunFolderError(StrataError, OSError):
-    """The run folder could not be written (a full or vanished results disk)."""
+    """The run folder could not be written (a full or vanished results disk). The run
+    itself no longer raises it: it records the reason (``run_folder_failed``) and fails
+    with one line; kept for callers that catch it."""
 
 
 def _drop_derived(run_dir: Path, since: float) -> None:
@@ -100,8 +104,9 @@ def _ssh_probe(host: str):
 
 def public_profile(cfg: StrataConfig) -> dict:
     """The profile as recorded in the manifest (and summary.json): every env table cut to
-    its variable names (``Profile.recorded``), so a literal value is never written."""
-    return dict(cfg.profile.recorded(), _path=str(cfg.profile.path))
+    its variable names (``Profile.recorded``), so a literal value is never written, and
+    no URL's credentials (configure/credentials.py)."""
+    return redact_json(dict(cfg.profile.recorded(), _path=str(cfg.profile.path)))
 
 
 class StrataSession:
@@ -128,7 +133,8 @@ class StrataSession:
         self.workers: dict[str, list] = {}  # remote worker processes by block id
         self.history: dict[str, list] = {}  # A/B results by group, across blocks
         self.repetitions: dict = {}  # runs of each workload (per A/B arm): prompt salts
-        self.incomplete_reason = ""
+        #: why the run is incomplete, appended to wherever it is found (formats/outcome.py)
+        self.outcome = RunOutcome()
         #: the telemetry agents of every block (whose agents follow which server), and
         #: those lost (the manifest's "agents_lost")
         self.fleet = AgentFleet(cfg.profile.nodes, cfg.profile.telemetry, self.run_dir,
@@ -136,12 +142,27 @@ class StrataSession:
                                 health_path=cfg.profile.server.health_path)
         self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
-        self.containers_left: list[str] = []  # containers a stop could not remove
         #: each case's requests counted as they are recorded (analysis/failures.py): a case
         #: whose requests mostly failed makes the run incomplete, with its counts
         self.failures: dict[str, object] = {}
         self.allowed_errors: dict[str, object] = {}  # case id -> its allow_errors, if any
-        self.failed_to_start: list[str] = []  # servers that could not be started or reached
+
+    @property
+    def incomplete_reason(self) -> str:
+        """The outcome's words (the manifest's ``incomplete_reason``); "" when complete."""
+        return self.outcome.words
+
+    def run_folder_failed(self, what: str, exc: OSError) -> None:
+        """A raw file could not be written (a full or vanished disk): one reason per run,
+        the first, naming the file(s); the run then fails (plugin/hooks.py)."""
+        if not self.outcome.has("run_folder_failed"):
+            self.add_reason("run_folder_failed", f"{self.run_dir} ({what}): {exc}")
+
+    def add_reason(self, kind: str, detail: str = "") -> None:
+        """The run is incomplete for one more reason: kept, and in the manifest at once
+        (a full disk keeps it in memory, for the terminal and the next rewrite)."""
+        if self.outcome.add(kind, detail):
+            self.recorder.update_manifest(**self.outcome.manifest_fields())
 
     # --- servers -------------------------------------------------------------------------
 
@@ -199,7 +220,7 @@ class StrataSession:
         """Launch (or attach to) the server of one configuration for one block."""
         block_id = block_id or config_id
         if self.cfg.server_url:
-            server = Server(None, self.cfg.server_url)
+            server = Server(None, self.cfg.server_url, auth=self.cfg.server_auth)
             server.wait_healthy(self.cfg.profile.server.health_timeout_s)
         else:
             spec = self.launch_spec(config_id, block_id)
@@ -273,11 +294,7 @@ class StrataSession:
             self.record_servers()
             if removal is not None and not removal.removed:
                 why = f"server {server.block_key}: {removal.detail}"
-                if why not in self.containers_left:
-                    self.containers_left.append(why)
-                    self.incomplete_reason = "; ".join(
-                        x for x in (self.incomplete_reason, why) if x)
-                    self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+                self.add_reason("container_left", why)
                 raise ContainerLeft(why)
         if ("nvml" not in self.cfg.profile.telemetry.collectors or server.spec is None
                 or server.block_key in self.gpu_checked):
@@ -419,9 +436,8 @@ class StrataSession:
         started again (``AgentFleet.recover``); the run is then incomplete, and says why.
         Returns one line per lost agent, for the terminal."""
         lines = self.fleet.recover(server, cases)
-        if lines:
-            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, *lines) if x)
-            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+        for line in lines:
+            self.add_reason("agent_lost", line)
         return lines
 
     def case_runner(self, server: Server, nodeid: str, progress) -> CaseRunner:
@@ -434,6 +450,9 @@ class StrataSession:
             key = os.environ.get(p.server.api_key_env)
             if key:
                 headers["Authorization"] = f"Bearer {key}"
+        auth = getattr(server, "auth", None)  # (a dry run's planned server has none)
+        if auth is not None:  # the URL's credentials win, as requests sent them
+            headers.update(auth.headers())
         lo, hi = p.server.token_id_range
         setup = CaseSetup(
             base_url=server.base_url, api=p.server.api, config_id=server.config_id,
@@ -461,7 +480,11 @@ class StrataSession:
         """A request record to requests.jsonl, counted for its case's failures."""
         from strata_plugin.analysis.failures import FailureTally
 
-        self.recorder.record(rec)
+        try:
+            self.recorder.record(rec)
+        except OSError as exc:  # a full disk: the reason first, then the load stops
+            self.run_folder_failed("requests.jsonl", exc)
+            raise
         tally = self.failures.get(rec.case_id)
         if tally is None:
             tally = self.failures[rec.case_id] = FailureTally()
@@ -469,21 +492,18 @@ class StrataSession:
 
     def add_case(self, line: CaseLine) -> None:
         """A case line to cases.jsonl; the failures it allows are kept for the end."""
-        self.recorder.add_case(line)
+        try:
+            self.recorder.add_case(line)
+        except OSError as exc:
+            self.run_folder_failed("cases.jsonl", exc)
+            raise
         if line.allow_errors and line.case_id:
             self.allowed_errors[line.case_id] = line.allow_errors
 
     def server_failed(self, why: str) -> None:
         """A server that could not be started or reached: the run is incomplete, and the
         manifest says why at once (the report repeats it in its first lines)."""
-        self.failed_to_start.append(why)
-        self._incomplete(why)
-
-    def _incomplete(self, why: str) -> None:
-        if why and why not in self.incomplete_reason:
-            self.incomplete_reason = "; ".join(x for x in (self.incomplete_reason, why) if x)
-            with contextlib.suppress(OSError):
-                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+        self.add_reason("server_failed", why)
 
     def failed_cases(self) -> list[str]:
         """``case X: requests_failed: 4 of 4 requests failed (...)`` per case whose
@@ -508,22 +528,23 @@ class StrataSession:
             return
         from strata_plugin.run.prometheus import Job, PromClient, pull
 
-        headers = {}
+        url, auth = split_credentials(spec.url)
+        headers = auth.headers() if auth else {}
         if spec.auth_env and os.environ.get(spec.auth_env):
             headers["Authorization"] = f"Bearer {os.environ[spec.auth_env]}"
         windows = [(m.start_wall_ns, m.end_wall_ns) for m in self.recorder.markers
                    if m.kind in ("case", "baseline", "cooldown")]
         try:
-            res = pull(self.run_dir, PromClient(spec.url, headers=headers),
+            res = pull(self.run_dir, PromClient(url, headers=headers),
                        [Job(job, kind) for job, kind in spec.jobs], windows,
                        spec.step_s or self.cfg.profile.telemetry.interval_s)
             self.recorder.update_manifest(prometheus={
-                "url": spec.url, "samples": res.samples, "nodes": list(res.nodes),
+                "url": url, "samples": res.samples, "nodes": list(res.nodes),
                 "clock_offset_ns": res.clock.offset_ns if res.clock else None,
                 "clock_uncertainty_ns": res.clock.uncertainty_ns if res.clock else None})
         except Exception as exc:  # the agents' data stands; say what is missing
-            self.recorder.update_manifest(prometheus={"url": spec.url,
-                                                      "error": f"{type(exc).__name__}: {exc}"})
+            self.recorder.update_manifest(prometheus={"url": url, "error": redact(
+                f"{type(exc).__name__}: {exc}")})
 
     def finish(self, *, interrupted: bool) -> Path | None:
         """Stop what runs, then write the report; an interrupted run says so in both."""
@@ -536,29 +557,31 @@ class StrataSession:
             self.recorder.mark("run", "run", "", self.started_ns, time.monotonic_ns())
             if not interrupted:
                 self.pull_prometheus()
-            if interrupted:
-                self.incomplete_reason = self.incomplete_reason or "interrupted"
+            if interrupted and not self.outcome.has("preflight_failed"):  # (a preflight
+                self.outcome.add("interrupted")  # ends the run this way, for its reason)
             for line in self.failed_cases():
-                self._incomplete(line)
-            self.recorder.update_manifest(
-                incomplete_reason=self.incomplete_reason,
+                self.outcome.add("requests_failed", line)
+            self.recorder.flush_markers()
+            lost = sorted(n for n in self.recorder.unwritten if n != "manifest.json")
+            if lost:  # (the manifest is written next, or fails below)
+                self.run_folder_failed(", ".join(lost), self.recorder.unwritten[lost[0]])
+            self.recorder.update_manifest(  # the end marker: every raw file is whole
+                **self.outcome.manifest_fields(),
                 finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             # Complete only once the report is on disk: a run cut short while writing it
             # is not.
             self.recorder.write_manifest(complete=False)
         except OSError as exc:
             # A full or vanished results disk: the manifest on disk keeps complete=false
-            # (written first, replaced atomically), and no report is attempted.
-            self.incomplete_reason = f"could not write the run folder {self.run_dir}: {exc}"
+            # (written first, replaced atomically), and no report is attempted. The run
+            # fails with this one reason (plugin/hooks.py), not a traceback.
+            self.run_folder_failed("manifest.json", exc)
             with contextlib.suppress(OSError):
                 self.recorder.close()
             self.restore_umask()
-            raise RunFolderError(self.incomplete_reason) from exc
+            return None
         try:
-            return self._write_report(complete=not interrupted and not self.fleet.lost
-                                      and not self.containers_left
-                                      and not self.failed_to_start
-                                      and not self.failed_cases())
+            return self._write_report()
         finally:
             with contextlib.suppress(OSError):
                 self.recorder.close()
@@ -571,33 +594,32 @@ class StrataSession:
             os.umask(self._umask)
             self._umask = None
 
-    def _write_report(self, *, complete: bool) -> Path | None:
+    def _write_report(self) -> Path | None:
+        """The report, then ``complete`` from the outcome (the report adds a torn raw
+        line it finds); a report that fails adds its reason to the others."""
         from strata_plugin.report import write_report
 
         modules = set(sys.modules)
         started = time.time()
         try:
-            report = write_report(self.run_dir)
+            report = write_report(self.run_dir, outcome=self.outcome)
         except KeyboardInterrupt:
             # Ctrl-C / SIGTERM while the report was being written: say so, write it once
             # more (a second signal stops that too), and let pytest see the interrupt.
             # Modules whose import was cut short are dropped so the retry imports them whole.
             for name in set(sys.modules) - modules:
                 sys.modules.pop(name, None)
-            self.incomplete_reason = "; ".join(
-                x for x in (self.incomplete_reason, "interrupted while writing the report") if x)
-            self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+            self.add_reason("interrupted_in_report")
             try:
-                write_report(self.run_dir)
+                write_report(self.run_dir, outcome=self.outcome)
             except Exception as exc:  # the raw data is safe; say why there is no report
-                self.incomplete_reason += f"; report failed: {type(exc).__name__}: {exc}"
-                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
+                self.add_reason("report_failed", f"{type(exc).__name__}: {exc}")
             raise
         except Exception as exc:  # the raw data is safe on disk; say why there is no report
-            self.incomplete_reason = f"report failed: {type(exc).__name__}: {exc}"
             _drop_derived(self.run_dir, since=started)  # no half-written report stays
-            with contextlib.suppress(OSError):  # complete=false is on disk already
-                self.recorder.update_manifest(incomplete_reason=self.incomplete_reason)
-            return None
-        self.recorder.write_manifest(complete=complete)
+            self.add_reason("report_failed", f"{type(exc).__name__}: {exc}")
+            return None  # complete=false is on disk already
+        # The report's own finds (a torn raw line) are in the outcome by now.
+        self.recorder.update_manifest(**self.outcome.manifest_fields())
+        self.recorder.write_manifest(complete=self.outcome.complete)
         return report

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from .. import procfs
 from ..procfs import PreadFile, parse_ctx_switches, parse_kv, parse_schedstat, parse_stat
+from ..redact import redact
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
 
@@ -296,7 +297,7 @@ class ProcCollector(Collector):
                         device=dev,
                         comm=st.comm,
                         ppid=st.ppid,
-                        cmdline=(procfs.cmdline(pid) or "")[:2000],
+                        cmdline=redact(procfs.cmdline(pid) or "")[:2000],
                     )
                 for k, v in c.items():
                     out.append((wall_ns, dev, k, v, "counter"))

@@ -21,6 +21,7 @@ instead of growing the agent without bound (to 7.3 GB in 9 s on 449ac52, here).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -263,10 +264,20 @@ def read_bounded(resp: Any, max_bytes: int, deadline: float | None = None,
                               f"({n} bytes read)")
 
 
-def scrape(url: str, timeout_s: float, max_bytes: int = PROM_BODY_BYTES_MAX) -> str:
+#: The environment variable that carries the ``Authorization`` value of the scrape (a
+#: server reached with ``http://user:pw@host``): by environment, never by argv, which
+#: every local user can read (/proc/PID/cmdline); the environment only its owner.
+AUTH_ENV = "STRATA_PROM_AUTHORIZATION"
+
+
+def scrape(url: str, timeout_s: float, authorization: str | None = None,
+           max_bytes: int = PROM_BODY_BYTES_MAX) -> str:
     """The body of ``url``: at most ``max_bytes``, all of it within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    headers = {"Accept": "text/plain"}
+    if authorization:
+        headers["Authorization"] = authorization
+    req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         body = read_bounded(resp, max_bytes, deadline, "/metrics body")
     return body.decode("utf-8", errors="replace")
@@ -278,6 +289,7 @@ class PromCollector(Collector):
     def __init__(self, url: str, interval_s: float = 0.5, timeout_s: float | None = None) -> None:
         super().__init__()
         self.url = url
+        self.authorization = os.environ.get(AUTH_ENV) or None
         self.interval_s = interval_s
         self.timeout_s = timeout_s if timeout_s is not None else max(0.2, min(5.0, interval_s * 4))
         self.mapper = NameMapper()
@@ -308,9 +320,12 @@ class PromCollector(Collector):
         t0 = time.time_ns()
         m0 = time.monotonic()
         try:
-            text = scrape(self.url, self.timeout_s)
+            text = scrape(self.url, self.timeout_s, self.authorization)
         except urllib.error.HTTPError as e:
-            hint = " (llama.cpp serves /metrics only with --metrics)" if e.code == 404 else ""
+            hint = {404: " (llama.cpp serves /metrics only with --metrics)",
+                    401: " (it wants credentials: give them in the server's URL, "
+                    "http://user:password@host:port)" if not self.authorization else
+                    " (the credentials given were refused)"}.get(e.code, "")
             self._fail(f"HTTP {e.code} from {self.url}{hint}", t0)
             return
         except BodyRefused as e:
