@@ -13,12 +13,19 @@ itself is not delayed. The case's client is pointed at :attr:`LatencyProxy.url`.
 The helper exits on its own after ``max_s`` and with the harness. Facts: the delay,
 bytes relayed each way, connections, and the delay measured on the relay's own clock
 (how late each chunk left against its due time: the event loop's timer error).
+
+``buffer_flush_ms`` (``--buffer-flush-ms N``) is a reverse proxy's response buffering:
+the server's bytes are held and written to the client every N ms (on a grid from the
+connection's start), everything held in one write. The server makes its tokens at its
+pace; the client gets them late and clumped: delivery, not the server's pace
+(analysis/delivery.py). Facts add the flushes and the bytes per flush.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import sys
 from typing import Any
@@ -49,7 +56,8 @@ class LatencyProxy(Injector):
     name = "latency_proxy"
     expected_class = "outside_server"
 
-    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0) -> None:
+    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0,
+                 buffer_flush_ms: float = 0.0) -> None:
         super().__init__()
         u = urlsplit(upstream if "//" in upstream else f"http://{upstream}")
         if u.hostname not in LOOPBACK or not u.port:
@@ -57,6 +65,9 @@ class LatencyProxy(Injector):
                              f"127.0.0.1), not {upstream!r}")
         if not 0 <= delay_ms <= 10_000:
             raise ValueError("delay_ms is in [0, 10000]")
+        if not 0 <= buffer_flush_ms <= 10_000:
+            raise ValueError("buffer_flush_ms is in [0, 10000] (0: no buffering)")
+        self.buffer_flush_ms = buffer_flush_ms
         self.upstream = (u.hostname, u.port)
         self.scheme = u.scheme or "http"
         self.delay_ms, self.max_s = delay_ms, max_s
@@ -72,7 +83,8 @@ class LatencyProxy(Injector):
         host, port = self.upstream
         self.proc = _spawn(_helper_argv(
             "relay", self.max_s, "--upstream-host", host, "--upstream-port", str(port),
-            "--delay-ms", f"{self.delay_ms:g}", module=_MODULE))
+            "--delay-ms", f"{self.delay_ms:g}", "--buffer-flush-ms",
+            f"{self.buffer_flush_ms:g}", module=_MODULE))
         self.port = int(_await_line(self.proc, "ready", 15.0)["port"])
 
     def _stop(self) -> dict[str, Any]:
@@ -81,7 +93,8 @@ class LatencyProxy(Injector):
             _kill(self.proc)
             done = _last_json(self.proc, "done")
             _close_pipes(self.proc)
-        return {"delay_ms": self.delay_ms, "port": self.port,
+        return {"delay_ms": self.delay_ms, "buffer_flush_ms": self.buffer_flush_ms,
+                "port": self.port,
                 "upstream": f"{self.upstream[0]}:{self.upstream[1]}", **done}
 
 
@@ -93,35 +106,63 @@ class _Stats:
         self.up = self.down = self.connections = self.chunks = 0
         self.late_max_s = 0.0
         self.late_sum_s = 0.0
+        self.flushes = 0  # writes of held response bytes (buffering)
+        self.flushed_bytes = 0
+
+
+def _tick(due: float, t0: float, period_s: float) -> float:
+    """The first flush at or after ``due`` on the grid ``t0 + k * period_s``."""
+    return t0 + -(-(due - t0) // period_s) * period_s
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
-                stats: _Stats, up: bool) -> None:
-    """Read chunks as they come; write each ``delay_s`` after it was read, in order."""
+                stats: _Stats, up: bool, flush_s: float = 0.0) -> None:
+    """Read chunks as they come; write each ``delay_s`` after it was read, in order.
+    With ``flush_s``, each is held to the next flush of a grid from now, and a flush
+    writes every chunk due by then in one write."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+    pending: collections.deque[tuple[float, bytes]] = collections.deque()
+    arrived = asyncio.Event()
+    t0 = loop.time()
+
+    def due_of(read_at: float) -> float:
+        return _tick(read_at, t0, flush_s) if flush_s > 0 else read_at
 
     async def feed() -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 data = await reader.read(65536)
-                await queue.put((loop.time() + delay_s, data))
+                pending.append((loop.time() + delay_s, data))
+                arrived.set()
                 if not data:
                     return
-        await queue.put((loop.time() + delay_s, b""))
+        pending.append((loop.time() + delay_s, b""))
+        arrived.set()
 
     async def drain() -> None:
         try:
             while True:
-                due, data = await queue.get()
+                while not pending:
+                    arrived.clear()
+                    await arrived.wait()
+                due = due_of(pending[0][0])
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if not data:
+                held = []  # one chunk; with buffering every chunk due by this flush
+                while pending and pending[0][1] and due_of(pending[0][0]) <= due:
+                    held.append(pending.popleft()[1])
+                    if flush_s <= 0:
+                        break
+                if not held:  # EOF (after everything before it was written)
                     with contextlib.suppress(OSError):
                         if writer.can_write_eof():
                             writer.write_eof()
                     return
+                data = b"".join(held)
+                if flush_s > 0:
+                    stats.flushes += 1
+                    stats.flushed_bytes += len(data)
                 late = loop.time() - due
                 stats.chunks += 1
                 stats.late_sum_s += late
@@ -144,6 +185,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 async def _serve(a: argparse.Namespace, deadline_s: float, stats: _Stats) -> None:
     delay_s = a.delay_ms / 1e3
+    flush_s = a.buffer_flush_ms / 1e3
 
     async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         stats.connections += 1
@@ -154,7 +196,7 @@ async def _serve(a: argparse.Namespace, deadline_s: float, stats: _Stats) -> Non
             return
         try:
             await asyncio.gather(_pump(cr, sw, delay_s, stats, True),
-                                 _pump(sr, cw, delay_s, stats, False))
+                                 _pump(sr, cw, delay_s, stats, False, flush_s))
         finally:
             for w in (sw, cw):
                 with contextlib.suppress(OSError):
@@ -184,7 +226,10 @@ def _main_relay(a: argparse.Namespace, deadline: float) -> None:
                       "connections": stats.connections, "chunks": stats.chunks,
                       "late_mean_ms": round(stats.late_sum_s / stats.chunks * 1e3, 3)
                       if stats.chunks else 0.0,
-                      "late_max_ms": round(stats.late_max_s * 1e3, 3)})
+                      "late_max_ms": round(stats.late_max_s * 1e3, 3),
+                      "flushes": stats.flushes,
+                      "bytes_per_flush": round(stats.flushed_bytes / stats.flushes, 1)
+                      if stats.flushes else 0.0})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream-host", required=True)
     p.add_argument("--upstream-port", type=int, required=True)
     p.add_argument("--delay-ms", type=float, default=50.0)
+    p.add_argument("--buffer-flush-ms", type=float, default=0.0,
+                   help="hold the response bytes, flush them every N ms (0: off)")
     a = p.parse_args(argv)
     if a.upstream_host not in LOOPBACK:
         sys.stderr.write(f"the relay connects to loopback only, not {a.upstream_host}\n")
