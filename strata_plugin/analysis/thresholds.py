@@ -471,6 +471,30 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "digits, and two monotonic stamps on one host agree to microseconds",
     ),
     Threshold(
+        "delivery_gap_min_ms",
+        5.0,
+        "ms",
+        "[inferred] TUNE",
+    ),
+    Threshold(
+        "delivery_frac",
+        0.2,
+        "of the case's metric",
+        "[inferred] TUNE",
+    ),
+    Threshold(
+        "delivery_burst_events",
+        3.0,
+        "token events in one read",
+        "[inferred] TUNE",
+    ),
+    Threshold(
+        "delivery_running_frac",
+        0.5,
+        "of the gap",
+        "[inferred] TUNE",
+    ),
+    Threshold(
         "kv_usage_high",
         0.95,
         "ratio",
