@@ -26,7 +26,11 @@ clumping itself is evidence, weaker: a read that carries ``delivery_burst_events
 events or more after a gap, while the server's run state over the gap shows it running
 (``delivery_running_frac`` of the time the samples cover), had its tokens made during
 the gap and held; the gap beyond one token's time at the request's mean pace is
-delivery. Without run-state samples nothing is inferred, and the note says so.
+delivery. It takes two such reads in a request (a flush pattern, not one late read),
+and no speculative decoding (whose verify steps hand over their tokens at once: the
+server's own bursts). Without run-state samples nothing is inferred, and the note says
+so. What clumping cannot tell apart, the token clock can: a client that read late, or
+a server whose own HTTP thread sent late, clump the stream alike.
 
 The ledger (analysis/ledger.py) takes delivery out of the gaps before it looks for
 stalls, and judges stalls against the server's pace (its own clock where it has one).
@@ -113,7 +117,17 @@ def request_delivery(
         out = _by_token_clock(toks, eng.token_ms, _floor_ms(clock_error_ms))
         if out is not None:
             return out
+    if _drafts(rec):  # speculative decoding: the server itself sends tokens in bursts
+        return NONE
     return _by_clumping(toks, states, anchor, _floor_ms(clock_error_ms))
+
+
+def _drafts(rec: RequestRecord) -> bool:
+    """The request was served with speculative decoding: each verify step hands over its
+    accepted tokens at once, so clumped reads are the server's, not the path's."""
+    t, eng = rec.timings, rec.engine
+    return bool((t is not None and t.draft_n) or (eng is not None and eng.draft_tokens)
+                or rec.extra.get("spec_verify_ct"))
 
 
 def _by_token_clock(toks: Sequence[TokenEvent], made: Sequence[float], floor: float
@@ -170,8 +184,8 @@ def _by_clumping(toks: Sequence[TokenEvent], states: RunStates | None,
             continue
         if secs["running"] / covered >= running_min:
             gaps[i - 1] = excess
-    if not any(gaps):
-        return NONE
+    if sum(1 for d in gaps if d > 0) < 2:
+        return NONE  # one late read is not a flush pattern (a client or host hiccup)
     bursts, flush = _pattern(toks, gaps)
     return RequestDelivery(evidence=CLUMPING, gap_ms=tuple(gaps), pace_ms=pace,
                            bursts=bursts, flush_ms=flush)
