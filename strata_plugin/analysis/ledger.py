@@ -625,7 +625,8 @@ def case_ledger(
     metric, why = case_metric(name, params)
     measured = [r for r in records if r.phase == "measured" and r.ok]
     if clocks.path_floor_ms is None and len(measured) >= 2:
-        first_pass = [request_ledger(r, clocks=clocks) for r in measured]
+        first_pass = [request_ledger(r, clocks=clocks, clock_error_ms=clock_error_ms)
+                      for r in measured]
         pre = [led.part("before_server") for led in first_pass if led is not None]
         if len(pre) >= 2:
             clocks = replace(clocks, path_floor_ms=min(pre))
