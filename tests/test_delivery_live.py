@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from strata_plugin.analysis.thresholds import value
 from strata_plugin.report import summarize_case
 from tests.test_robustness_support import PytestRun, local_profile, make_project
 
@@ -75,25 +76,36 @@ def test_a_buffering_proxy_is_delivery_outside_the_server_on_the_servers_token_c
             for c in ("direct", "buffered", "buffered_no_token_clock")}
     for c, f in arms.items():
         print(c, json.dumps({k: v for k, v in f.items() if k != "_analysis"}, default=str))
-    direct, buf, blind = arms["direct"], arms["buffered"], arms["buffered_no_token_clock"]
+    direct, buf, blind_clock = (arms["direct"], arms["buffered"],
+                                arms["buffered_no_token_clock"])
 
     # through the buffer: named, from the server's own token clock
-    assert "outside_server" in buf["_analysis"].verdict.classes, buf
-    assert not buf["_analysis"].verdict.inconclusive, buf
-    assert any(e.startswith("delivery_frac=") for e in buf["evidence"]), buf
-    ev = [e for e in buf["_analysis"].verdict.evidence if e.metric == "delivery_frac"]
-    assert ev[0].met and ev[0].value > 0.5, ev
+    a = buf["_analysis"]
+    assert "outside_server" in a.verdict.classes, buf
+    assert not a.verdict.inconclusive, buf
+    ev = [e for e in a.verdict.evidence if e.metric == "delivery_frac"]
+    assert ev and ev[0].met, ev
     assert "the server's own token clock" in buf["line"], buf
-    assert any(n.startswith("delivery: bursts of") for n in buf["notes"]), buf
-    # not a stall, not interference: the server made its tokens at its pace
-    assert "prefill_decode_interference" not in buf["past"], buf
-    assert "server_stalled" not in buf["past"], buf
-    recs = [r for r in buf["_analysis"].ledger.requests]
-    assert all(r.delivery is not None and r.delivery.evidence == "token_clock" for r in recs)
+    assert any(n.startswith("delivery: bursts of") for n in a.verdict.notes), buf
+    assert all(r.delivery is not None and r.delivery.evidence == "token_clock"
+               for r in a.ledger.requests)
+    # not interference: the stall time with a prefill in flight that the client's clock
+    # alone reads in the buffered stream is mostly the path's (its delivered gaps)
+    from strata_plugin.analysis import interference
+    from strata_plugin.analysis.case_summary import load_run
 
-    # straight to the server: no delivery to speak of, not named
+    bundle, _ = load_run(run.run_dir)
+    blind = interference.analyze("buffered", bundle.records["buffered"])
+    assert blind.stall_with_prefill_ms_per_request > 0, blind
+    assert (a.interference.stall_with_prefill_ms_per_request
+            <= 0.5 * blind.stall_with_prefill_ms_per_request), (a.interference, blind)
+
+    # straight to the server: its delivery is noise, not named
     assert "outside_server" not in direct["past"], direct
-    assert direct["delivery_frac"] is not None and direct["delivery_frac"] < 0.05, direct
+    assert direct["delivery_frac"] is not None, direct
+    assert direct["delivery_frac"] < value("delivery_frac"), direct
 
     # without the token clock the records carry none, and nothing claims its evidence
-    assert blind["delivery_frac"] is None, blind
+    assert all(not r.engine.token_ms for r in bundle.records["buffered_no_token_clock"]
+               if r.phase == "measured" and r.engine is not None)
+    assert blind_clock["delivery_frac"] is None, blind_clock

@@ -222,7 +222,7 @@ PINNED = {
     "outside_server_frac": 0.1, "outside_server_min_ms": 20.0,
     "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
     "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
-    "delivery_gap_min_ms": 5.0, "delivery_frac": 0.2, "delivery_burst_events": 3.0,
+    "delivery_gap_min_ms": 5.0, "delivery_frac": 0.1, "delivery_burst_events": 3.0,
     "delivery_running_frac": 0.5,
     "kv_usage_high": 0.95, "preemptions_max": 0.0,
     "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,
