@@ -195,7 +195,9 @@ def _by_clumping(toks: Sequence[TokenEvent], states: RunStates | None,
 class CaseDelivery:
     """A case's delivery: which evidence, how many requests it covered, the pattern."""
 
-    evidence: str  # TOKEN_CLOCK where any request had the server's token clock, else ...
+    #: TOKEN_CLOCK where any request had the server's token clock, else CLUMPING where
+    #: any was inferred from clumping, else ""
+    evidence: str
     n_requests: int
     n_clocked: int  # requests whose split came from the server's token clock
     n_delayed: int  # requests with any delivery delay
