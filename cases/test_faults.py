@@ -18,7 +18,9 @@ repetition once it has used that long.
 Two sets of scenarios (``fault_set`` in each case line and in the matrix): the TUNING
 set, the faults the rules' thresholds were set on, and the SET-ASIDE set, mechanisms the
 rules were never tuned on (the server frozen or stopped for a third of the time, a relay
-adding 10, 50 or 200 ms each way, a memory cgroup evicting the model's pages). No
+adding 10, 50 or 200 ms each way, a memory cgroup evicting the model's pages; a relay
+buffering the response, flushed every 40 ms, with 20 ms each way besides: the delivery
+thresholds were set on the tuning set's 100 ms flush). No
 threshold is set from the set-aside set; ``python -m strata_plugin scorecard`` scores
 the two apart (docs/validation.md).
 
@@ -48,7 +50,6 @@ before issue 31 (the comparison: the proxy followed as if it were the server).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -149,6 +150,9 @@ TUNING_SCENARIOS = (
     Scenario("memory_pressure", DECODE),
     Scenario("queueing", QUEUE, replace(QUEUE, concurrency=3 * SLOTS)),
     Scenario("client_bound", DECODE),
+    # --- delivery (issue 31): a reverse proxy buffering the response, flushed every
+    # 100 ms; the server makes its tokens at its pace (its token clock says so)
+    Scenario("outside_server", DECODE, mechanism="buffer_100ms", buffer_flush_ms=100.0),
 )
 #: The set-aside set: mechanisms no threshold was set on (issue 23, item 5).
 SET_ASIDE_SCENARIOS = (
@@ -158,6 +162,9 @@ SET_ASIDE_SCENARIOS = (
                delay_ms=d) for d in (10.0, 50.0, 200.0)),
     Scenario("io_page_faults", DECODE, private_model=True, mechanism="memcg_evict",
              fault_set=SET_ASIDE),
+    # --- delivery (issue 31), judged apart: another period, with a path delay besides
+    Scenario("outside_server", DECODE, mechanism="buffer_40ms_delay_20ms", fault_set=SET_ASIDE,
+             delay_ms=20.0, buffer_flush_ms=40.0),
 )
 
 # --- issue 30: the server's CPU allowance, and a quiet prefill ---------------------------
@@ -255,7 +262,7 @@ def _injector(sc: Scenario, arm: str, server, model: str | None) -> faults.Injec
         return faults.NoFault()
     if sc.cpus:
         return _allowance_injector(sc, server)
-    if sc.mechanism:  # a set-aside mechanism, before the tuning set's injector of its class
+    if sc.mechanism:  # a named mechanism (the set-aside ones, the buffering relay)
         return _set_aside_injector(sc, server, model)
     if sc.fault == "cpu_contention":
         return faults.CpuHogs(tuple(sorted(os.sched_getaffinity(server.pid))), per_core=1)
@@ -291,18 +298,13 @@ def _set_aside_injector(sc: Scenario, server, model: str | None) -> faults.Injec
         return pauses.FreezerPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
     if sc.mechanism == "sigstop_pause":
         return pauses.SigStopPause(server.pid, PAUSE_MS, PAUSE_PERIOD_MS, max_s=300)
-    if sc.mechanism.startswith("proxy_"):
-        return relay.LatencyProxy(server.base_url, delay_ms=sc.delay_ms, max_s=300)
     if sc.attached == "chain":
         return relay.RelayChain(server.base_url, [{"delay_ms": sc.delay_ms}] * sc.hops,
                                 max_s=300)
     if sc.attached == "upload":
         return relay.PacedUpload(server.base_url, pace_up_bps=sc.pace_up_bps, max_s=300)
-    if sc.attached == "buffer":
-        if "buffer_flush_ms" not in inspect.signature(relay.LatencyProxy).parameters:
-            pytest.skip("the relay's response buffering (relay --buffer-flush-ms N) is not "
-                        "in this checkout")
-        return relay.LatencyProxy(server.base_url, delay_ms=0.0, max_s=300,
+    if sc.mechanism.startswith(("proxy_", "buffer_")) or sc.attached == "buffer":
+        return relay.LatencyProxy(server.base_url, delay_ms=sc.delay_ms, max_s=300,
                                   buffer_flush_ms=sc.buffer_flush_ms)
     if sc.mechanism == "memcg_evict":
         assert model is not None
@@ -665,7 +667,8 @@ def test_fault_is_named(strata, strata_server, strata_session, fault_matrix, sc,
             "memcg_evict": "memcg_evict"}.get(sc.mechanism, {
                 "chain": "relay_chain", "upload": "upload_pacing",
                 "buffer": "latency_proxy"}.get(sc.attached,
-                                               "latency_proxy" if sc.delay_ms else None))
+                                               "latency_proxy" if sc.delay_ms
+                                               or sc.buffer_flush_ms else None))
     problems += [f"{r.case_id}: injected by {r.facts['injector'].get('name')}, not {want}"
                  for r in results if want and r.arm == "fault"
                  and r.facts["injector"].get("name") != want]

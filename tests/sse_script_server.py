@@ -37,6 +37,7 @@ class Reply:
     end: str = "normal"  # normal | cut (close, no terminator) | reset (RST) | hang
     content_type: str = "text/event-stream"
     head_delay_s: float = 0.0  # silence before the status line (a server stuck in a queue)
+    headers: tuple[tuple[str, str], ...] = ()  # more response header lines (name, value)
 
     def __post_init__(self) -> None:
         assert self.framing in FRAMINGS and self.end in ENDINGS
@@ -140,6 +141,7 @@ class ScriptServer:
         """Send one reply; True when the connection may serve another request."""
         items = list(reply.items)
         head = [f"HTTP/1.1 {reply.status} X", f"Content-Type: {reply.content_type}"]
+        head += [f"{k}: {v}" for k, v in reply.headers]
         if reply.framing == "chunked":
             head.append("Transfer-Encoding: chunked")
         elif reply.framing == "length":

@@ -44,15 +44,25 @@ def _play(lines: list[str]) -> Reply:
 
 # --- llama.cpp /completion -------------------------------------------------
 
+# The shape of the embedded llama-server's stream with timings_per_token (its build, run
+# and read: every token event carries the slot's cumulative timings; predicted_ms is
+# 0.001 on the first token and grows by the decode pace).
+def _tok(content: str, tok: int, n: int, predicted_ms: float) -> str:
+    return json.dumps({
+        "index": 0, "content": content, "tokens": [tok], "stop": False, "id_slot": -1,
+        "tokens_predicted": n, "tokens_evaluated": 9,
+        "timings": {"cache_n": 3, "prompt_n": 6, "prompt_ms": 10.5,
+                    "prompt_per_token_ms": 1.75, "prompt_per_second": 571.4,
+                    "predicted_n": n, "predicted_ms": predicted_ms,
+                    "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}},
+        separators=(",", ":"))
+
+
 LLAMA_STREAM = [
-    '{"index":0,"content":" Paris","tokens":[12366],"stop":false,"id_slot":-1,'
-    '"tokens_predicted":1,"tokens_evaluated":9}',
-    '{"index":0,"content":" is","tokens":[374],"stop":false,"id_slot":-1,'
-    '"tokens_predicted":2,"tokens_evaluated":9}',
-    '{"index":0,"content":" the","tokens":[279],"stop":false,"id_slot":-1,'
-    '"tokens_predicted":3,"tokens_evaluated":9}',
-    '{"index":0,"content":" capital","tokens":[6864],"stop":false,"id_slot":-1,'
-    '"tokens_predicted":4,"tokens_evaluated":9}',
+    _tok(" Paris", 12366, 1, 0.001),
+    _tok(" is", 374, 2, 2.348),
+    _tok(" the", 279, 3, 28.009),
+    _tok(" capital", 6864, 4, 41.2),
     '{"index":0,"content":"","tokens":[],"id_slot":0,"stop":true,"model":"gpt-3.5-turbo",'
     '"tokens_predicted":4,"tokens_evaluated":9,"generation_settings":{"n_predict":4,'
     '"seed":4294967295,"temperature":0.0,"ignore_eos":true,"stream":true},'
@@ -88,11 +98,20 @@ def test_llamacpp_stream(send: Send) -> None:
     )
     assert rec.extra["stop_type"] == "limit"
     assert rec.extra["tokens_cached"] == 12  # kept apart: it is the KV length, not a hit count
+    # the server's clocks: its prefill and decode from the final timings, and when it
+    # produced each token event, ms after the first (predicted_ms less the first's 0.001)
+    eng = rec.engine
+    assert eng is not None and eng.source == "llama.cpp timings"
+    assert (eng.prefill_ms, eng.decode_ms, eng.queue_ms) == (10.5, 41.2, None)
+    assert eng.mean_itl_ms == pytest.approx(41.2 / 3)
+    assert eng.token_ms == (0.0, 2.347, 28.008, 41.199)
+    assert (eng.draft_tokens, eng.accepted_tokens) == (6, 3)
+    assert rec.server_request_id is None and rec.extra["id_slot"] == 0  # no id; the slot
     assert rec.isl == 2 and rec.osl == 4 and rec.api == "llamacpp"
     body = srv.seen[0].json
     assert srv.seen[0].path == "/completion"
     assert body["prompt"] == "Hi" and body["n_predict"] == 4 and body["ignore_eos"] is True
-    assert body["cache_prompt"] is False and body["timings_per_token"] is False
+    assert body["cache_prompt"] is False and body["timings_per_token"] is True
     assert body["stream"] is True and body["seed"] == 42 and body["return_tokens"] is True
 
 

@@ -7,6 +7,8 @@ which skip with the reason elsewhere.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import mmap
 import os
 import signal
@@ -454,6 +456,65 @@ def test_latency_proxy_adds_its_delay_each_way(delay_ms):
         assert not pauses_helpers()
     finally:
         srv.close()
+
+
+def _trickle_server(n: int, every_s: float) -> tuple[socket.socket, int]:
+    """A server that answers any request with ``n`` single bytes ``every_s`` apart (a
+    stream at its pace), then closes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            c, _ = srv.accept()
+            with c:
+                c.recv(65536)
+                t0 = time.monotonic()
+                for i in range(n):
+                    time.sleep(max(0.0, t0 + i * every_s - time.monotonic()))
+                    c.sendall(b"t")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("flush_ms", [0.0, 100.0])
+def test_buffering_proxy_holds_the_stream_and_flushes_it_in_bursts(flush_ms):
+    """The server sends a byte every 10 ms for 0.6 s. Through the buffering relay the
+    client reads them in bursts, one every ``flush_ms`` (the median gap between reads
+    is the period, within 15 ms), each of about period / 10 ms bytes, and no byte is
+    lost; with no buffering the reads follow the server's pace."""
+    srv, port = _trickle_server(60, 0.01)
+    try:
+        px = relay.LatencyProxy(f"http://127.0.0.1:{port}", delay_ms=0.0, max_s=30,
+                                buffer_flush_ms=flush_ms)
+        px.start()
+        reads: list[tuple[float, int]] = []
+        with socket.create_connection(("127.0.0.1", px.port)) as s:
+            s.sendall(b"GO")
+            while data := s.recv(65536):
+                reads.append((time.monotonic(), len(data)))
+        facts = px.stop().as_dict()
+    finally:
+        srv.close()
+    assert sum(n for _, n in reads) == 60
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(reads))
+    med_ms = gaps[len(gaps) // 2] * 1e3
+    if flush_ms:
+        assert flush_ms - 15 <= med_ms <= flush_ms + 15, gaps
+        assert 5 <= len(reads) <= 8, reads  # 0.6 s in bursts of ~10 bytes
+        assert facts["flushes"] == len(reads) and facts["buffer_flush_ms"] == flush_ms, facts
+        assert 7 <= facts["bytes_per_flush"] <= 12, facts
+    else:
+        assert 5 <= med_ms <= 15, gaps  # the server's pace, read by read
+        assert facts["flushes"] == 0, facts
+    assert not pauses_helpers()
+
+
+def test_buffering_proxy_refuses_a_bad_period():
+    with pytest.raises(ValueError, match="buffer_flush_ms"):
+        relay.LatencyProxy("http://127.0.0.1:1", buffer_flush_ms=-5)
 
 
 def test_latency_proxy_refuses_a_non_loopback_upstream():

@@ -2,7 +2,8 @@
 
 * vllm-1gpu: only arguments current ``vllm serve`` accepts (``--disable-log-requests``
   was removed; request logging is off by default), and a context that holds every case
-  as this profile scales it.
+  as this profile scales it; it and vllm-cpu ask for each response's own clocks
+  (``--enable-per-request-metrics``).
 * sglang-dsv4pro-2node: its log probes read the lines SGLang's scheduler prints.
 * every non-local profile says in its header what has been run for real.
 """
@@ -41,6 +42,9 @@ def test_vllm_profile_arguments_and_context():
     argv = p.server.configs[0].argv
     assert "--disable-log-requests" not in argv
     assert "--enable-prompt-tokens-details" in argv
+    # each response's own clocks (the ledger's per-request queue and prefill); the flag
+    # refuses to start with --disable-log-stats
+    assert "--enable-per-request-metrics" in argv and "--disable-log-stats" not in argv
     max_len = int(argv[argv.index("--max-model-len") + 1])
     assert max_len <= 40960  # Qwen3-8B's max_position_embeddings, no rope scaling
     scale = dict(p.scale)
@@ -51,6 +55,13 @@ def test_vllm_profile_arguments_and_context():
                      concurrency=scale.get("concurrency", 1))
         assert s.isl + s.osl <= max_len, (w.name, s.isl, s.osl, max_len)
     assert dict(p.server.configs[0].env)["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_the_packaged_vllm_cpu_profile_asks_for_per_request_metrics():
+    from strata_plugin.configure.profile import packaged_profiles
+
+    argv = load_profile(packaged_profiles()["vllm-cpu"]).server.configs[0].argv
+    assert "--enable-per-request-metrics" in argv and "--disable-log-stats" not in argv
 
 
 def test_sglang_log_probes_read_the_scheduler_lines(tmp_path):

@@ -92,6 +92,10 @@ CASES: tuple[Boundary, ...] = (
     # the same time in ms: a short TTFT's share is the server's own front end
     Boundary("outside_server_min_ms", "outside_server", CPU_CLEAN,
              one("before_server_ms", outside_server_frac=0.6)),
+    # delivery (analysis/delivery.py): against the server's token clock, and from
+    # clumping alone (the same threshold, a weaker margin)
+    Boundary("delivery_frac", "outside_server", CPU_CLEAN, one("delivery_frac")),
+    Boundary("delivery_frac", "outside_server", CPU_CLEAN, one("delivery_clumped_frac")),
     # the time ledger (analysis/ledger.py)
     Boundary("server_stalled_frac", "server_stalled", CPU_CLEAN, one("server_stalled_frac")),
     Boundary("ledger_residual_max", "unexplained", CPU_CLEAN, one("ledger_residual_frac")),
@@ -173,6 +177,12 @@ NOT_A_RULE_BOUNDARY = {
     "ledger_stall_factor": "analysis/ledger.py's stall yardstick (test_ledger.py, the "
     "gaps just under and over it)",
     "ledger_clock_error_ms": "the ledger's stated clock error (test_ledger.py)",
+    "delivery_gap_min_ms": "analysis/delivery.py's per-gap floor (test_delivery.py, just "
+    "under and over it)",
+    "delivery_burst_events": "analysis/delivery.py's clumped read (test_delivery.py, one "
+    "event under and at it)",
+    "delivery_running_frac": "analysis/delivery.py's run-state gate (test_delivery.py, just "
+    "under and at it)",
     "chunk_gaps_min": "signals.build_signals (test_chunk_gap_ratio_needs_enough_gaps below)",
     "chunk_gap_p99_p50": "reported with the case's signals; the interference rule reads the "
     "prefill stalls instead (test_interference.py)",
@@ -212,6 +222,8 @@ PINNED = {
     "outside_server_frac": 0.1, "outside_server_min_ms": 20.0,
     "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
     "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
+    "delivery_gap_min_ms": 5.0, "delivery_frac": 0.1, "delivery_burst_events": 3.0,
+    "delivery_running_frac": 0.5,
     "kv_usage_high": 0.95, "preemptions_max": 0.0,
     "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,
     "client_bound": 1.0, "client_lateness_p99_ms": 5.0, "client_handling_lag_p99_ms": 5.0,

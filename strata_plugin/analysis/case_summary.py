@@ -433,14 +433,12 @@ def analyze_case(
         ctx = replace(ctx, unavailable=ctx.unavailable + tuple(
             (f"{node}/{col}", why) for node, why in lost for col in collector_names()))
     facts = request_facts(bundle, case_id, records, cm)
-    inter = interference_of(bundle, case_id)
     rep = None
     if window is not None:
         rep = rails.analyze(
             hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
         )
         sig = _signals(ctx, case_id, window, hw, requests=facts, rails_report=rep)
-        sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = active_rules().signals_class(
             window=case_id,
@@ -451,6 +449,10 @@ def analyze_case(
             unavailable=ctx.unavailable,
         )
     ledger = ledger_of(bundle, case_id, hw, cm, sig, store, window)
+    # the stalls are the server's: the gaps the ledger put down to delivery are not
+    inter = interference.analyze(case_id, records, delivered=ledger.delivered_gaps())
+    if window is not None:
+        sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
     sig = replace(sig, **ledger.signals())
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
@@ -465,6 +467,9 @@ def analyze_case(
         )
     if "server_stalled" in verdict.past_threshold:
         verdict = replace(verdict, notes=(*verdict.notes, ledger.stall_line()))
+    if ("outside_server" in verdict.past_threshold and ledger.delivery is not None
+            and ledger.delivery.n_delayed and ledger.delivery.line() not in verdict.notes):
+        verdict = replace(verdict, notes=(*verdict.notes, ledger.delivery.line()))
     if lost:
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"

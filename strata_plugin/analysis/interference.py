@@ -19,12 +19,17 @@ inside and outside that overlap. Per case:
   stall with no prefill in flight is not interference);
 * ``tokens_lost``: output tokens the load would have produced during the injected
   prefill at its pace outside it, minus those it produced.
+
+A gap the time ledger put down to delivery (``delivered``: tokens the server made and
+the path held, analysis/delivery.py) is not the server's: only its rest can be a stall,
+and the gaps between token events read together (clumped by the path) say nothing of
+the server's pace, so a request with delivery gives the pace only its other gaps.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -156,18 +161,36 @@ def _mean_pace(gaps: Iterable[tuple[int, int]]) -> float | None:
     return total_ns / 1e6 / total_tok if total_tok else None
 
 
-def analyze(case_id: str, records: Iterable[RequestRecord]) -> Interference:
-    """The interference of one case from its records (measured and injected phases)."""
+def _server_gaps(r: RequestRecord, delivered: Mapping[str, Sequence[float]]
+                 ) -> list[tuple[float, bool]]:
+    """Each gap's ms less its delivery part, and whether it tells the server's pace (not
+    a gap between events read together on a request the path held)."""
+    toks = _token_times(r)
+    dl = delivered.get(r.request_id)
+    if not dl or len(dl) != len(toks) - 1:
+        return [((b[0] - a[0]) / 1e6, True) for a, b in pairwise(toks)]
+    return [((b[0] - a[0]) / 1e6 - d, b[0] != a[0]) for (a, b), d in zip(pairwise(toks), dl,
+                                                                         strict=True)]
+
+
+def analyze(case_id: str, records: Iterable[RequestRecord],
+            delivered: Mapping[str, Sequence[float]] | None = None) -> Interference:
+    """The interference of one case from its records (measured and injected phases).
+    ``delivered``: the ledger's delivery part of each gap, by request id."""
     recs = list(records)
+    delivered = delivered or {}
     decode = [r for r in recs if r.phase == "measured" and r.ok and len(_token_times(r)) >= 2]
     injected = next((r for r in recs if r.phase == "injected"), None)
     inj = prefill_span(injected) if injected is not None else None
     others = [(r.request_id, p) for r in recs
               if r.phase == "measured" and (p := prefill_span(r)) is not None]
+    server_gaps = {r.request_id: _server_gaps(r, delivered) for r in decode}
     per_gap = [
-        ((b[0] - a[0]) / 1e6 / b[1])
+        g_ms / b[1]
         for r in decode
-        for a, b in pairwise(_token_times(r))
+        for (g_ms, paced), (_, b) in zip(server_gaps[r.request_id], pairwise(_token_times(r)),
+                                         strict=True)
+        if paced
     ]
     med = statistics.median(per_gap) if per_gap else None
     stall = {"injected": 0.0, "prefill": 0.0, "none": 0.0}
@@ -182,12 +205,11 @@ def analyze(case_id: str, records: Iterable[RequestRecord]) -> Interference:
         r_out: list[tuple[int, int]] = []
         r_long: tuple[float, str] = (0.0, "none")
         not_mine = [p for rid, p in others if rid != r.request_id]
-        for a, b in pairwise(toks):
+        for (a, b), (g_ms, _) in zip(pairwise(toks), server_gaps[r.request_id], strict=True):
             gap = (a[0], b[0])
             g_ns = b[0] - a[0]
             during = _during(gap, inj, not_mine)
             (r_in if during == "injected" else r_out).append((g_ns, b[1]))
-            g_ms = g_ns / 1e6
             if med is not None and g_ms > STALL_FACTOR * med * b[1]:
                 stall[during] += g_ms - med * b[1]
             if g_ms > r_long[0]:

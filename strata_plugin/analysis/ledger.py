@@ -16,12 +16,20 @@ and each segment into parts, on the client's monotonic clock:
   ``ttft_io`` (the front-end wait while the server was runnable but not running, or
   blocked in I/O); ``before_server`` (the case's least time before prefill: network, a
   proxy, TLS, the fixed cost of the HTTP front end, before the server's clock starts);
-  ``residual_ttft`` (<= 0: the server's clocks claim more than the client saw).
-* **Decode** (first -> last token event): each gap between token events against the
-  request's own pace (its median time per token): a gap within ``ledger_stall_factor`` x
-  its tokens' pace is ``decode_compute``; past it, the pace's worth is compute and the
-  excess a stall, split by what the server did during the gap (``stall_stalled``,
-  ``stall_waiting``, ``stall_io``, ``stall_sleeping``, the rest ``stall_running``); a
+  ``residual_ttft`` (<= 0: the server's clocks claim more than the client saw);
+  ``ttft_delivery`` (the first token's delivery delay: made by the server, held on the
+  way, analysis/delivery.py). Queue and prefill are the request's own from the engine's
+  clocks (``RequestRecord.engine``: vLLM's per-request metrics, SGLang's meta_info,
+  llama.cpp's timings) where its response carried them; the case's means are the
+  fallback, and ``merged`` says which part fell back and why.
+* **Decode** (first -> last token event): first the gap's ``delivery`` (the client's
+  wait beyond the server's production of the same tokens: analysis/delivery.py, from the
+  server's token clock, or inferred from clumping), then the rest against the request's
+  pace (the server's own time per token where it stamps tokens, else the client's median
+  time per token): a gap within ``ledger_stall_factor`` x its tokens' pace is
+  ``decode_compute``; past it, the pace's worth is compute and the excess a stall,
+  split by what the server did during the gap (``stall_stalled``, ``stall_waiting``,
+  ``stall_io``, ``stall_sleeping``, the rest ``stall_running``); a
   stall no run-state sample covers is ``residual_decode``: no clock explains it.
 * **Tail** (last token -> last byte): ``tail``.
 
@@ -36,19 +44,27 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from strata_plugin.analysis.delivery import (
+    CaseDelivery,
+    RequestDelivery,
+    case_delivery,
+    request_delivery,
+)
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
 
 TTFT_PARTS = ("client_send", "before_server", "server_queue", "prefill", "ttft_waiting",
-              "ttft_io", "ttft_stalled", "residual_ttft")
-DECODE_PARTS = ("decode_compute", *(f"stall_{s}" for s in STATES), "residual_decode")
+              "ttft_io", "ttft_stalled", "ttft_delivery", "residual_ttft")
+DECODE_PARTS = ("decode_compute", *(f"stall_{s}" for s in STATES), "delivery",
+                "residual_decode")
 TAIL_PARTS = ("tail",)
 PARTS = (*TTFT_PARTS, *DECODE_PARTS, *TAIL_PARTS)
 RESIDUAL_PARTS = ("residual_ttft", "residual_decode")
@@ -67,6 +83,8 @@ WEIGHT_OF = {
     "ttft_waiting": "cpu_wait",
     "ttft_io": "io_page_faults",
     "stall_stalled": "server_stalled",
+    "ttft_delivery": "outside_server",
+    "delivery": "outside_server",
     "tail": "tail",
     "residual_ttft": "unexplained",
     "residual_decode": "unexplained",
@@ -75,6 +93,9 @@ WEIGHT_OF = {
 METRICS = {"ttft": TTFT_PARTS, "itl": DECODE_PARTS, "e2e": PARTS}
 METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
 _NS_MS = 1e6
+#: why a response carries no per-request engine clocks, where Strata knows
+_NO_CLOCKS = ("vLLM sends them with --enable-per-request-metrics; SGLang with "
+              "--enable-metrics")
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,8 @@ class RequestLedger:
     n_gaps: int
     n_stalls: int
     merged: tuple[str, ...] = ()
+    #: the delivery split the decode parts were taken with (analysis/delivery.py)
+    delivery: RequestDelivery | None = field(default=None, compare=False, repr=False)
     _by_name: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -178,20 +201,22 @@ class _Gap:
     b: int
     k: int  # tokens in the later event
     stalled_ms: float  # the server neither running nor able to run during it
-    excess_ms: float  # beyond k x pace (after the stalled time), 0 unless a stall
+    excess_ms: float  # beyond k x pace (after the stalled and delivery time), 0 unless a stall
+    delivery_ms: float = 0.0  # the client's wait beyond the server's production
 
     @property
     def ms(self) -> float:
         return (self.b - self.a) / _NS_MS
 
 
-def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnchor | None
-          ) -> tuple[list[_Gap], float | None]:
+def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnchor | None,
+          dv: RequestDelivery | None = None) -> tuple[list[_Gap], float | None]:
     """Each gap between token events and the request's pace. Time the run state shows the
-    server stalled in a gap is never compute, however short the gap; the rest of the gap
-    is compute up to ``ledger_stall_factor`` x its tokens' pace (the median time per
-    token, stalled time left out), and past it the excess is a stall. With fewer than two
-    gaps there is no pace and no stall."""
+    server stalled in a gap is never compute, however short the gap; its delivery part
+    (``dv``) is not the server's either; the rest of the gap is compute up to
+    ``ledger_stall_factor`` x its tokens' pace (the server's own time per token where
+    ``dv`` has it, else the median time per token, stalled time left out), and past it
+    the excess is a stall. With fewer than two gaps there is no pace and no stall."""
     raw = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
     if not raw:
         return [], None
@@ -201,14 +226,21 @@ def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnc
         b = np.array([anchor.to_wall_ns(y) for _, y, _ in raw], np.int64)
         stalled = [min(float(v), (y - x) / _NS_MS) for v, (x, y, _) in
                    zip(states.seconds_between(a, b, "stalled") * 1e3, raw, strict=True)]
-    eff = [(y - x) / _NS_MS - st for (x, y, _), st in zip(raw, stalled, strict=True)]
+    held = [0.0] * len(raw)
+    if dv is not None and len(dv.gap_ms) == len(raw):  # stalled time wins over delivery
+        held = [min(d, max(0.0, (y - x) / _NS_MS - st))
+                for d, (x, y, _), st in zip(dv.gap_ms, raw, stalled, strict=True)]
+    eff = [(y - x) / _NS_MS - st - d
+           for (x, y, _), st, d in zip(raw, stalled, held, strict=True)]
     per_token = [e / k for e, (_, _, k) in zip(eff, raw, strict=True) if k > 0]
     pace = statistics.median(per_token) if len(per_token) >= 2 else None
+    if dv is not None and dv.pace_ms is not None:
+        pace = dv.pace_ms
     factor = threshold_value("ledger_stall_factor")
     out = []
-    for (x, y, k), st, e in zip(raw, stalled, eff, strict=True):
+    for (x, y, k), st, e, d in zip(raw, stalled, eff, held, strict=True):
         excess = e - k * pace if pace is not None and e > factor * k * pace else 0.0
-        out.append(_Gap(x, y, k, st, excess))
+        out.append(_Gap(x, y, k, st, excess, d))
     return out, pace
 
 
@@ -218,7 +250,8 @@ def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAncho
     of their time beyond the pace ("unknown" where no run-state sample covers them):
     what the timeline colours."""
     toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
-    gaps, _ = _gaps(toks, states, anchor)
+    dv = request_delivery(rec, toks, states=states, anchor=anchor)
+    gaps, _ = _gaps(toks, states, anchor, dv)
     out = []
     for g in gaps:
         if g.excess_ms <= 0 and g.stalled_ms <= 0:
@@ -237,8 +270,10 @@ def request_ledger(
     states: RunStates | None = None,
     anchor: ClockAnchor | None = None,
     clock_error_ms: float | None = None,
+    delivery: RequestDelivery | None = None,
 ) -> RequestLedger | None:
-    """One request's ledger; None for a request with no token event (nothing to split)."""
+    """One request's ledger; None for a request with no token event (nothing to split).
+    ``delivery``: its delivery split (analysis/delivery.py), made here when not given."""
     first = first_token_ns(rec)
     if first is None:
         return None
@@ -257,27 +292,40 @@ def request_ledger(
         send = min(max(0.0, (sent - disp) / _NS_MS), ttft)
     else:
         merged.append("client_send in before_server: the record has no send time")
-    t = rec.timings
-    prefill = t.prompt_ms if t is not None and t.prompt_ms is not None else None
+    t, eng = rec.timings, rec.engine
+    err = max(threshold_value("ledger_clock_error_ms"), clock_error_ms or 0.0)
+    dv = delivery if delivery is not None else request_delivery(
+        rec, toks, states=states, anchor=anchor, clock_error_ms=err)
+    # the request's own clocks first (the engine's), the case's means only as a fallback
+    prefill = eng.prefill_ms if eng is not None else None
+    if prefill is None and t is not None:
+        prefill = t.prompt_ms
     if prefill is None and clocks.prefill_ms is not None:
         prefill = clocks.prefill_ms
-        merged.append(f"prefill: the case's mean ({clocks.prefill_source}); the engine "
-                      "reports no per-request prefill")
+        merged.append(f"prefill: the case's mean ({clocks.prefill_source}): the response "
+                      f"carried no per-request prefill ({_NO_CLOCKS})")
     elif prefill is None:
         merged.append("prefill in before_server: the engine reports no prefill time")
     avail = ttft - send
     pf = max(0.0, prefill or 0.0)
     q = 0.0
-    if clocks.queue_ms is not None:
+    own_q = eng.queue_ms if eng is not None else None
+    if own_q is not None:
+        q = min(max(0.0, own_q), max(0.0, avail - pf))
+    elif clocks.queue_ms is not None:
         q = min(max(0.0, clocks.queue_ms), max(0.0, avail - pf))
-        merged.append(f"server_queue: the case's mean ({clocks.queue_source}); no "
-                      "per-request queue time")
+        merged.append(f"server_queue: the case's mean ({clocks.queue_source}): the response "
+                      f"carried no per-request queue time ({_NO_CLOCKS})")
     else:
         merged.append("server_queue in before_server: the engine reports no queue time "
                       "and no waiting count")
     pre = avail - pf - q  # before the server's prefill clock, outside its queue clock
     residual_ttft = min(0.0, pre)
     pre = max(0.0, pre)
+    # the first token, made by the server, held on the way (its delivery delay beyond
+    # the path's constant): outside the server, and not the path's floor either
+    held_first = min(pre, dv.first_ms)
+    pre -= held_first
     before, front = pre, 0.0
     if clocks.path_floor_ms is not None:
         # The way to the server (a network path, a proxy) delays every request alike; what
@@ -318,39 +366,41 @@ def request_ledger(
         front -= io_ttft
     parts.update(client_send=send, before_server=before, server_queue=q + front, prefill=pf,
                  ttft_waiting=waiting_ttft, ttft_io=io_ttft, ttft_stalled=stalled_ttft,
-                 residual_ttft=residual_ttft)
+                 ttft_delivery=held_first, residual_ttft=residual_ttft)
 
     # --- decode ---------------------------------------------------------------------
-    gaps, pace = _gaps(toks, states, anchor)
+    gaps, pace = _gaps(toks, states, anchor, dv)
     n_stalls = 0
     for g in gaps:
         parts["stall_stalled"] += g.stalled_ms
+        parts["delivery"] += g.delivery_ms
         if g.excess_ms <= 0:
-            parts["decode_compute"] += g.ms - g.stalled_ms
+            parts["decode_compute"] += g.ms - g.stalled_ms - g.delivery_ms
             # a stall when more than its pace's worth of it was stalled (a sampling
             # interval's edge spilling into a neighbouring gap is less)
             n_stalls += pace is not None and g.stalled_ms > g.k * pace
             continue
         n_stalls += 1
-        parts["decode_compute"] += g.ms - g.stalled_ms - g.excess_ms
+        parts["decode_compute"] += g.ms - g.stalled_ms - g.delivery_ms - g.excess_ms
         for name, ms in _stall_split(g.excess_ms, (g.a, g.b), states, anchor).items():
             parts[name] += ms
     if n_stalls and states is None:
         merged.append("decode stalls in residual_decode: no run-state samples (agent "
                       "collector runstate)")
+    if dv.note:
+        merged.append(f"delivery: {dv.note}")
     parts["tail"] = (end - last) / _NS_MS
 
     server_pace = None
     if t is not None and t.predicted_ms is not None and (t.predicted_n or 0) >= 2:
         server_pace = t.predicted_ms / t.predicted_n
-    err = max(threshold_value("ledger_clock_error_ms"), clock_error_ms or 0.0)
     n_out = sum(e.n_tokens for e in toks)
     return RequestLedger(
         request_id=rec.request_id, case_id=rec.case_id, wall_ms=(end - disp) / _NS_MS,
         ttft_ms=ttft, decode_ms=(last - first) / _NS_MS, tail_ms=parts["tail"],
         n_tokens=max(0, n_out - toks[0].n_tokens), parts=tuple((p, parts[p]) for p in PARTS),
         clock_error_ms=err, pace_ms=pace, server_pace_ms=server_pace, n_gaps=len(gaps),
-        n_stalls=n_stalls, merged=tuple(merged),
+        n_stalls=n_stalls, merged=tuple(merged), delivery=dv,
     )
 
 
@@ -385,6 +435,16 @@ class CaseLedger:
     merged: tuple[str, ...] = field(default=())
     #: the run states the stalls were classified with (for the timeline picture)
     states: RunStates | None = field(default=None, compare=False, repr=False)
+    #: the case's delivery: its evidence and pattern (analysis/delivery.py)
+    delivery: CaseDelivery | None = field(default=None, compare=False)
+    #: (source, requests) of the engine's own per-request clocks the ledger used
+    engine_sources: tuple[tuple[str, int], ...] = ()
+
+    def delivered_gaps(self) -> dict[str, tuple[float, ...]]:
+        """Each request's delivery part per gap between its token events (for the
+        interference analysis, whose stalls are the server's)."""
+        return {r.request_id: r.delivery.gap_ms for r in self.requests
+                if r.delivery is not None and any(r.delivery.gap_ms)}
 
     @property
     def n(self) -> int:
@@ -495,6 +555,12 @@ class CaseLedger:
         if self.has_run_state:
             out["server_stalled_frac"] = _rn(self.share_of(("ttft_stalled", "stall_stalled")))
             out["server_stalled_window_frac"] = _rn(self.stalled_window_frac)
+        dv = self.delivery
+        if dv is not None and dv.evidence:
+            # its share of the case's metric, by what it rests on: the server's own token
+            # clock, or clumping alone (weaker)
+            key = "delivery_frac" if dv.evidence == "token_clock" else "delivery_clumped_frac"
+            out[key] = _rn(self.share_of(("ttft_delivery", "delivery")))
         return out
 
     def stall_line(self) -> str:
@@ -559,7 +625,8 @@ def case_ledger(
     metric, why = case_metric(name, params)
     measured = [r for r in records if r.phase == "measured" and r.ok]
     if clocks.path_floor_ms is None and len(measured) >= 2:
-        first_pass = [request_ledger(r, clocks=clocks) for r in measured]
+        first_pass = [request_ledger(r, clocks=clocks, clock_error_ms=clock_error_ms)
+                      for r in measured]
         pre = [led.part("before_server") for led in first_pass if led is not None]
         if len(pre) >= 2:
             clocks = replace(clocks, path_floor_ms=min(pre))
@@ -572,7 +639,10 @@ def case_ledger(
     if states is not None and window_ns is not None:
         win = states.share(window_ns[0], window_ns[1], "stalled")
     merged = tuple(sorted({m for r in reqs for m in r.merged}))
+    dv = case_delivery([r.delivery for r in reqs if r.delivery is not None])
+    sources = Counter(r.engine.source for r in measured if r.engine is not None)
     return CaseLedger(case_id=case_id, metric=metric, metric_why=why, requests=reqs,
                       clocks=clocks, has_run_state=states is not None,
                       stalled_window_frac=win, states_seen=states.seen if states else (),
-                      merged=merged, states=states)
+                      merged=merged, states=states, delivery=dv,
+                      engine_sources=tuple(sorted(sources.items())))

@@ -474,6 +474,49 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "digits, and two monotonic stamps on one host agree to microseconds",
     ),
     Threshold(
+        "delivery_gap_min_ms",
+        5.0,
+        "ms",
+        "[inferred] a gap's excess over the server's own production of the same tokens is "
+        "delivery only past 5 ms (or the client's loop-lag p99, if larger): under it, the "
+        "client's and the server's send jitter. Set on the fault suite's tuning set "
+        "(buffer_100ms, clean arm, llama-server on a host with 0.74 of its cores held by "
+        "other processes): its 1,128 gaps' excess read p50 -0.07 ms, p99 22 ms; at this "
+        "floor the clean arms read 0.9-1.7% of TPOT/ITL as delivery. "
+        f"{VAL}, Delivery",
+    ),
+    Threshold(
+        "delivery_frac",
+        0.1,
+        "of the case's metric",
+        "[inferred] a tenth of the case's metric in tokens the server made and the path "
+        "held (the same tenth as outside_server_frac and server_stalled_frac). Set on the "
+        "fault suite's tuning set (a relay buffering the response, flushed every 100 ms): "
+        "its clean arm read 0.017, the buffered arm 0.205 while the server itself stalled "
+        "for two thirds of the decode on a crowded host; a tenth is six times the clean "
+        "and half the buffered. Judged apart on a 40 ms flush with 20 ms each way and on "
+        f"the live 60 ms flush (tests/test_delivery_live.py). {VAL}, Delivery",
+    ),
+    Threshold(
+        "delivery_burst_events",
+        3.0,
+        "token events in one read",
+        "[inferred] without the server's token clock, a read carrying 3 token events or "
+        "more after a gap is a clump (two in one read happen whenever two events share a "
+        "TCP segment). Not set on a fault: the recorded smoke run's direct-connection "
+        "decode cases (tests/golden/report_smoke.md) read 0.5-3% of TPOT/ITL as delivery "
+        "from clumping with it, none past delivery_frac",
+    ),
+    Threshold(
+        "delivery_running_frac",
+        0.5,
+        "of the gap",
+        "[inferred] a clump is the path's only where the server's run state shows it "
+        "running over half of the gap the samples cover (making the tokens it held): a "
+        "server frozen, waiting for a CPU or asleep made the gap itself. Not set on a "
+        "fault: the same check as delivery_burst_events",
+    ),
+    Threshold(
         "kv_usage_high",
         0.95,
         "ratio",

@@ -237,6 +237,11 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
         # llama.cpp's slots keep the last prompt: the template's opening tokens would be
         # reused from it (cached_tokens > 0) in a cold case
         extra_body = (*extra_body, ("cache_prompt", False))
+    if setup.api in ("chat", "completions") and setup.engine == "llamacpp" and not any(
+            k == "timings_per_token" for k, _ in extra_body):
+        # llama.cpp's OpenAI routes stamp every chunk with its timings when asked: the
+        # server's token clock (its native route asks in load/client/llamacpp.py)
+        extra_body = (*extra_body, ("timings_per_token", True))
     specs = []
     for i in range(count):
         index = first_index + i

@@ -118,9 +118,12 @@ def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, boo
         f"\n## {TITLE}\n\n",
         "Each request's time, dispatch to last byte, split into parts that sum to it "
         "(analysis/ledger.py; per request in `ledger.jsonl`): the client's send, the time "
-        "before the server's clock starts, the server's queue and prefill, decode at the "
-        "request's own pace, decode stalls by what the server did meanwhile (run state), "
-        "the tail, and the residual no clock explains. A case's shares are of the metric "
+        "before the server's clock starts, the server's queue and prefill (each request's "
+        "own from the engine's clocks where its response carried them), decode at the "
+        "server's pace, delivery (tokens the server made, held on the way: "
+        "analysis/delivery.py), decode stalls by what the server did meanwhile (run "
+        "state), the tail, and the residual no clock explains. A case's shares are of the "
+        "metric "
         "it is about; the ledger closes when the residual is under "
         f"{value('ledger_residual_max'):.0%} of it. Clock error: the stated bound per "
         "request (ms), and the largest identity error seen.\n\n",
@@ -143,8 +146,13 @@ def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, boo
             out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`; each class's weight, "
                        f"its share of {METRIC_LABELS[led.metric]}: "
                        + ", ".join(f"{k} {x:.0%}" for k, x in w) + ".\n")
+        if led.engine_sources:
+            out.append("\nThe engine's own clocks per request: " + ", ".join(
+                f"{src} in {n} of {led.n}" for src, n in led.engine_sources) + ".\n")
         if led.merged:
             out.append("\nMerged parts: " + "; ".join(led.merged) + ".\n")
+        if led.delivery is not None and led.delivery.n_delayed:
+            out.append("\n" + led.delivery.line() + ".\n")
         if led.has_run_state:
             out.append("\n" + led.stall_line() + ".\n")
     return "".join(out)

@@ -16,7 +16,8 @@ from strata_plugin.analysis.run_states import RunStates
 from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 
-#: One colour per part, by what the part is: the client grey, outside the server blue,
+#: One colour per part, by what the part is: the client grey, outside the server blue
+#: (on the way there dark, delivery on the way back light),
 #: the server's queue purple, its compute greens, its stalls warm, what no clock
 #: explains black.
 COLOURS = {
@@ -27,6 +28,7 @@ COLOURS = {
     "ttft_waiting": "#ff7f0e",
     "ttft_io": "#8c564b",
     "ttft_stalled": "#d62728",
+    "ttft_delivery": "#aec7e8",
     "residual_ttft": "#000000",
     "decode_compute": "#98df8a",
     "stall_stalled": "#d62728",
@@ -34,6 +36,7 @@ COLOURS = {
     "stall_io": "#8c564b",
     "stall_sleeping": "#17becf",
     "stall_running": "#bcbd22",
+    "delivery": "#aec7e8",
     "residual_decode": "#000000",
     "tail": "#c7c7c7",
 }

@@ -14,6 +14,12 @@ The helper exits on its own after ``max_s`` and with the harness. Facts: the del
 bytes relayed each way, connections, and the delay measured on the relay's own clock
 (how late each chunk left against its due time: the event loop's timer error).
 
+``buffer_flush_ms`` (``--buffer-flush-ms N``) is a reverse proxy's response buffering:
+the server's bytes are held and written to the client every N ms (on a grid from the
+connection's start), everything held in one write. The server makes its tokens at its
+pace; the client gets them late and clumped: delivery, not the server's pace
+(analysis/delivery.py). Facts add the flushes and the bytes per flush.
+
 Two more shapes of a path, for the request's path (issue 31): :class:`PacedUpload`
 dribbles the request's bytes upstream at a set rate (a slow uplink: the request reaches
 the server late, every byte of it, while the answer comes back at once), and
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import sys
 from typing import Any
@@ -59,8 +66,8 @@ class LatencyProxy(Injector):
     name = "latency_proxy"
     expected_class = "outside_server"
 
-    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0, *,
-                 pace_up_bps: float = 0.0) -> None:
+    def __init__(self, upstream: str, delay_ms: float = 50.0, max_s: float = 300.0,
+                 buffer_flush_ms: float = 0.0, *, pace_up_bps: float = 0.0) -> None:
         super().__init__()
         u = urlsplit(upstream if "//" in upstream else f"http://{upstream}")
         if u.hostname not in LOOPBACK or not u.port:
@@ -71,6 +78,9 @@ class LatencyProxy(Injector):
         if pace_up_bps and not MIN_PACE_BPS <= pace_up_bps <= MAX_PACE_BPS:
             raise ValueError(f"pace_up_bps is 0 (not paced) or in [{MIN_PACE_BPS:g}, "
                              f"{MAX_PACE_BPS:g}] bytes/s")
+        if not 0 <= buffer_flush_ms <= 10_000:
+            raise ValueError("buffer_flush_ms is in [0, 10000] (0: no buffering)")
+        self.buffer_flush_ms = buffer_flush_ms
         self.upstream = (u.hostname, u.port)
         self.scheme = u.scheme or "http"
         self.delay_ms, self.max_s = delay_ms, max_s
@@ -93,7 +103,8 @@ class LatencyProxy(Injector):
         pace = ["--pace-up-bps", f"{self.pace_up_bps:g}"] if self.pace_up_bps else []
         self.proc = _spawn(_helper_argv(
             "relay", self.max_s, "--upstream-host", host, "--upstream-port", str(port),
-            "--delay-ms", f"{self.delay_ms:g}", *pace, module=_MODULE))
+            "--delay-ms", f"{self.delay_ms:g}", "--buffer-flush-ms",
+            f"{self.buffer_flush_ms:g}", *pace, module=_MODULE))
         self.port = int(_await_line(self.proc, "ready", 15.0)["port"])
 
     def _stop(self) -> dict[str, Any]:
@@ -102,8 +113,8 @@ class LatencyProxy(Injector):
             _kill(self.proc)
             done = _last_json(self.proc, "done")
             _close_pipes(self.proc)
-        return {"delay_ms": self.delay_ms, "port": self.port, "pid": self.pid,
-                "pace_up_bps": self.pace_up_bps,
+        return {"delay_ms": self.delay_ms, "buffer_flush_ms": self.buffer_flush_ms,
+                "port": self.port, "pid": self.pid, "pace_up_bps": self.pace_up_bps,
                 "upstream": f"{self.upstream[0]}:{self.upstream[1]}", **done}
 
 
@@ -172,6 +183,8 @@ class _Stats:
         self.late_max_s = 0.0
         self.late_sum_s = 0.0
         self.pace_wait_s = 0.0
+        self.flushes = 0  # writes of held response bytes (buffering)
+        self.flushed_bytes = 0
 
 
 async def _paced_write(writer: asyncio.StreamWriter, data: bytes, bps: float,
@@ -192,34 +205,60 @@ async def _paced_write(writer: asyncio.StreamWriter, data: bytes, bps: float,
     stats.pace_wait_s += max(0.0, due - t0)
 
 
+def _tick(due: float, t0: float, period_s: float) -> float:
+    """The first flush at or after ``due`` on the grid ``t0 + k * period_s``."""
+    return t0 + -(-(due - t0) // period_s) * period_s
+
+
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
-                stats: _Stats, up: bool, pace_bps: float = 0.0) -> None:
+                stats: _Stats, up: bool, pace_bps: float = 0.0, flush_s: float = 0.0) -> None:
     """Read chunks as they come; write each ``delay_s`` after it was read, in order
-    (``pace_bps``: dribbled at that many bytes per second)."""
+    (``pace_bps``: dribbled at that many bytes per second). With ``flush_s``, each is
+    held to the next flush of a grid from now, and a flush writes every chunk due by
+    then in one write."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+    pending: collections.deque[tuple[float, bytes]] = collections.deque()
+    arrived = asyncio.Event()
+    t0 = loop.time()
+
+    def due_of(read_at: float) -> float:
+        return _tick(read_at, t0, flush_s) if flush_s > 0 else read_at
 
     async def feed() -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 data = await reader.read(65536)
-                await queue.put((loop.time() + delay_s, data))
+                pending.append((loop.time() + delay_s, data))
+                arrived.set()
                 if not data:
                     return
-        await queue.put((loop.time() + delay_s, b""))
+        pending.append((loop.time() + delay_s, b""))
+        arrived.set()
 
     async def drain() -> None:
         try:
             while True:
-                due, data = await queue.get()
+                while not pending:
+                    arrived.clear()
+                    await arrived.wait()
+                due = due_of(pending[0][0])
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if not data:
+                held = []  # one chunk; with buffering every chunk due by this flush
+                while pending and pending[0][1] and due_of(pending[0][0]) <= due:
+                    held.append(pending.popleft()[1])
+                    if flush_s <= 0:
+                        break
+                if not held:  # EOF (after everything before it was written)
                     with contextlib.suppress(OSError):
                         if writer.can_write_eof():
                             writer.write_eof()
                     return
+                data = b"".join(held)
+                if flush_s > 0:
+                    stats.flushes += 1
+                    stats.flushed_bytes += len(data)
                 late = loop.time() - due
                 stats.chunks += 1
                 stats.late_sum_s += late
@@ -245,6 +284,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 async def _serve(a: argparse.Namespace, deadline_s: float, stats: _Stats) -> None:
     delay_s = a.delay_ms / 1e3
+    flush_s = a.buffer_flush_ms / 1e3
 
     async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         stats.connections += 1
@@ -255,7 +295,7 @@ async def _serve(a: argparse.Namespace, deadline_s: float, stats: _Stats) -> Non
             return
         try:
             await asyncio.gather(_pump(cr, sw, delay_s, stats, True, a.pace_up_bps),
-                                 _pump(sr, cw, delay_s, stats, False))
+                                 _pump(sr, cw, delay_s, stats, False, flush_s=flush_s))
         finally:
             for w in (sw, cw):
                 with contextlib.suppress(OSError):
@@ -286,7 +326,10 @@ def _main_relay(a: argparse.Namespace, deadline: float) -> None:
                       "late_mean_ms": round(stats.late_sum_s / stats.chunks * 1e3, 3)
                       if stats.chunks else 0.0,
                       "late_max_ms": round(stats.late_max_s * 1e3, 3),
-                      "pace_wait_s": round(stats.pace_wait_s, 3)})
+                      "pace_wait_s": round(stats.pace_wait_s, 3),
+                      "flushes": stats.flushes,
+                      "bytes_per_flush": round(stats.flushed_bytes / stats.flushes, 1)
+                      if stats.flushes else 0.0})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=50.0)
     p.add_argument("--pace-up-bps", type=float, default=0.0,
                    help="send the request's bytes upstream at this many bytes/s (0: as read)")
+    p.add_argument("--buffer-flush-ms", type=float, default=0.0,
+                   help="hold the response bytes, flush them every N ms (0: off)")
     a = p.parse_args(argv)
     if a.upstream_host not in LOOPBACK:
         sys.stderr.write(f"the relay connects to loopback only, not {a.upstream_host}\n")

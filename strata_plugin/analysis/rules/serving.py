@@ -38,26 +38,42 @@ def rule_queueing(s: WindowSignals) -> Outcome:
 
 
 def rule_outside_server(s: WindowSignals) -> Outcome:
-    """Time before the server's clock starts (network, a proxy, the HTTP front end), as a
-    share of TTFT from the time ledger, and at least ``outside_server_min_ms`` of it: a
-    short TTFT (a 16-token prompt, 20 ms) is a tenth front end on a direct connection,
-    which no path explains. Where the ledger could not take the server's queue out of it
-    (no queue clock, no waiting count), it needs the waiting count to be low to tell the
-    two apart."""
+    """Time outside the server: on the way there, or on the way back.
+
+    On the way there (network, a proxy, the HTTP front end): a share of TTFT from the
+    time ledger, and at least ``outside_server_min_ms`` of it: a short TTFT (a 16-token
+    prompt, 20 ms) is a tenth front end on a direct connection, which no path explains.
+    Where the ledger could not take the server's queue out of it (no queue clock, no
+    waiting count), it needs the waiting count to be low to tell the two apart.
+
+    On the way back (delivery: tokens the server made at its pace, held and handed over
+    late and in clumps, as a buffering proxy does): the ledger's delivery share of the
+    case's metric past ``delivery_frac``. Against the server's own token clock it is
+    evidence in full; inferred from clumping alone it counts half (a weaker margin).
+    """
     r = RuleCheck("outside_server", s)
+    margins = []
+    if s.delivery_frac is not None:
+        if r.cmp("delivery_frac", ">=", "delivery_frac"):
+            margins.append(signal_margin(s, "delivery_frac", "delivery_frac"))
+    elif s.delivery_clumped_frac is not None and r.cmp("delivery_clumped_frac", ">=",
+                                                       "delivery_frac"):
+        margins.append(0.5 * signal_margin(s, "delivery_clumped_frac", "delivery_frac"))
     if not r.need("outside_server_frac", "before_server_ms"):
+        if margins:
+            return r.fire(*margins)
         return r.unassessable("llama.cpp timings (prompt_ms) or the engine's prefill clock")
     share = r.cmp("outside_server_frac", ">=", "outside_server_frac")
     floor = r.cmp("before_server_ms", ">=", "outside_server_min_ms")
-    if not (share and floor):
-        return r.o
-    if s.queue_split:
-        return r.fire(signal_margin(s, "outside_server_frac", "outside_server_frac"))
-    if not r.need("waiting_mean"):
-        return r.unassessable(TRACE_SERVER)
-    if r.cmp("waiting_mean", "<", "waiting_requests_mean"):
-        return r.fire(signal_margin(s, "outside_server_frac", "outside_server_frac"))
-    return r.o
+    if share and floor:
+        if s.queue_split:
+            margins.append(signal_margin(s, "outside_server_frac", "outside_server_frac"))
+        elif not r.need("waiting_mean"):
+            if not margins:
+                return r.unassessable(TRACE_SERVER)
+        elif r.cmp("waiting_mean", "<", "waiting_requests_mean"):
+            margins.append(signal_margin(s, "outside_server_frac", "outside_server_frac"))
+    return r.fire(*margins) if margins else r.o
 
 
 def rule_kv_cache(s: WindowSignals) -> Outcome:

@@ -140,7 +140,13 @@ RULES: tuple[Rule, ...] = (
         ("outside_server_frac",
          "requests: the ledger's time before the server in TTFT (TTFT - send - queue - "
          "prefill)"),
-        ("before_server_ms", "requests: the same, the median request's ms"), WAITING)),
+        ("before_server_ms", "requests: the same, the median request's ms"), WAITING,
+        ("delivery_frac",
+         "requests: the ledger's delivery in the case's metric (token events against the "
+         "server's own token clock: EngineClocks.token_ms)"),
+        ("delivery_clumped_frac",
+         "requests: the ledger's delivery in the case's metric inferred from clumped reads "
+         "while runstate shows the server running (no server token clock: weaker)"))),
     Rule("client_bound", "serving", serving.rule_client_bound, (
         ("client_bound", "cases.jsonl: client_bound (load generator self-check)"),)),
     Rule("unexplained", "serving", serving.rule_unexplained, (
@@ -202,6 +208,8 @@ CLIENT_MEASURED = (
     "injected_pace_factor",
     "outside_server_frac",
     "before_server_ms",
+    "delivery_frac",
+    "delivery_clumped_frac",
     "ledger_residual_frac",
 )
 

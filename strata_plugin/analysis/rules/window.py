@@ -94,6 +94,12 @@ class WindowSignals:
     # the same time in ms, the median request's: under a floor it is the server's own
     # HTTP front end as much as a path, whatever its share of a short TTFT
     before_server_ms: float | None = None
+    # delivery (analysis/delivery.py): the ledger's share of the case's metric in tokens
+    # the server made and the path held (its first token's in TTFT, the decode gaps'
+    # beyond production), by what it rests on: the server's own token clock, or clumping
+    # alone (token events read together after gaps while the server ran: weaker)
+    delivery_frac: float | None = None
+    delivery_clumped_frac: float | None = None
     # the time ledger (analysis/ledger.py): which metric the case is about ("ttft",
     # "itl", "e2e"), each part's share of it, and what no clock explains
     ledger_metric: str | None = None

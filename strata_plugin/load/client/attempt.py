@@ -23,6 +23,7 @@ from strata_plugin.load.client.core import StreamCore
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.flavours import flavour, merge_body
 from strata_plugin.load.client.http1 import head_problem
+from strata_plugin.load.client.parse_base import as_id
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 
 _ERROR_BODY_BYTES = 64 * 1024  # how much of a non-2xx body is read
@@ -78,6 +79,8 @@ class Attempt:
         self.first_byte_ns: int | None = None
         self.http_status: int | None = None
         self.content_type: str | None = None  # the response's, to name a non-stream reply
+        #: the response's X-Request-Id (vLLM with --enable-request-id-headers, gateways)
+        self.id_header: str | None = None
         self.error: StreamError | None = None
 
     def open(self) -> requests.Response | None:
@@ -100,6 +103,7 @@ class Attempt:
         self.first_byte_ns = time.monotonic_ns()
         self.http_status = resp.status_code
         self.content_type = resp.headers.get("Content-Type")
+        self.id_header = resp.headers.get("X-Request-Id")
         if not 200 <= resp.status_code < 300:
             self.error = StreamError(
                 "http_status",
@@ -152,6 +156,8 @@ class Attempt:
             extra["http_status"] = self.http_status
         if p.reasoning_parts:
             extra["reasoning_text"] = p.reasoning_text
+        if self.id_header and p.server_id and self.id_header != p.server_id:
+            extra["x_request_id"] = self.id_header[:200]  # a gateway's, beside the engine's
         if (
             not core.events
             and p.n_events
@@ -186,6 +192,8 @@ class Attempt:
             isl=self.spec.isl,
             osl=self.spec.max_tokens,
             extra=extra,
+            engine=p.engine_clocks(),
+            server_request_id=p.server_id or as_id(self.id_header),
         )
 
 

@@ -1,4 +1,13 @@
-"""llama.cpp's native /completion: one event per token, ``timings`` on the final event."""
+"""llama.cpp's native /completion: one event per token, each with the server's timings.
+
+With ``timings_per_token`` every token event carries the slot's cumulative ``timings``
+(llama.cpp tools/server/README.md, ``/completion`` options); its ``predicted_ms`` is
+when the server produced that token, ms after it produced the first (the embedded
+build's stream reads 0.001 on the first token event and grows by the decode pace).
+That stamp is the server's token clock: with it the ledger tells the server's pace
+from the delivery of its tokens (analysis/delivery.py). The final event's timings give
+the request's prefill (``prompt_ms``) and decode (``predicted_ms``) clocks.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ from strata_plugin.load.client.parse_base import (
     NO_TOKENS,
     BaseParser,
     as_int,
+    llamacpp_clocks,
     timings_of,
     wrong_type,
 )
@@ -27,7 +37,8 @@ def body(spec: RequestSpec) -> dict[str, Any]:
         "n_predict": spec.max_tokens,
         "temperature": spec.temperature,
         "stream": True,
-        "timings_per_token": False,  # timings once, on the final event
+        # the server's cumulative timings on every token event: its token clock
+        "timings_per_token": True,
         "return_tokens": True,  # ids per event: exact tokens per chunk
     }
     if spec.ignore_eos:
@@ -61,6 +72,13 @@ class LlamaCppParser(BaseParser):
         if content:
             self.text_parts.append(content)
         n = len(toks) if isinstance(toks, list) and toks else (1 if content else 0)
+        if n:  # the server's stamp of this token event (timings_per_token)
+            tm = obj.get("timings")
+            pm = tm.get("predicted_ms") if type(tm) is dict else None
+            if type(pm) is float or type(pm) is int:
+                self.token_ms.append(pm)
+            else:
+                self.token_clock_ok = False
         if stop:
             self._finish(obj, data)
         return ((n, "content"),) if n else NO_TOKENS
@@ -83,6 +101,11 @@ class LlamaCppParser(BaseParser):
             self.finish_reason = _FINISH.get(st)
         t = timings_of(obj.get("timings"))
         self.timings = t
+        if t is not None:
+            self.engine = llamacpp_clocks(t)
+        slot = as_int(obj.get("id_slot"))
+        if slot is not None and slot >= 0:  # its log names the slot ("slot ... id  N")
+            self.extra["id_slot"] = slot
         prompt = as_int(obj.get("tokens_evaluated"))
         if prompt is None and t is not None and t.prompt_n is not None:
             prompt = t.prompt_n + (t.cache_n or 0)
@@ -102,3 +125,4 @@ class LlamaCppParser(BaseParser):
             self.extra["tokens_cached"] = obj["tokens_cached"]
         if obj.get("truncated"):
             self.extra["truncated"] = True
+

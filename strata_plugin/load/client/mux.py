@@ -633,6 +633,7 @@ class StreamMux:
         a.first_byte_ns = now
         a.http_status = head.status
         a.content_type = head.headers.get("content-type")
+        a.id_header = head.headers.get("x-request-id")
         r.keep_alive = r.keep_alive and head.keep_alive
         if head.framing == "chunked":
             r.decoder = ChunkedDecoder()

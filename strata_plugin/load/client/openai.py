@@ -1,16 +1,25 @@
-"""OpenAI-compatible /v1/chat/completions and /v1/completions (vLLM, SGLang, llama.cpp)."""
+"""OpenAI-compatible /v1/chat/completions and /v1/completions (vLLM, SGLang, llama.cpp).
+
+Per request, beside the text and usage: the engine's id (every chunk's ``id``); vLLM's
+per-request clocks (``metrics`` on the final usage chunk, served with
+``--enable-per-request-metrics``: vllm/entrypoints/generate/base/serving.py,
+``build_per_request_timing_metrics``); llama.cpp's ``timings`` (on every chunk when the
+request asks ``timings_per_token``, which the case runner does for a llama.cpp engine).
+SGLang's OpenAI routes carry the id and usage only.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from strata_plugin.formats.records import Usage
+from strata_plugin.formats.records import EngineClocks, Usage
 from strata_plugin.load.client.parse_base import (
     NO_TOKENS,
     BaseParser,
+    as_id,
     as_int,
+    as_ms,
     split_tokens,
-    timings_of,
     wrong_type,
 )
 from strata_plugin.load.client.spec import RequestSpec
@@ -78,6 +87,8 @@ class OpenAIParser(BaseParser):
             self.done = True
             return NO_TOKENS
         obj = self.load(data)
+        if self.server_id is None:
+            self.server_id = as_id(obj.get("id"))
         has_r = has_c = False
         choices = obj.get("choices")
         if choices is None:
@@ -115,8 +126,12 @@ class OpenAIParser(BaseParser):
                 if fr:
                     self.finish_reason = fr
                     self.saw_finish = True
-        if "timings" in obj:  # llama.cpp adds its timings to the last chunk
-            self.timings = timings_of(obj["timings"])
+        tm = obj.get("timings")  # llama.cpp: the last chunk's, or every chunk's per token
+        if tm is not None:
+            self._timings_raw = tm
+        m = obj.get("metrics")  # vLLM --enable-per-request-metrics, on the last chunk
+        if m is not None:
+            self._take_metrics(m, data)
         fallback = self._kind
         if has_c:
             self._kind = "content"
@@ -131,10 +146,46 @@ class OpenAIParser(BaseParser):
             self._per_chunk_usage = False  # this server does not count per chunk
         if total is not None and self._per_chunk_usage and obj.get("choices"):
             n, self._count = total - self._count, max(total, self._count)
-            return split_tokens(n, has_r, has_c, fallback)
-        if has_r or has_c:
-            return split_tokens(int(has_r) + int(has_c), has_r, has_c)
-        return NO_TOKENS
+            out = split_tokens(n, has_r, has_c, fallback)
+        elif has_r or has_c:
+            out = split_tokens(int(has_r) + int(has_c), has_r, has_c)
+        else:
+            return NO_TOKENS
+        if out:  # the server's stamp of these token events (llama.cpp timings_per_token)
+            pm = tm.get("predicted_ms") if type(tm) is dict else None
+            if type(pm) is float or type(pm) is int:
+                self.token_ms.extend([pm] * len(out))
+            else:
+                self.token_clock_ok = False
+        return out
+
+    def _take_metrics(self, m: object, data: str) -> None:
+        """vLLM's per-request metrics (vllm/entrypoints/generate/base/protocol.py,
+        ``PerRequestMetrics``; engine-core monotonic timestamps, in ms): ``queue_time_ms``
+        queued -> scheduled, ``time_to_first_token_ms`` scheduled -> first token (its
+        prefill, despite the name), ``generation_time_ms`` first -> last token,
+        ``mean_itl_ms`` that over the tokens after the first; ``speculative_decoding``
+        (``--per-request-spec-decode-metrics``) the drafts proposed and accepted."""
+        if type(m) is not dict:
+            raise wrong_type("metrics", m, data, "an object")
+        q = as_ms(m.get("queue_time_ms"))
+        pf = as_ms(m.get("time_to_first_token_ms"))
+        dec = as_ms(m.get("generation_time_ms"))
+        itl = as_ms(m.get("mean_itl_ms"))
+        sd = m.get("speculative_decoding")
+        drafts = accepted = None
+        if isinstance(sd, dict):
+            drafts = as_int(sd.get("num_draft_tokens"))
+            accepted = as_int(sd.get("num_accepted_draft_tokens"))
+            for k in ("mean_acceptance_length", "draft_acceptance_rate"):
+                if as_ms(sd.get(k)) is not None:
+                    self.extra[f"spec_{k}"] = sd[k]
+        if all(x is None for x in (q, pf, dec, itl, drafts, accepted)):
+            return  # an empty metrics object: nothing measured for this request
+        self.engine = EngineClocks(
+            source="vllm per-request metrics", queue_ms=q, prefill_ms=pf,
+            ttft_ms=q + pf if q is not None and pf is not None else None,
+            decode_ms=dec, mean_itl_ms=itl, draft_tokens=drafts, accepted_tokens=accepted)
 
     def _take_usage(self, u: dict[str, Any]) -> None:
         details = u.get("prompt_tokens_details") or {}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
-from strata_plugin.formats.records import Timings, Usage
+from strata_plugin.formats.records import EngineClocks, Timings, Usage
 from strata_plugin.load.client.errors import StreamError
 
 #: What ``feed`` returns for an event that carries no generated token.
@@ -36,9 +37,47 @@ class BaseParser:
         self.reasoning_parts: list[str] = []
         self.finish_reason: str | None = None
         self.usage = Usage()
-        self.timings: Timings | None = None
+        self._timings: Timings | None = None
+        #: the last ``timings`` object seen, made a Timings only when read (a stream with
+        #: ``timings_per_token`` carries one per event: building each would cost 3 us)
+        self._timings_raw: Any = None
         self.extra: dict[str, Any] = {}
         self.n_events = 0  # every SSE event with data, token-bearing or not
+        #: the engine's own id for the request, from the body (OpenAI ``id``, SGLang
+        #: ``meta_info.id``); the response header, where there is one, is the client's
+        self.server_id: str | None = None
+        #: the engine's per-request clocks once its response carried them
+        #: (:meth:`engine_clocks` builds the record's :class:`EngineClocks`)
+        self.engine: EngineClocks | None = None
+        #: llama.cpp's cumulative ``predicted_ms`` of each token-bearing event
+        #: (``timings_per_token``), one entry per token event the parser returned
+        self.token_ms: list[float] = []
+        self.token_clock_ok = True  # False once a token event came without its stamp
+
+    def engine_clocks(self) -> EngineClocks | None:
+        """The record's engine clocks: what the response reported, with the per-token
+        production times where every token event carried one (relative to the first)."""
+        eng = self.engine
+        if eng is None and (t := self.timings) is not None:  # llama.cpp's OpenAI routes
+            eng = llamacpp_clocks(t)
+        if eng is None:
+            return None
+        tm = self.token_ms
+        if tm and self.token_clock_ok:
+            t0 = tm[0]
+            return replace(eng, token_ms=tuple(round(t - t0, 3) for t in tm))
+        return eng
+
+    @property
+    def timings(self) -> Timings | None:
+        """llama.cpp's ``timings`` as the last event that carried them gave them."""
+        if self._timings_raw is not None:
+            self._timings, self._timings_raw = timings_of(self._timings_raw), None
+        return self._timings
+
+    @timings.setter
+    def timings(self, t: Timings | None) -> None:
+        self._timings, self._timings_raw = t, None
 
     def feed(self, data: str) -> tuple[tuple[int, str], ...]:
         raise NotImplementedError
@@ -108,6 +147,18 @@ def timings_of(d: Any) -> Timings | None:
     return Timings(**{k: _number(d.get(k), k.endswith("_ms")) for k in _TIMING_KEYS})
 
 
+def llamacpp_clocks(t: Timings) -> EngineClocks:
+    """llama.cpp's clocks from its final ``timings``: prefill (``prompt_ms``, the prompt's
+    processing), decode (``predicted_ms``, first to last token: llama.cpp starts that
+    clock when it samples the first token), drafts. It has no queue clock (a request
+    waiting for a slot is in neither) and no arrival time."""
+    n, dec = t.predicted_n, t.predicted_ms
+    return EngineClocks(
+        source="llama.cpp timings", prefill_ms=t.prompt_ms, decode_ms=dec,
+        mean_itl_ms=dec / (n - 1) if dec is not None and n is not None and n >= 2 else None,
+        draft_tokens=t.draft_n, accepted_tokens=t.draft_n_accepted)
+
+
 def _number(v: Any, real: bool) -> int | float | None:
     if isinstance(v, bool):
         return None
@@ -118,6 +169,20 @@ def _number(v: Any, real: bool) -> int | float | None:
 
 def as_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def as_ms(v: Any, scale: float = 1.0) -> float | None:
+    """A finite non-negative number (times ``scale``: 1e3 for seconds) or None: what an
+    engine's clock may put in the record; anything else is left out, not guessed."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        return None
+    ms = float(v) * scale
+    return ms if ms != float("inf") else None
+
+
+def as_id(v: Any) -> str | None:
+    """An engine's request id: a non-empty string, at most 200 characters kept."""
+    return v[:200] if isinstance(v, str) and v else None
 
 
 def split_tokens(
