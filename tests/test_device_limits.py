@@ -21,9 +21,10 @@ from strata_plugin.analysis.device_limits import (
 from strata_plugin.analysis.gpu_datasheets import DATASHEETS, datasheet_for
 from tests.fake_nvml import FakeGpu, FakeNvml
 
-#: NVML readings as real GPUs report them: (nvmlDeviceGetName, max memory clock MHz, bus
-#: width bits). H100 SXM and A100 from their NVML documentation examples and nvidia-smi
-#: -q; H200 as nvidia-smi showed it on a lent H200 (memory clock 3201 MHz).
+#: NVML readings of real GPUs: (nvmlDeviceGetName, max memory clock MHz, bus width bits),
+#: the clocks as nvidia-smi -q reports them ("Max Clocks: Memory") and the bus widths of
+#: their memory (HBM: 1024 bits a stack, 5 stacks on H100/A100, 6 on H200; L40S: GDDR6,
+#: 384 bits).
 RECORDED = {
     "H100 SXM": ("NVIDIA H100 80GB HBM3", 2619, 5120),
     "H200 SXM": ("NVIDIA H200", 3201, 6144),
