@@ -249,3 +249,47 @@ def test_the_evidence_is_replaced_not_added_and_failures_get_none():
                                                      ">=", "requests_failed_share", 0.5, "", "",
                                                      True),), 1.0, False, (), (), notes=("x",))
     assert annotate(failed, _roof_at(0.9), sig) == failed
+
+
+# --- scripts/gpu_check.sh -----------------------------------------------------------------
+
+
+def test_the_gpu_checks_decode_like_pass_is_held_as_a_decode_case_is():
+    from strata_plugin.analysis.device_limits import gpu_limits
+    from strata_plugin.analysis.roofline import weight_pass
+    from tests.test_device_limits import _gpus
+
+    lim = gpu_limits(_gpus(_fake_h100()), "bf16")  # 2619 MHz x 5120 bits: 3.352 TB/s
+    peak, nbytes = 2619e6 * 5120 / 8 * 2, 4 << 30
+    ok = weight_pass(nbytes, nbytes // 2, 200, 200 * nbytes / 3.0e12, lim)
+    assert ok.decode.roof == "memory" and ok.decode.memory_level == "HBM/GDDR"
+    assert ok.decode.share == pytest.approx(3.0e12 / peak, rel=1e-3)
+    # faster than the peak is what the script's check fails on
+    assert weight_pass(nbytes, nbytes // 2, 200, 200 * nbytes / (peak * 1.01), lim
+                       ).decode.share > 1
+
+
+def _fake_h100():
+    from tests.fake_nvml import FakeGpu
+
+    return FakeGpu()
+
+
+def test_gpu_check_runs_its_roofline_checks_on_the_scripted_nvml(tmp_path):
+    """The script's dry path: the scripted NVML's two H100s agree with their datasheet
+    row, and the decode-like pass says it was skipped (no GPU here)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, STRATA_GPU_CHECK_FAKE="1", OUT=str(tmp_path),
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    p = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "1"], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "ok   gpu0 FAKE NVIDIA H100 80GB HBM3 (scripted stub, no GPU): NVML 3.352 TB/s, " \
+           "datasheet H100 SXM 3.350 TB/s (+0.1%)" in p.stdout
+    assert "decode-like pass: skipped (the scripted NVML)" in p.stdout
+    assert "ROOFLINE: checks passed" in p.stdout

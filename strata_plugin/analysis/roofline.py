@@ -49,8 +49,8 @@ from strata_plugin.analysis.device_limits import (
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
 from strata_plugin.analysis.thresholds import threshold
-from strata_plugin.configure.model_facts import ModelFacts
-from strata_plugin.formats.records import RequestRecord
+from strata_plugin.configure.model_facts import FACT_NAMES, Fact, ModelFacts
+from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent
 
 #: token events of one request sampled for its decode steps' batch (evenly, at most)
 MAX_STEP_SAMPLES = 256
@@ -510,6 +510,27 @@ def case_roofline(inp: RooflineInputs | None, records: Sequence[RequestRecord],
                + ("a prefill clock and token counts" if head == "prefill"
                   else "two token events and a decode clock"))
     return CaseRoofline(head, pre, dec, device, where, unavailable=why, notes=tuple(notes))
+
+
+def weight_pass(nbytes: int, params: int, steps: int, seconds: float,
+                limits: DeviceLimits) -> CaseRoofline:
+    """A pass that reads one weight matrix once a step (``scripts/gpu_check.sh``'s
+    decode-like pass: a matrix-vector product per step) held against the device exactly as
+    a decode case is: a one-matrix "model" and one request of ``steps`` tokens."""
+    vals = {**dict.fromkeys(_NEED, 0), "params_matmul_active": params, "stored_bytes": nbytes,
+            "layers": 1, "heads": 1, "head_dim": 1, "experts": 1, "experts_per_token": 1,
+            "tied_embeddings": False}
+    model = ModelFacts("weight pass", "", tuple(
+        (n, Fact(vals[n], "weight pass") if n in vals else Fact(None, unavailable="-"))
+        for n in FACT_NAMES))
+    t0, span = 10**12, int(seconds * 1e9)
+    ev = tuple(TokenEvent(t0 + span * k // steps, 1) for k in range(steps + 1))
+    rec = RequestRecord("pass", "pass", "measured", "completions", t0, t0, events=ev,
+                        timings=Timings(prompt_n=1, prompt_ms=1e-3, predicted_n=steps + 1,
+                                        predicted_ms=seconds * 1e3 * (steps + 1) / steps))
+    roof = case_roofline(RooflineInputs(model, limits), [rec])
+    assert roof is not None
+    return replace(roof, headline_phase="decode")
 
 
 # --- the verdict's evidence ---------------------------------------------------------------
