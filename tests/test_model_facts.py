@@ -268,6 +268,10 @@ def test_where_each_engine_names_its_model(tmp_path):
                                            f"--model={m}"]).path == str(m)
     fp8 = model_source.from_argv("vllm", ["vllm", "serve", str(m), "--kv-cache-dtype", "fp8"])
     assert (fp8.kv.dtype, fp8.kv.bytes_k) == ("fp8", 1.0)
+    f32 = model_source.from_argv("vllm", ["vllm", "serve", str(m), "--dtype", "float32"])
+    assert (f32.kv.bytes_k, f32.kv.source) == (
+        4.0, "server argv --dtype float32 (--kv-cache-dtype auto follows it)")
+    assert model_source.from_argv("vllm", ["vllm", "serve", str(m)]).kv is None  # the model's
     assert model_source.from_argv("sglang", ["python", "-m", "sglang.launch_server",
                                              "--model-path", str(m)]).path == str(m)
     hub = model_source.from_argv("vllm", ["vllm", "serve", "Qwen/Qwen3-8B"])

@@ -72,7 +72,14 @@ def _llamacpp_kv(argv: Sequence[str]) -> KvCacheSetting:
 def _hf_kv(argv: Sequence[str], engine: str) -> KvCacheSetting | None:
     d = _flag(argv, "--kv-cache-dtype")
     if d is None or d == "auto":
-        return None  # the model's dtype (model_facts reads it from config.json)
+        # auto: the type the model runs in, which --dtype sets where given, else the
+        # model's own (model_facts reads it from config.json)
+        m = _flag(argv, "--dtype")
+        b = _KV_NAMED.get((m or "").lower())
+        if b is None:
+            return None
+        return KvCacheSetting(m or "", f"server argv --dtype {m} (--kv-cache-dtype auto "
+                              "follows it)", b, b)
     b = _KV_NAMED.get(d.lower())
     src = f"server argv --kv-cache-dtype {d}"
     return KvCacheSetting(d, src if b else src + " (bytes per element unknown)", b, b)
