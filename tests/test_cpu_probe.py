@@ -88,8 +88,11 @@ def test_the_run_records_the_facts_once_per_configuration(tmp_path, monkeypatch)
     srv = _server(["llama-server", "-m", str(model)], pid=0)  # pid 0: this process's CPUs
     roofline_facts.record(rec, "llamacpp", srv, "default", gpu_expected=False)
     roofline_facts.record(rec, "llamacpp", srv, "default", gpu_expected=False)
+    # another configuration on the same CPUs: this run's probe again, not a second one
+    roofline_facts.record(rec, "llamacpp", srv, "ub128", gpu_expected=False)
     entry = rec.manifest["roofline"]["default"]
     assert len(probes) == 1 and entry["cpu"]["cpus"] == probes[0]
+    assert rec.manifest["roofline"]["ub128"]["cpu"] == entry["cpu"]
     assert entry["model"]["facts"]["layers"] == {"value": 2, "source": "GGUF llama.block_count"}
     gpu = roofline_facts.block_facts("llamacpp", srv, gpu_expected=True)
     assert "a GPU server" in gpu["cpu"]["unavailable"]

@@ -50,8 +50,10 @@ def locate(engine: str, server: Any) -> tuple[model_source.ModelLocation, int | 
     return model_source.from_server(engine, server.base_url), pid
 
 
-def cpu_entry(pid: int | None, gpu_expected: bool) -> dict[str, Any]:
-    """The CPU probe on the server's own CPUs, or why there is none."""
+def cpu_entry(pid: int | None, gpu_expected: bool,
+              earlier: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """The CPU probe on the server's own CPUs (an earlier configuration's of this run when
+    it ran on the same CPUs), or why there is none."""
     if gpu_expected:
         return {"unavailable": "a GPU server: its limits come from NVML and datasheets"}
     if pid is None:
@@ -61,6 +63,9 @@ def cpu_entry(pid: int | None, gpu_expected: bool) -> dict[str, Any]:
         cpus = sorted(os.sched_getaffinity(pid))
     except OSError as e:
         return {"unavailable": f"the server's CPU affinity could not be read: {e}"}
+    same = next((e for e in earlier if e.get("cpus") == cpus), None)
+    if same is not None:
+        return same
     from strata_plugin.run.cpu_probe import cpu_limits
 
     try:
@@ -69,13 +74,14 @@ def cpu_entry(pid: int | None, gpu_expected: bool) -> dict[str, Any]:
         return {"unavailable": f"the CPU probe failed: {e}"}
 
 
-def block_facts(engine: str, server: Any, gpu_expected: bool) -> dict[str, Any]:
+def block_facts(engine: str, server: Any, gpu_expected: bool,
+                earlier: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     loc, pid = locate(engine, server)
     if loc.path is None:
         model = ModelFacts.unavailable("", loc.why, loc.located_by)
     else:
         model = read_model_facts(loc.path, loc.kv, loc.located_by)
-    return {"model": model.to_json(), "cpu": cpu_entry(pid, gpu_expected)}
+    return {"model": model.to_json(), "cpu": cpu_entry(pid, gpu_expected, earlier)}
 
 
 def record(recorder: Any, engine: str, server: Any, config_id: str,
@@ -84,8 +90,10 @@ def record(recorder: Any, engine: str, server: Any, config_id: str,
     have = dict(recorder.manifest.get("roofline") or {})
     if config_id in have:
         return
+    earlier = tuple(e["cpu"] for e in have.values()
+                    if isinstance(e, dict) and isinstance(e.get("cpu"), dict))
     try:
-        have[config_id] = block_facts(engine, server, gpu_expected)
+        have[config_id] = block_facts(engine, server, gpu_expected, earlier)
     except Exception as e:  # the run goes on without its roofline, saying why
         why = f"the roofline's facts could not be read: {type(e).__name__}: {e}"
         have[config_id] = {"model": ModelFacts.unavailable("", why).to_json(),
