@@ -293,3 +293,9 @@ def test_gpu_check_runs_its_roofline_checks_on_the_scripted_nvml(tmp_path):
            "datasheet H100 SXM 3.350 TB/s (+0.1%)" in p.stdout
     assert "decode-like pass: skipped (the scripted NVML)" in p.stdout
     assert "ROOFLINE: checks passed" in p.stdout
+
+
+def test_a_share_above_one_says_the_peak_or_the_count_is_wrong():
+    v = annotate(PLAIN, _roof_at(1.05), WindowSignals("c", 1.0))
+    assert "above the peak, which a phase cannot be" in v.notes[0]
+    assert "whatever the utilization counters say" not in v.notes[0]

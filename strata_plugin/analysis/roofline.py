@@ -440,10 +440,7 @@ def _against(p: PhaseRoof, lim: DeviceLimits, working_set: float) -> PhaseRoof:
     notes = list(p.notes)
     if (lim.kind == "cpu" and lim.cache_bytes and lim.cache_bandwidth is not None
             and lim.cache_bandwidth.value and working_set <= lim.cache_bytes):
-        mem, level = lim.cache_bandwidth, "last-level cache"
-        notes.append(f"its working set ({working_set / 2**20:.3g} MiB a step) fits the "
-                     f"{lim.cache_bytes / 2**20:.3g} MiB last-level cache: held against the "
-                     "bandwidth measured there")
+        mem, level = lim.cache_bandwidth, "last-level cache"  # its bytes a step fit there
     fpk, bpk = lim.flops.value, mem.value
     fsh = p.flops_s / fpk if fpk else None
     bsh = p.bytes_s / bpk if bpk else None
@@ -573,7 +570,11 @@ def annotate(v: Verdict, roof: CaseRoofline | None, sig: WindowSignals,
             f"({p.memory_level if p.roof == 'memory' else 'peak FLOPs'})")
     busy, how = _busy(sig, device_kind, n_cpus)
     other = p.bytes_share if p.roof == "compute" else p.flops_share
-    if p.share >= near.value:
+    if p.share > 1:
+        note = (f"{what}: above the peak, which a phase cannot be; the peak was measured "
+                "low (a busy host: see the device's peaks) or the bytes or FLOPs are "
+                "over-counted")
+    elif p.share >= near.value:
         note = f"{what}: {bound} whatever the utilization counters say"
     elif p.share < far.value and other is not None and other < far.value and busy:
         note = (f"{what}, {other:.1%} of the other, both under {far.name} "

@@ -6,11 +6,12 @@ them): there is nothing to hold the cases against.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
 from strata_plugin.analysis.device_limits import DeviceLimits, Peak
-from strata_plugin.analysis.roofline import PhaseRoof
+from strata_plugin.analysis.roofline import PhaseRoof, RooflineInputs
 from strata_plugin.configure.model_facts import FACTS
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.markdown import ReportData
@@ -44,6 +45,7 @@ def phase_row(case: str, p: PhaseRoof) -> tuple[str, ...]:
 
 def cases_table(analyses: Sequence[CaseAnalysis]) -> str:
     rows, missing = [], []
+    notes: dict[str, list[str]] = {}
     for a in analyses:
         r = a.roofline
         if r is None:
@@ -53,11 +55,17 @@ def cases_table(analyses: Sequence[CaseAnalysis]) -> str:
             missing.append(f"- `{a.case_id}`: {r.unavailable or 'no peak of this device known'}")
             continue
         rows.append(phase_row(f"`{a.case_id}`", h))
+        for n in (*r.notes, *h.notes):
+            notes.setdefault(n, []).append(a.case_id)
     out = ""
     if rows:
         out += md_table(("case", "phase", "achieved", "limit", "share", "roof",
                          "share of the other roof", "FLOPs/byte", "balance",
                          "batch (decode)", "clock"), rows)
+    if notes:
+        out += "\n" + "".join(
+            f"- {n} ({'every case' if len(cs) == len(rows) else ', '.join(f'`{c}`' for c in cs)})\n"
+            for n, cs in notes.items())
     if missing:
         out += "\nNo row:\n\n" + "\n".join(missing) + "\n"
     return out
@@ -81,8 +89,17 @@ def limits_table(lim: DeviceLimits) -> str:
 
 
 def facts_table(ctx: RunContext) -> str:
-    out = []
+    """Each distinct (model, device) once, with the configurations that share it."""
+    groups: dict[str, list[str]] = {}
+    first: dict[str, RooflineInputs] = {}
     for cid, inp in sorted(ctx.roofline.items()):
+        key = json.dumps([inp.model.to_json(), inp.limits.to_json() if inp.limits else
+                          inp.why_no_limits], sort_keys=True)
+        groups.setdefault(key, []).append(cid)
+        first.setdefault(key, inp)
+    out = []
+    for key, cids in groups.items():
+        inp = first[key]
         m = inp.model
         where = (f"`{m.path}` ({m.format}, located by {m.located_by or '-'})"
                  if m.path else f"not found ({m.located_by or '-'})")
@@ -93,7 +110,9 @@ def facts_table(ctx: RunContext) -> str:
                          and not isinstance(f.value, bool) else str(f.value)
                          if f.value is not None else "UNAVAILABLE",
                          f.source if f.value is not None else f.unavailable, meaning))
-        out.append(f"\n### Configuration `{cid}`\n\nModel: {where}.\n\n"
+        names = ", ".join(f"`{c}`" for c in cids)
+        out.append(f"\n### Configuration{'s' if len(cids) > 1 else ''} {names}\n\n"
+                   f"Model: {where}.\n\n"
                    + md_table(("fact", "value", "read from", "meaning"), rows))
         if inp.limits is not None:
             out.append("\n" + limits_table(inp.limits))
@@ -109,7 +128,9 @@ def report_section(d: ReportData) -> str:
             "TPOT cases, else the phase that took longer) against the device it ran on: "
             "the achieved rate, the peak of the roof that applies (the compute roof when "
             "the phase's FLOPs per byte exceed the machine balance, else the memory "
-            "roof), and the share. Formulas, assumptions and sources: docs/roofline.md.\n\n"
+            "roof: DRAM or HBM, or on a CPU the last-level cache when the phase's bytes a "
+            "step fit in it), and the share. Formulas, assumptions and sources: "
+            "docs/roofline.md.\n\n"
             + cases_table(d.analyses)
             + "\n<details><summary>The model's facts and the device's peaks</summary>\n"
             + facts_table(d.ctx) + "\n</details>\n")
