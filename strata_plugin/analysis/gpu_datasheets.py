@@ -6,7 +6,8 @@ analysis/device_limits.py), never its FLOPs. Each row cites the document and the
 was copied from. NVIDIA's Hopper and Blackwell datasheets give Tensor Core rates *with
 sparsity* (2:4 structured, footnoted "*"); a dense matrix multiply does half of that, and
 the rows below hold the dense figure (the datasheet's number / 2, said in the row). The
-A100 datasheet states dense and sparse side by side; its dense figure is taken as is.
+A100 and L40S datasheets state dense and sparse side by side; their dense figures are
+taken as they are.
 
 Matching: NVML's device name (``nvmlDeviceGetName``, e.g. ``NVIDIA H100 80GB HBM3``),
 upper-cased, against each row's patterns, first match wins; the form factors that share a
@@ -84,9 +85,9 @@ DATASHEETS: tuple[Datasheet, ...] = (
               f"{A100_DS}, A100 40GB PCIe and SXM columns: 1,555 GB/s; dense figures "
               "as stated"),
     Datasheet("L40S", (r"L40S",), 864e9,
-              _dense(fp32=91.6, tf32=366 / 2, bf16=733 / 2, fp16=733 / 2, fp8=1466 / 2,
-                     int8=1466 / 2),
-              f"{L40S_DS}: 864 GB/s; {SPARSE}"),
+              _dense(fp32=91.6, tf32=183, bf16=362.05, fp16=362.05, fp8=733, int8=733),
+              f"{L40S_DS}: 864 GB/s; dense figures as stated (beside the with-sparsity "
+              "ones)"),
     Datasheet("B200", (r"B200",), 8.0e12,
               _dense(fp64=296 / 8, fp32=600 / 8, tf32=18000 / 16, bf16=36000 / 16,
                      fp16=36000 / 16, fp8=72000 / 16, int8=72000 / 16),
