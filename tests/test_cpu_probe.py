@@ -40,8 +40,8 @@ def test_the_cache_is_used_when_quiet_and_a_busy_measurement_is_improved(tmp_pat
     monkeypatch.setenv("STRATA_CACHE", str(tmp_path))
     runs = [_fake(100.0, True), _fake(300.0, False), _fake(900.0, False)]
     calls = []
-    monkeypatch.setattr(cpu_probe, "measure", lambda cpus, python=None: calls.append(1)
-                        or runs.pop(0))
+    monkeypatch.setattr(cpu_probe, "measure", lambda cpus, python=None, engine_python=None:
+                        calls.append(1) or runs.pop(0))
     first = cpu_probe.cpu_limits([0])
     assert first["contended"] and len(calls) == 1
     second = cpu_probe.cpu_limits([0])  # the cached one was contended: measured again
@@ -82,7 +82,7 @@ def test_the_run_records_the_facts_once_per_configuration(tmp_path, monkeypatch)
     assert make_model.main(["--out", str(model), "--dim", "64", "--layers", "2", "--heads",
                             "4", "--ff", "96", "--vocab", "512"]) == 0
     probes = []
-    monkeypatch.setattr(cpu_probe, "cpu_limits", lambda cpus: probes.append(cpus)
+    monkeypatch.setattr(cpu_probe, "cpu_limits", lambda cpus, **kw: probes.append(cpus)
                         or {"cpus": list(cpus)})
     rec = _Recorder()
     srv = _server(["llama-server", "-m", str(model)], pid=0)  # pid 0: this process's CPUs
@@ -100,3 +100,36 @@ def test_the_run_records_the_facts_once_per_configuration(tmp_path, monkeypatch)
     got = roofline_facts.block_facts("llamacpp", boxed, gpu_expected=False)
     assert "runs in a container" in got["model"]["facts"]["layers"]["unavailable"]
     assert "no process of this machine" in got["cpu"]["unavailable"]
+
+
+@pytest.mark.vllm
+def test_the_bf16_multiply_runs_in_the_engines_own_interpreter():
+    """vLLM's interpreter (its virtualenv's torch), found from a process of it as the
+    probe finds the server's."""
+    import os
+    import subprocess
+    import sys
+
+    from strata_plugin.embedded.llama_setup import cache_root
+    from strata_plugin.embedded.vllm_setup import venv_python
+
+    python = venv_python(cache_root())
+    if not python.is_file():
+        msg = "the vLLM CPU target is not set up (`bash scripts/setup.sh --vllm`)"
+        if os.environ.get("STRATA_REQUIRE_VLLM") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    proc = subprocess.Popen([str(python), "-c", "import time; time.sleep(60)"])
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        found = cpu_probe.engine_python(proc.pid)
+        assert found == str(python)  # the venv's path, not the interpreter it links to
+        assert cpu_probe.engine_python(mine.pid) is None  # Strata's own venv has no torch
+    finally:
+        proc.kill()
+        mine.kill()
+        proc.wait()
+        mine.wait()
+    got, own = cpu_probe._bf16([0], found)
+    assert got["dtype"] == "bfloat16" and got["flops_s"] > 0 and own > 0
+    assert got["flops_s"] == pytest.approx(2 * cpu_probe.MATMUL_N**3 / got["best_s"])

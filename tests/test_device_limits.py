@@ -141,3 +141,18 @@ def test_the_cpu_limits_are_the_probes_best_kernel_and_say_measured():
     assert lim.flops.value == 200e9 and lim.n_cpus == 2
     assert lim.device == "AMD EPYC, 2 CPUs (0-1)"
     assert "other processes held 0.7" in lim.notes[0]
+
+
+def test_a_bf16_model_is_held_against_the_bf16_multiply_where_it_was_measured():
+    probe = {"cpus": [0], "fingerprint": {"engine_python": "/venv/bin/python"},
+             "dram": [{"kernel": "read", "bytes_s": 30e9, "array_bytes": 1, "reps": 4}],
+             "matmul": {"flops_s": 100e9, "n": 2048, "reps": 4},
+             "matmul_bf16": {"flops_s": 400e9, "n": 2048, "reps": 4, "torch": "2.13.0+cpu"}}
+    bf = cpu_limits(probe, "bf16").flops
+    assert (bf.what, bf.value) == ("FLOPs (bf16 GEMM)", 400e9)
+    assert "torch 2.13.0+cpu bf16 matmul 2048x2048 through the server's interpreter" in bf.source
+    assert cpu_limits(probe, "fp32").flops.value == 100e9
+    assert cpu_limits(probe, "int8").flops.value == 100e9  # no int8 probe: float32's
+    failed = {**probe, "matmul_bf16": {"unavailable": "no torch"}}
+    lim = cpu_limits(failed, "bf16")
+    assert lim.flops.value == 100e9 and "no bf16 matmul measured (no torch)" in lim.notes[0]

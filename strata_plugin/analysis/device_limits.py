@@ -86,8 +86,10 @@ def _gb(x: float) -> str:
 # --- the CPU ------------------------------------------------------------------------------
 
 
-def cpu_limits(probe: Mapping[str, Any]) -> DeviceLimits:
-    """The CPU's limits from the probe recorded in the manifest."""
+def cpu_limits(probe: Mapping[str, Any], dtype: str = "fp32") -> DeviceLimits:
+    """The CPU's limits from the probe recorded in the manifest; the compute roof for the
+    type the model computes in: bf16 where the probe measured it (the engine's own torch),
+    else float32 GEMM."""
     cpus = list(probe.get("cpus") or ())
     where = f"{len(cpus)} CPU{'s' if len(cpus) != 1 else ''} ({_cpulist(cpus)})"
     model = (probe.get("fingerprint") or {}).get("cpu_model") or "CPU"
@@ -118,6 +120,15 @@ def cpu_limits(probe: Mapping[str, Any]) -> DeviceLimits:
                   f"{mm['reps']}; {when}{cached}")
              if mm.get("flops_s") else
              Peak("FLOPs (float32 GEMM)", None, "FLOP/s", unavailable="no matmul probe"))
+    bf = probe.get("matmul_bf16") or {}
+    if dtype == "bf16" and bf.get("flops_s"):
+        engine = (probe.get("fingerprint") or {}).get("engine_python") or "the engine's python"
+        flops = Peak("FLOPs (bf16 GEMM)", float(bf["flops_s"]), "FLOP/s", "measured",
+                     f"torch {bf.get('torch', '')} bf16 matmul {bf['n']}x{bf['n']} through "
+                     f"the server's interpreter ({engine}) on {where}, best of {bf['reps']}; "
+                     f"{when}{cached}")
+    elif dtype == "bf16" and bf.get("unavailable"):
+        notes.append(f"no bf16 matmul measured ({bf['unavailable']}): the float32 roof")
     return DeviceLimits("cpu", f"{model}, {where}", bw("dram"), flops,
                         cache_bytes=probe.get("llc_bytes"), cache_bandwidth=bw("llc"),
                         n_cpus=len(cpus) or None, notes=tuple(notes))

@@ -183,7 +183,8 @@ def run_inputs(manifest: Mapping[str, Any], run_dir: Path | str, gpu_run: bool
             continue
         probe = e.get("cpu")
         if isinstance(probe, dict) and probe.get("cpus"):
-            out[cid] = RooflineInputs(model, cpu_limits(probe))
+            out[cid] = RooflineInputs(model, cpu_limits(
+                probe, compute_dtype(model.get("weight_dtype"))))
         else:
             why = (probe or {}).get("unavailable") if isinstance(probe, dict) else None
             out[cid] = RooflineInputs(model, None, why or "no CPU probe recorded")

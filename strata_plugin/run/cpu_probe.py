@@ -22,7 +22,9 @@ a child process whose BLAS is single-threaded before numpy loads:
   shared host one descheduled thread stalls them all.) float32 is the type llama.cpp
   computes its CPU matrix products in for float weights; quantized weights multiply as
   int8 dot products, whose hardware peak is higher: docs/roofline.md says what that
-  means for the share.
+  means for the share. Where the server is a Python process with torch (vLLM, SGLang),
+  also its bf16 matrix multiply, through its own interpreter: the type those engines'
+  CPU kernels multiply bf16 models in.
 
 The probe takes a few seconds. Its result is cached per machine (``<strata cache>/
 device-limits/``) under a fingerprint: the CPU model, the CPUs, the last-level cache,
@@ -98,7 +100,7 @@ def llc_bytes(cpus: Sequence[int]) -> tuple[int | None, str]:
     return sum(seen.values()), f"sysfs: L{level}, {len(seen)} cache(s)"
 
 
-def fingerprint(cpus: Sequence[int]) -> dict[str, Any]:
+def fingerprint(cpus: Sequence[int], engine_python: str | None = None) -> dict[str, Any]:
     import numpy
 
     model = ""
@@ -110,7 +112,7 @@ def fingerprint(cpus: Sequence[int]) -> dict[str, Any]:
                 if line.startswith("MemTotal:")), "")
     return {"probe_version": PROBE_VERSION, "cpu_model": model or os.uname().machine,
             "cpus": list(cpus), "llc_bytes": llc_bytes(cpus)[0], "mem_total_kb": mem,
-            "numpy": numpy.__version__,
+            "numpy": numpy.__version__, "engine_python": engine_python,
             "boot_id": _read("/proc/sys/kernel/random/boot_id").strip()}
 
 
@@ -211,6 +213,90 @@ def child(cpus: Sequence[int]) -> dict[str, Any]:
     return got
 
 
+#: The bf16 matrix multiply, in the engine's own interpreter (its torch: vLLM's and
+#: SGLang's CPU kernels multiply bf16 weights in bf16, at up to twice float32's rate with
+#: AVX512-BF16 or AMX, which numpy has no kernel for). Self-contained: Strata is not
+#: installed there. One pinned single-threaded process per CPU, started together.
+BF16_SCRIPT = r'''
+import json, multiprocessing as mp, os, sys, time
+cpus, n, reps, nice = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def work(cpu, barrier, out):
+    os.sched_setaffinity(0, {cpu})
+    try:
+        os.nice(nice)
+    except OSError:
+        pass
+    import torch
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(cpu)
+    x = torch.randn(n, n, generator=g).to(torch.bfloat16)
+    y = torch.randn(n, n, generator=g).to(torch.bfloat16)
+    times = []
+    for _ in range(reps + 1):
+        barrier.wait()
+        t0 = time.perf_counter()
+        x @ y
+        times.append(time.perf_counter() - t0)
+    out.put((cpu, times[1:], torch.__version__))
+
+ctx = mp.get_context("fork")
+barrier, out = ctx.Barrier(len(cpus)), ctx.Queue()
+procs = [ctx.Process(target=work, args=(c, barrier, out)) for c in cpus]
+for p in procs:
+    p.start()
+got = [out.get(timeout=240) for _ in procs]
+for p in procs:
+    p.join()
+res = {c: t for c, t, _ in got}
+per_pass = [max(res[c][r] for c in cpus) for r in range(reps)]
+best = min(per_pass)
+print(json.dumps({"kernel": "matmul", "dtype": "bfloat16", "n": n, "reps": reps,
+                  "flops_per_product": 2 * n ** 3, "best_s": best,
+                  "median_s": sorted(per_pass)[len(per_pass) // 2],
+                  "flops_s": 2 * n ** 3 * len(cpus) / best, "torch": got[0][2]}))
+'''
+
+
+def _bf16(cpus: Sequence[int], engine_python: str) -> tuple[dict[str, Any], float]:
+    """The bf16 matrix multiply through the engine's interpreter; its CPU seconds."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MKL_NUM_THREADS="1")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run([engine_python, "-c", BF16_SCRIPT, json.dumps(list(cpus)),
+                        str(MATMUL_N), "4", str(PROBE_NICE)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if p.returncode != 0:
+        why = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]
+        return {"unavailable": f"{engine_python}: exit {p.returncode}: {why[0][:300]}"}, own
+    return json.loads(p.stdout.strip().splitlines()[-1]), own
+
+
+def engine_python(pid: int | None) -> str | None:
+    """The server's own interpreter when it is a Python process with torch (vLLM,
+    SGLang): its bf16 kernels are the engine's, so the probe measures with them."""
+    if pid is None:
+        return None
+    # argv[0] first: a virtualenv's python is a link to the base interpreter, and only
+    # the path it was started by finds the virtualenv's packages (its pyvenv.cfg)
+    found = []
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        if "/" in argv0:
+            found.append(str(Path(os.readlink(f"/proc/{pid}/cwd")) / argv0))
+        found.append(os.readlink(f"/proc/{pid}/exe"))
+    except (OSError, UnicodeDecodeError):
+        pass
+    for exe in found:
+        if os.path.basename(exe).startswith("python"):
+            p = subprocess.run([exe, "-c", "import torch"], capture_output=True, timeout=120)
+            if p.returncode == 0:
+                return exe
+    return None
+
+
 # --- the parent: run, check the load, cache ----------------------------------------------
 
 
@@ -244,8 +330,10 @@ def _run_child(cpus: Sequence[int], python: str) -> tuple[dict[str, Any], float]
     return json.loads(p.stdout.strip().splitlines()[-1]), own
 
 
-def measure(cpus: Sequence[int], python: str = sys.executable) -> dict[str, Any]:
-    """Run the probe on ``cpus``; the result as the manifest records it."""
+def measure(cpus: Sequence[int], python: str = sys.executable,
+            engine_python: str | None = None) -> dict[str, Any]:
+    """Run the probe on ``cpus`` (and the bf16 multiply with ``engine_python``'s torch);
+    the result as the manifest records it."""
     from strata_plugin.analysis.thresholds import value as threshold_value
 
     cpus = sorted(cpus)
@@ -253,6 +341,9 @@ def measure(cpus: Sequence[int], python: str = sys.executable) -> dict[str, Any]
     b0 = _cpu_jiffies(cpus)
     t0 = time.monotonic()
     got, own = _run_child(cpus, python)
+    if engine_python:
+        got["matmul_bf16"], own_bf16 = _bf16(cpus, engine_python)
+        own += own_bf16
     wall = time.monotonic() - t0
     b1 = _cpu_jiffies(cpus)
     others = max(0.0, ((b1[0] - b0[0]) / hz - own) / wall) if wall > 0 else 0.0
@@ -262,11 +353,12 @@ def measure(cpus: Sequence[int], python: str = sys.executable) -> dict[str, Any]
         "cpus": cpus,
         "llc_bytes": llc, "llc_source": llc_src,
         "dram": got["dram"], "llc": got["llc"], "matmul": got["matmul"], "nice": got["nice"],
+        **({"matmul_bf16": got["matmul_bf16"]} if "matmul_bf16" in got else {}),
         "wall_s": round(wall, 3),
         "other_busy_cores": round(others, 3),
         "contended": others >= limit,
         "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fingerprint": fingerprint(cpus),
+        "fingerprint": fingerprint(cpus, engine_python),
     }
 
 
@@ -285,21 +377,23 @@ def _best(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         runs = {r["kernel"]: r for r in a.get(level) or ()}
         out[level] = [max((r, runs.get(r["kernel"], r)), key=lambda x: x["bytes_s"])
                       for r in b.get(level) or ()]
-    if (a.get("matmul") or {}).get("flops_s", 0) > (b.get("matmul") or {}).get("flops_s", 0):
-        out["matmul"] = a["matmul"]
+    for key in ("matmul", "matmul_bf16"):
+        if (a.get(key) or {}).get("flops_s", 0) > (b.get(key) or {}).get("flops_s", 0):
+            out[key] = a[key]
     out["contended"] = bool(a.get("contended")) and bool(b.get("contended"))
     out["measurements"] = int(a.get("measurements", 1)) + 1
     return out
 
 
 def cpu_limits(cpus: Sequence[int], *, use_cache: bool = True,
-               python: str = sys.executable) -> dict[str, Any]:
+               python: str = sys.executable, engine_python: str | None = None
+               ) -> dict[str, Any]:
     """The measured limits of these CPUs. This machine's cache is used when its
     fingerprint matches and it was measured on a quiet host; else the CPUs are measured
     now (a few seconds), merged with a contended cached measurement (the faster figure of
     each), and the result cached."""
     cpus = sorted(cpus)
-    fp = fingerprint(cpus)
+    fp = fingerprint(cpus, engine_python)
     path = _cache_path(fp)
     cached = None
     if use_cache and path.is_file():
@@ -311,7 +405,7 @@ def cpu_limits(cpus: Sequence[int], *, use_cache: bool = True,
             cached = None
         elif not cached.get("contended"):
             return {**cached, "cached_from": str(path)}
-    result = measure(cpus, python)
+    result = measure(cpus, python, engine_python)
     if cached is not None:
         result = _best(cached, result)
     if use_cache:

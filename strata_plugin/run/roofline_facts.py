@@ -11,6 +11,7 @@ probe's few seconds fall before the idle baseline, in no measured window. The an
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,18 @@ def cpu_entry(pid: int | None, gpu_expected: bool,
         cpus = sorted(os.sched_getaffinity(pid))
     except OSError as e:
         return {"unavailable": f"the server's CPU affinity could not be read: {e}"}
-    same = next((e for e in earlier if e.get("cpus") == cpus), None)
-    if same is not None:
-        return same
-    from strata_plugin.run.cpu_probe import cpu_limits
+    from strata_plugin.run.cpu_probe import cpu_limits, engine_python
 
     try:
-        return cpu_limits(cpus)
+        python = engine_python(pid)
+    except (OSError, subprocess.SubprocessError):
+        python = None
+    same = next((e for e in earlier if e.get("cpus") == cpus
+                 and (e.get("fingerprint") or {}).get("engine_python") == python), None)
+    if same is not None:
+        return same
+    try:
+        return cpu_limits(cpus, engine_python=python)
     except (OSError, RuntimeError, ValueError) as e:
         return {"unavailable": f"the CPU probe failed: {e}"}
 
