@@ -227,7 +227,8 @@ def test_far_below_both_roofs_on_a_busy_device_is_a_scheduling_question():
     busy = WindowSignals("c", 1.0, server_cpu_cores=1.9, server_threads=8, n_cores=2)
     idle = WindowSignals("c", 1.0, server_cpu_cores=0.5, server_threads=8, n_cores=2)
     hit = annotate(PLAIN, _roof_at(far * 0.98, other=0.1), busy, "cpu", 2)
-    assert "a scheduling or launch question" in hit.notes[0]
+    assert "a scheduling, synchronization or per-operation overhead question, not the " \
+        "hardware's limit" in hit.notes[0]
     assert "the server used 1.90 of its 2 CPUs" in hit.notes[0]
     assert "scheduling" not in annotate(PLAIN, _roof_at(far, other=0.1), busy, "cpu", 2).notes[0]
     assert "scheduling" not in annotate(PLAIN, _roof_at(0.1, other=far), busy, "cpu", 2).notes[0]
@@ -236,7 +237,8 @@ def test_far_below_both_roofs_on_a_busy_device_is_a_scheduling_question():
     one = WindowSignals("c", 1.0, server_cpu_cores=0.9, server_threads=8, n_cores=2)
     assert "scheduling" in annotate(PLAIN, _roof_at(0.1, other=0.1), one, "cpu", 1).notes[0]
     gpu = WindowSignals("c", 1.0, gpu_util=0.95)
-    assert "gpu_util 0.95" in annotate(PLAIN, _roof_at(0.1, other=0.1), gpu, "gpu").notes[0]
+    on_gpu = annotate(PLAIN, _roof_at(0.1, other=0.1), gpu, "gpu").notes[0]
+    assert "gpu_util 0.95" in on_gpu and "a scheduling or kernel-launch question" in on_gpu
 
 
 def test_the_evidence_is_replaced_not_added_and_failures_get_none():

@@ -601,9 +601,11 @@ def annotate(v: Verdict, roof: CaseRoofline | None, sig: WindowSignals,
     elif p.share >= near.value:
         note = f"{what}: {bound} whatever the utilization counters say"
     elif p.share < far.value and other is not None and other < far.value and busy:
+        where = ("a scheduling or kernel-launch question" if device_kind == "gpu" else
+                 "a scheduling, synchronization or per-operation overhead question")
         note = (f"{what}, {other:.1%} of the other, both under {far.name} "
-                f"{far.value:g}, with the device busy ({how}): a scheduling or launch "
-                "question, not the hardware's limit")
+                f"{far.value:g}, with the device busy ({how}): {where}, not the "
+                "hardware's limit")
     else:
         note = what
     return replace(v, notes=(note, *notes), evidence=(*evidence, ev))
