@@ -115,18 +115,18 @@ def test_no_case_exceeds_the_measured_peak(run):
             assert p["bytes_s"] <= mem, (c["case_id"], phase, p)
             assert 0 < p["share"] <= 1, (c["case_id"], phase, p)
     assert seen >= 5  # every case's prefill, and the decode cases' decode
-    for name, phase in (("prefill_rl", "prefill"), ("decode_rl_c1", "decode"),
-                        ("decode_rl_c4", "decode")):
+    for name, phase in (("test_prefill", "prefill"), ("test_decode_c1", "decode"),
+                        ("test_decode_c4", "decode")):
         roof = _case(summary, name)["roofline"]
         assert roof["phase"] == phase and roof["share"] is not None
     report = (run / "report.md").read_text()
-    assert "## Roofline" in report and "decode_rl_c4" in report.split("## Roofline")[1]
+    assert "## Roofline" in report and "test_decode_c4" in report.split("## Roofline")[1]
 
 
 def test_a_heavier_decode_moves_more_bytes_a_step(run):
     summary = json.loads((run / "summary.json").read_text())
-    c1 = _case(summary, "decode_rl_c1")["roofline"]["decode"]
-    c4 = _case(summary, "decode_rl_c4")["roofline"]["decode"]
+    c1 = _case(summary, "test_decode_c1")["roofline"]["decode"]
+    c4 = _case(summary, "test_decode_c4")["roofline"]["decode"]
     assert c1["batch_mean"] == pytest.approx(1.0, abs=0.05)
     assert c4["batch_mean"] > 2.5
     # the weights are read once a step either way; four sequences' KV instead of one
