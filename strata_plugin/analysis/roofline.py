@@ -571,7 +571,8 @@ def _busy(sig: WindowSignals, lim_kind: str, n_cpus: int | None) -> tuple[bool, 
     usable = float(min(caps)) if caps else 0.0
     if sig.server_cpu_cores is not None and usable and \
             sig.server_cpu_cores >= threshold("server_cores_of_threads").value * usable:
-        return True, f"the server used {sig.server_cpu_cores:.2f} of its {usable:g} CPUs"
+        return True, (f"the server used {sig.server_cpu_cores:.2f} of its {usable:g} "
+                      f"CPU{'s' if usable != 1 else ''}")
     return False, ""
 
 
