@@ -9,6 +9,14 @@
 # says so and exits 0 after a short idle run. STRATA_GPU_CHECK_FAKE=1 runs it
 # against the scripted NVML instead (to try the script itself without a GPU).
 #
+# Then the roofline's checks (docs/roofline.md), which fail the script (exit 1):
+#  * each GPU's memory bandwidth from NVML (max memory clock x bus width x 2) agrees
+#    with its datasheet row within analysis/device_limits.NVML_DATASHEET_TOLERANCE (5%);
+#  * a decode-like pass (a bf16 weight matrix of 4 GiB read once a step by a
+#    matrix-vector product, 200 steps) held against that bandwidth by the analysis's
+#    own code (analysis/roofline.case_roofline) reports a share in (0, 1]: above 1,
+#    the peak or the bytes counted are wrong. Needs torch with CUDA; said so without.
+#
 # Usage: scripts/gpu_check.sh [SECONDS]      (default 20)
 # Files: the agent's output folder is kept under $OUT/gpu_check when $OUT is
 # set (the device runner's folder), else under a temporary folder it prints.
@@ -83,7 +91,8 @@ collectors = ["nvml", "dcgm", "cpu", "proc"]
 fake = ["--nvml-stub", "tests/fake_nvml.py"] if os.environ.get("STRATA_GPU_CHECK_FAKE") == "1" else []
 argv = agent_argv("gpu-check", 0.2, collectors=collectors, extra=fake)
 agent = AgentHandle.start("gpu-check", out / "node", argv)
-statuses = agent.hello["collectors"]
+# the scripted NVML reports itself as "nvml-stub": the same collector, said to be fake
+statuses = {k.removesuffix("-stub"): v for k, v in agent.hello["collectors"].items()}
 print(f"agent pid {agent.hello['pid']}, interval 0.2 s, output {out / 'node'}")
 for name in ("nvml", "dcgm"):
     st = statuses[name]
@@ -164,4 +173,84 @@ for key, reason in sorted(unavailable.items()):
 summary["unavailable"] = unavailable
 (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 print(f"\nsummary written to {out / 'summary.json'}")
+
+# --- the roofline's checks -----------------------------------------------------------
+from strata_plugin.agent import nvml_lib  # noqa: E402
+from strata_plugin.agent.snapshot import _nvml_facts  # noqa: E402
+from strata_plugin.analysis.device_limits import (  # noqa: E402
+    NVML_DATASHEET_TOLERANCE, gpu_bandwidth, gpu_limits)
+from strata_plugin.analysis.gpu_datasheets import datasheet_for  # noqa: E402
+
+DECODE = r'''
+import json, sys, time, torch
+rows, cols, steps = 32768, 65536, 200  # 4 GiB of bf16 weights: far beyond the L2
+w = torch.randn(rows, cols, device="cuda:0", dtype=torch.bfloat16)
+x = torch.randn(cols, 1, device="cuda:0", dtype=torch.bfloat16)
+for _ in range(5):
+    w @ x
+torch.cuda.synchronize()
+t0 = time.monotonic_ns()
+for _ in range(steps):
+    w @ x
+torch.cuda.synchronize()
+print(json.dumps({"rows": rows, "cols": cols, "steps": steps, "t0": t0,
+                  "t1": time.monotonic_ns(), "bytes": w.numel() * w.element_size()}))
+'''
+failures = []
+nv = nvml_lib.load_stub("tests/fake_nvml.py") if fake else None
+facts, why = _nvml_facts(nv)
+gpus = (facts or {}).get("gpus") or []
+print("\nROOFLINE: memory bandwidth from NVML against the datasheet "
+      f"(tolerance {NVML_DATASHEET_TOLERANCE:.0%})")
+if not gpus:
+    print(f"  no GPU through NVML ({why}): nothing to check")
+for g in gpus:
+    p = gpu_bandwidth(g)
+    sheet = datasheet_for(str(g.get("name", "")))
+    if p.basis != "nvml" or sheet is None:
+        failures.append(f"gpu{g.get('index')} {g.get('name')}: bandwidth basis {p.basis or '-'}, "
+                        f"datasheet row {sheet.row if sheet else 'none'} ({p.source or p.unavailable})")
+        print("  FAIL " + failures[-1])
+        continue
+    off = p.value / sheet.bandwidth_bytes_s - 1
+    line = (f"gpu{g.get('index')} {g.get('name')}: NVML {p.value / 1e12:.3f} TB/s, "
+            f"datasheet {sheet.row} {sheet.bandwidth_bytes_s / 1e12:.3f} TB/s ({off:+.1%})")
+    ok = abs(off) <= NVML_DATASHEET_TOLERANCE
+    print(("  ok   " if ok else "  FAIL ") + line)
+    if not ok:
+        failures.append(line)
+summary["roofline"] = {"bandwidth": [gpu_bandwidth(g).to_json() for g in gpus]}
+if gpus and ok_torch and not fake:
+    from strata_plugin.analysis.roofline import weight_pass  # noqa: E402
+
+    p = subprocess.run([sys.executable, "-c", DECODE], capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode != 0:
+        failures.append(f"decode-like pass exited {p.returncode}: {p.stderr.strip()[-300:]}")
+        print("  FAIL " + failures[-1])
+    else:
+        d = json.loads(p.stdout.strip().splitlines()[-1])
+        seconds = (d["t1"] - d["t0"]) / 1e9
+        # held against gpu0 as a decode case is: one weight matrix read once a step
+        roof = weight_pass(d["bytes"], d["rows"] * d["cols"], d["steps"], seconds,
+                           gpu_limits(gpus[:1], "bf16"))
+        dec = roof.decode
+        share = None if dec is None else dec.share
+        line = (f"decode-like pass on gpu0: {d['bytes'] / 2**30:.3g} GiB a step, "
+                f"{d['steps']} steps in {seconds * 1e3:.4g} ms: "
+                f"{(dec.bytes_s if dec else 0) / 1e12:.3f} TB/s, share "
+                f"{'-' if share is None else f'{share:.4f}'} of the "
+                f"{dec.roof if dec else '-'} roof")
+        ok = share is not None and 0 < share <= 1 and dec.roof == "memory"
+        print(("  ok   " if ok else "  FAIL ") + line)
+        if not ok:
+            failures.append(line)
+        summary["roofline"]["decode"] = roof.to_json()
+elif gpus:
+    print("  decode-like pass: skipped (" + ("the scripted NVML" if fake else torch_note) + ")")
+(out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+if failures:
+    print(f"\nROOFLINE: {len(failures)} check(s) failed")
+    sys.exit(1)
+print("\nROOFLINE: checks passed")
 PY

@@ -52,6 +52,11 @@ class FakeGpu:
     clock_reasons: int = 0x4  # SwPowerCap
     gpm: bool = True
     processes: list[FakeProcess] = field(default_factory=list)
+    # the memory system and links (an H100 SXM's as its datasheet and NVML give them)
+    mem_clock_max_mhz: int = 2619
+    bus_width_bits: int = 5120
+    nvlink_links: int = 18  # active links; 0: a PCIe card without NVLink
+    nvlink_mbps: int = 25_000  # NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON (field 90)
 
 
 class _Metric:
@@ -182,7 +187,17 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxClockInfo(self, h: int, clock: int) -> int:
         self._check("nvmlDeviceGetMaxClockInfo")
-        return 1980 if clock == 1 else 2619
+        return 1980 if clock == 1 else self._gpu(h).mem_clock_max_mhz
+
+    def nvmlDeviceGetMemoryBusWidth(self, h: int) -> int:
+        self._check("nvmlDeviceGetMemoryBusWidth")
+        return self._gpu(h).bus_width_bits
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkState")
+        if link >= max(1, self._gpu(h).nvlink_links):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return 1 if self._gpu(h).nvlink_links else 0
 
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         self._check("nvmlDeviceGetTemperature")
@@ -231,7 +246,8 @@ class FakeNvml:
                     fieldId=fid,
                     nvmlReturn=ret,
                     valueType=3,
-                    value=SimpleNamespace(ullVal=fid * 1000, dVal=0.0),
+                    value=SimpleNamespace(
+                        ullVal=self._gpu(h).nvlink_mbps if fid == 90 else fid * 1000, dVal=0.0),
                 )
             )
         return out

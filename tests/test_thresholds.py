@@ -158,6 +158,10 @@ CASES: tuple[Boundary, ...] = (
 
 #: Rows no classifier boundary covers, and where they are tested instead.
 NOT_A_RULE_BOUNDARY = {
+    "roof_near_frac": "the roofline's evidence and note, never a class "
+    "(test_roofline.py, just below and at the share)",
+    "roof_far_frac": "the roofline's note, never a class (test_roofline.py, just below "
+    "and at the share)",
     "requests_failed_share": "analysis/failures.py, before the rules "
     "(test_failures_first.py, just below and at the share)",
     "pcie_bytes_s_cap": "the scale of pcie_link_frac (its case uses it)",
@@ -233,6 +237,7 @@ PINNED = {
     "ab_tail_pace_rise": 0.2, "injected_pace_factor": 1.0, "client_timing_error_ms": 5.0,
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
     "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
+    "roof_near_frac": 0.8, "roof_far_frac": 0.6,
 }
 
 

@@ -71,10 +71,13 @@ def load_stub(path: str) -> Any:
     """A pynvml stand-in from a file outside the package (``--nvml-stub``): the stub never
     ships with the agent; its ``stub()`` returns the module object the callers use."""
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location("strata_nvml_stub", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--nvml-stub {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs: a dataclass in the stub looks its module up there
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module.stub()

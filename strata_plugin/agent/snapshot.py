@@ -206,6 +206,36 @@ def _gpu_health(nv: Any, h: Any) -> dict[str, Any]:
     return g
 
 
+#: NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON: the speed of the active links, MB/s (NVML API
+#: Reference, Field Value Enums); NVLink has at most NVML_NVLINK_MAX_LINKS links
+_NVLINK_SPEED_FIELD = 90
+
+
+def _nvlink(nv: Any, h: Any) -> dict[str, Any]:
+    """The active NVLink links and their common speed (MB/s per link, as NVML reports it)."""
+    out: dict[str, Any] = {}
+    active = 0
+    for link in range(int(nvml_lib.const(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            active += int(bool(nv.nvmlDeviceGetNvLinkState(h, link)))
+        except Exception as e:
+            if link == 0:  # no NVLink at all (a PCIe card), or no permission
+                why = nvml_lib.error_text(nv, e)
+                return {"unavailable": f"nvmlDeviceGetNvLinkState: {why}"}
+            break  # past the device's last link
+    out["links_active"] = active
+    try:
+        fv = nv.nvmlDeviceGetFieldValues(h, [_NVLINK_SPEED_FIELD])[0]
+        if int(fv.nvmlReturn) == 0:
+            out["speed_mbps_per_link"] = int(fv.value.ullVal)
+        else:
+            out["speed_mbps_per_link"] = (f"UNAVAILABLE: field {_NVLINK_SPEED_FIELD}: NVML "
+                                          f"return {int(fv.nvmlReturn)}")
+    except Exception as e:
+        out["speed_mbps_per_link"] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
+    return out
+
+
 def _nvml_facts(nvml: Any | None) -> tuple[dict[str, Any] | None, str | None]:
     nv, reason = nvml_lib.load_nvml(nvml)
     if nv is None:
@@ -235,6 +265,8 @@ def _nvml_facts(nvml: Any | None) -> tuple[dict[str, Any] | None, str | None]:
                 ("mem_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", (2,)),
                 ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", ()),
                 ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", ()),
+                # with the memory clock, the peak memory bandwidth (analysis/device_limits.py)
+                ("memory_bus_width_bits", "nvmlDeviceGetMemoryBusWidth", ()),
                 ("persistence_mode", "nvmlDeviceGetPersistenceMode", ()),
                 ("compute_mode", "nvmlDeviceGetComputeMode", ()),
             ):
@@ -244,6 +276,7 @@ def _nvml_facts(nvml: Any | None) -> tuple[dict[str, Any] | None, str | None]:
                 except Exception as e:
                     g[key] = f"UNAVAILABLE: {nvml_lib.error_text(nv, e)}"
             g.update(_gpu_health(nv, h))
+            g["nvlink"] = _nvlink(nv, h)
             try:
                 g["memory_total_bytes"] = nv.nvmlDeviceGetMemoryInfo(h).total
                 g["pci_bus_id"] = nvml_lib.decode(nv.nvmlDeviceGetPciInfo(h).busId)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis import interference, rails, run_states
+from strata_plugin.analysis import interference, rails, roofline, run_states
 from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.failures import failed_verdict, mostly_failed
 from strata_plugin.analysis.ledger import CaseLedger, case_ledger, server_clocks
@@ -85,6 +85,8 @@ class CaseAnalysis:
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
     interference: interference.Interference | None = None  # decode stalls against prefills
     ledger: CaseLedger | None = None  # where each request's time went (analysis/ledger.py)
+    #: the case against its device's roofline (analysis/roofline.py); None: no facts recorded
+    roofline: roofline.CaseRoofline | None = None
     #: ``info`` typed (formats/cases.py); None until the line is written
     line: CaseLine | None = None
     #: why the case did not run to its end ("" when it did): its numbers are labelled
@@ -146,6 +148,10 @@ class CaseAnalysis:
             props["ledger_residual_frac"] = round(led.residual_frac() or 0.0, 4)
             props["ledger_closes"] = int((led.residual_frac() or 0.0)
                                          < threshold_value("ledger_residual_max"))
+        head = self.roofline.headline if self.roofline is not None else None
+        if head is not None and head.share is not None:
+            props.update(roofline_phase=head.phase, roofline_roof=head.roof,
+                         roofline_share=round(head.share, 4))
         props.update(self.hw_headline())
         props.update(self.headline_support())
         if self.energy is not None:
@@ -246,6 +252,8 @@ class RunContext:
     #: (node, iface) -> bytes/s per direction, from the profile's telemetry.link_caps
     link_caps: dict[tuple[str, str], float] = field(default_factory=dict)
     expect_rdma: bool = False  # the profile samples rdma or sets NCCL_IB_HCA
+    #: each configuration's model facts and device limits (analysis/roofline.py)
+    roofline: dict[str, roofline.RooflineInputs] = field(default_factory=dict)
 
 
 def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
@@ -257,13 +265,17 @@ def run_context(bundle: RunBundle, store: SampleStore) -> RunContext:
         for col, why in sorted(store.unavailable[node].items())
     )
     facts = TelemetryFacts.from_manifest(bundle.manifest)
+    gpu_present = any(s in GPU_SOURCES for _, s in sources)
+    gpu_expected = facts.gpu_expected or engine_reports_gpu(bundle.run_dir) is not None
     return RunContext(
-        gpu_present=any(s in GPU_SOURCES for _, s in sources),
-        gpu_expected=facts.gpu_expected or engine_reports_gpu(bundle.run_dir) is not None,
+        gpu_present=gpu_present,
+        gpu_expected=gpu_expected,
         multi_node=len(nodes_with_samples) > 1,
         unavailable=unavailable,
         link_caps=facts.link_caps(),
         expect_rdma=facts.expects_rdma,
+        roofline=roofline.run_inputs(bundle.manifest, bundle.run_dir,
+                                     gpu_run=gpu_present or gpu_expected),
     )
 
 
@@ -474,6 +486,10 @@ def analyze_case(
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
             for _, why in lost))
+    inp = ctx.roofline.get(info.config_id)
+    roof = roofline.case_roofline(inp, records, ledger, hw)
+    if inp is not None and inp.limits is not None:  # the roofline as evidence (a note)
+        verdict = roofline.annotate(verdict, roof, sig, inp.limits.kind, inp.limits.n_cpus)
     return CaseAnalysis(
         partial=partial_reason(info, window, records),
         case_id=case_id,
@@ -492,6 +508,7 @@ def analyze_case(
         rails=rep,
         interference=inter,
         ledger=ledger,
+        roofline=roof,
     )
 
 

@@ -670,6 +670,23 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "limit, so the verdict is requests_failed and no resource rule is consulted "
         "(tests/test_failures_first.py: 1 of 2 failed is requests_failed, 1 of 3 is not)",
     ),
+    # --- the roofline (analysis/roofline.py): evidence and a note, never a class ---
+    Threshold(
+        "roof_near_frac",
+        0.8,
+        "of the roof",
+        f"{NCU}, High Throughput: 'utilizing greater than 80.0% of the available compute or "
+        "memory performance of the device': a phase at this share of its roof is bound by "
+        "that roof whatever the utilization counters say",
+    ),
+    Threshold(
+        "roof_far_frac",
+        0.6,
+        "of the roof",
+        f"{NCU}: 'compute throughput and/or memory bandwidth below 60.0% of peak "
+        "typically indicate latency issues': under both roofs with a busy device, the time "
+        "goes to scheduling or launches, not to the hardware's limit",
+    ),
     # --- finer traces (analysis/traces/settle.py) ---
     Threshold(
         "trace_other_share",

@@ -31,6 +31,7 @@ from strata_plugin.report import (
     ledger_md,
     markdown,
     prefix_cache_md,
+    roofline_md,
     steady_state_md,
     sufficiency_md,
 )
@@ -63,6 +64,7 @@ SECTIONS: tuple[Section, ...] = (
     Section(prefix_cache_md.TITLE, prefix_cache_md.report_section),
     Section(capacity_md.TITLE, capacity_md.report_section, capacity_md.prepare),
     Section(ledger_md.TITLE, ledger_md.report_section, ledger_md.prepare),
+    Section(roofline_md.TITLE, roofline_md.report_section),
     Section("thresholds", markdown.thresholds_section),
 )
 

@@ -267,6 +267,8 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                     "summary": v.summary(),
                     "confidence_label": v.confidence_label,
                 },
+                # the headline phase's share of its roof, beside the verdict it informs
+                "roofline": None if a.roofline is None else a.roofline.to_json(),
                 "signals": dataclasses.asdict(a.signals),
                 "rails_findings": []
                 if a.rails is None

@@ -237,7 +237,17 @@ class StrataSession:
         server.block_id = block_id
         self.servers[block_id] = server
         self.record_servers()
+        self.record_roofline(config_id, server)
         return server
+
+    def record_roofline(self, config_id: str, server: Server) -> None:
+        """The served model's facts and the CPUs' measured limits, once per configuration,
+        before any case (run/roofline_facts.py; the analysis's roofline reads them)."""
+        from strata_plugin.run import roofline_facts
+
+        p = self.cfg.profile
+        roofline_facts.record(self.recorder, p.server.engine, server, config_id,
+                              p.telemetry_facts().gpu_expected)
 
     def record_servers(self) -> None:
         """Every server of the run in the manifest: its command (env names only), start-up
