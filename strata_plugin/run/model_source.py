@@ -15,8 +15,9 @@ command (or, for an attached server, from what it says about itself).
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,10 +129,13 @@ def from_argv(engine: str, argv: Sequence[str], cwd: Path | None = None) -> Mode
 
 
 def from_server(engine: str, base_url: str,
-                get_json: Callable[[str], Any] | None = None) -> ModelLocation:
+                get_json: Callable[[str], Any] | None = None,
+                headers: Mapping[str, str] | None = None) -> ModelLocation:
     """An attached server's model path, from what it reports: llama.cpp's ``/props``
-    ``model_path``, else ``/v1/models`` (``root``, vLLM's loaded path; else ``id``)."""
-    get = get_json or _get_json
+    ``model_path``, else ``/v1/models`` (``root``, vLLM's loaded path; else ``id``).
+    ``headers``: the URL's credentials as the client sends them (configure/credentials.py),
+    so a server behind Basic auth answers as it does to the load."""
+    get = get_json or functools.partial(_get_json, headers=headers)
     tried = []
     props = get(base_url.rstrip("/") + "/props")
     if isinstance(props, dict) and isinstance(props.get("model_path"), str):
@@ -154,11 +158,11 @@ def from_server(engine: str, base_url: str,
     return ModelLocation(None, "the attached server", why)
 
 
-def _get_json(url: str) -> Any:
+def _get_json(url: str, headers: Mapping[str, str] | None = None) -> Any:
     import requests
 
     try:
-        r = requests.get(url, timeout=5)
+        r = requests.get(url, timeout=5, headers=dict(headers) if headers else None)
         if r.status_code != 200:
             return None
         return r.json()

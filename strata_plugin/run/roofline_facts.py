@@ -48,7 +48,9 @@ def locate(engine: str, server: Any) -> tuple[model_source.ModelLocation, int | 
             loc = model_source.from_argv(engine, seen[0], cwd=seen[1])
             if loc.path is not None:
                 return loc, pid
-    return model_source.from_server(engine, server.base_url), pid
+    auth = getattr(server, "auth", None)
+    return model_source.from_server(engine, server.base_url,
+                                    headers=auth.headers() if auth else None), pid
 
 
 def cpu_entry(pid: int | None, gpu_expected: bool,
