@@ -159,8 +159,10 @@ class AgentFleet:
             self._record_path(server.block_key, path)
             return path
         try:
+            auth = getattr(server, "auth", None)
             path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
-                            health_path=self.health_path)
+                            health_path=self.health_path,
+                            auth=auth.header() if auth else "")
         except Exception as exc:  # a look that failed must not stop the run: the listener
             pid = attached_server_pid(server.base_url)
             path = RequestPath(server.base_url, engine_from="path" if pid else "none",
