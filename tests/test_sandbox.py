@@ -289,6 +289,8 @@ else:
     for i in range(0, n, 4096):
         held[i] = 1
 print("held", flush=True)
+sys.stdin.readline()  # all four hold theirs: is this one still alive?
+print("alive", flush=True)
 sys.stdin.read()
 """
 def use(n, kind):
@@ -297,9 +299,16 @@ def use(n, kind):
             for _ in range(4)]
     held = [k.stdout.readline().strip() for k in kids]
     for k in kids:
+        try:
+            k.stdin.write("check\\n")
+            k.stdin.flush()
+        except OSError:  # killed after it said "held"
+            pass
+    held += [k.stdout.readline().strip() for k in kids]
+    for k in kids:
         k.kill()
         k.wait()
-    if held != ["held"] * 4:
+    if held != ["held"] * 4 + ["alive"] * 4:
         raise MemoryError(f"held {held}")
     return n
 '''
