@@ -630,3 +630,25 @@ def test_the_profile_key_reaches_the_sandbox(tmp_path):
     bad = _profile_run(tmp_path, '"yes"')
     assert bad.returncode != 0
     assert "allow_unsandboxed_code" in bad.stdout + bad.stderr
+
+
+def test_a_cgroup_a_killed_harness_left_is_removed_by_the_next_run(confinable):
+    """The harness was SIGKILLed (its sandbox died with it, its cgroup stayed, empty): the
+    next sandbox removes it; one of a live process, and anything not ours, stays."""
+    probe = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20)
+    parent = Path(probe.memory_scope[len("tree: "):]).parent
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = parent / f"strata-sandbox-{dead.pid}-3"
+    live = parent / f"strata-sandbox-{os.getppid()}-1"
+    other = parent / f"not-strata-{dead.pid}"
+    for d in (left, live, other):
+        d.mkdir()
+    try:
+        out = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20)
+        assert (out.passed, out.total) == (1, 1), out
+        assert (left.exists(), live.exists(), other.exists()) == (False, True, True)
+    finally:
+        for d in (left, live, other):
+            if d.exists():
+                d.rmdir()

@@ -9,7 +9,8 @@ can import what this Python has installed, as before:
 
 ``boot`` (started by the harness, as root or as the invoking user)
     Reads its configuration (JSON) from stdin, dies with the harness (a parent-death
-    signal), enters new mount, network, PID and IPC
+    signal), joins the memory cgroup the harness made for the run (every process below
+    shares its one limit), enters new mount, network, PID and IPC
     namespaces (plus a user namespace when not root), forks the namespace's first process
     and waits for it. On SIGTERM it kills that process, which makes the kernel kill every
     process of the namespace, and exits once the namespace is empty.
@@ -20,7 +21,8 @@ can import what this Python has installed, as before:
     folder (the only writable path), mounts a fresh read-only ``/proc``, writes the
     program there, sets the resource limits, drops to the sandbox user (root: setgid and
     setuid to 65534 ``nobody``, no supplementary groups; otherwise the invoking user, with
-    every capability gone at the next exec), sets no-new-privileges and execs the judge.
+    every capability gone at the next exec), sets no-new-privileges, installs the seccomp
+    filter that leaves it no unix socket (``unix_socket_filter``) and execs the judge.
 ``judge`` (still PID 1; trusted code, unprivileged)
     Makes itself non-dumpable (no ptrace, no ``/proc/PID/mem`` or ``fd`` for the
     program, though it runs as the same user), reads the nonce from a memfd and closes it,
