@@ -93,7 +93,8 @@ class SandboxUnavailable(StrataError, RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-process resource limits inside the sandbox (``processes`` counts per user)."""
+    """Resource limits inside the sandbox: per process (``processes`` counts per user),
+    but ``total_memory_bytes``, one limit for the whole tree."""
     cpu_s: int = 30
     memory_bytes: int = 1 << 30
     file_bytes: int = 16 << 20
