@@ -1,4 +1,6 @@
-"""The sandbox's seccomp program (load/sandbox_child.unix_socket_filter), run by a small
+"""The sandbox's parts without a sandbox: its seccomp program and its memory cgroup's paths.
+
+The seccomp program (load/sandbox_child.unix_socket_filter) is run by a small
 classic-BPF interpreter over generated system calls, with a fixed seed: its verdict is
 the stated rule for every (ABI, call, domain, type) the generator reaches, and the
 boundaries (AF_UNIX = 1 against 0 and 2, a type's flag bits, the x32 bit, io_uring's three
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -102,3 +105,47 @@ def test_the_boundaries(machine):
 def test_an_unknown_machine_is_a_setup_error():
     with pytest.raises(c.SetupError, match="no seccomp table for riscv64"):
         c.unix_socket_filter("riscv64")
+
+
+# --- the memory cgroup's paths, on a stand-in tree (no cgroup v2 memory controller here) --
+
+def test_v2_enables_memory_below_its_own_cgroup_and_sets_the_limit(tmp_path, monkeypatch):
+    """cgroup v2 (the development VM is v1): the group is made below this process's own
+    cgroup, memory is enabled in the parent's ``subtree_control``, ``memory.max`` is the
+    limit, and swap and group-kill are set where the kernel offers them."""
+    from strata_plugin.load import sandbox
+
+    own = tmp_path / "user.slice" / "job"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text("cpu\n")
+    monkeypatch.setattr(sandbox, "_cgroup_mounts", lambda: (None, tmp_path))
+    monkeypatch.setattr(sandbox, "_own_cgroup",
+                        lambda ctrl: "/user.slice/job" if ctrl == "" else None)
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):  # the kernel makes a group's files with the folder
+        real_mkdir(self, *a, **kw)
+        for f in ("memory.swap.max", "memory.oom.group", "cgroup.procs"):
+            (self / f).write_text("")
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    group, why = sandbox.make_memory_cgroup(256 << 20)
+    assert why == "" and group is not None and group.version == 2
+    assert group.path.parent == own and group.path.name.startswith("strata-sandbox-")
+    assert (own / "cgroup.subtree_control").read_text() == "+memory"
+    assert [(group.path / f).read_text() for f in
+            ("memory.max", "memory.swap.max", "memory.oom.group")] == [str(256 << 20), "0", "1"]
+
+
+def test_v1_without_permission_names_the_step_and_the_remedy(tmp_path, monkeypatch):
+    from strata_plugin.load import sandbox
+
+    (tmp_path / "job").mkdir()  # mkdir below it fails, as for a user with no delegation
+    monkeypatch.setattr(sandbox, "_cgroup_mounts", lambda: (tmp_path, None))
+    monkeypatch.setattr(sandbox, "_own_cgroup", lambda ctrl: "/job" if ctrl else None)
+    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")))
+    group, why = sandbox.make_memory_cgroup(1 << 30)
+    assert group is None
+    assert why.startswith(f"cgroup v1: mkdir {tmp_path}/job/strata-sandbox-"), why
+    assert why.split(": ", 2)[2].startswith("Permission denied"), why
