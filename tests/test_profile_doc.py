@@ -200,3 +200,30 @@ def test_the_reader_holds_each_key_to_its_declared_bounds(tmp_path, dotted, cls,
 def test_a_key_without_both_bounds_is_refused_where_it_is_declared():
     with pytest.raises(ValueError, match="both given or neither"):
         key(1.0, doc="x", lo=0)
+
+
+#: Keys with declared values, where each goes in a minimal profile.
+_CHOICES = {"server.api": ("server", "api"),
+            "server.container.runtime": ("server.container", "runtime"),
+            "nodes.role": ("nodes", "role"), "load.engine": ("load", "engine")}
+
+
+@pytest.mark.parametrize("dotted", sorted(_CHOICES))
+def test_the_reader_holds_each_key_to_its_declared_values(tmp_path, dotted):
+    """A value not declared is refused, naming exactly the declared values (the reader
+    read them from the field, the reference shows the same)."""
+    section, name = _CHOICES[dotted]
+    cls = dict(SECTIONS)[section]
+    declared = key_of(cls.__dataclass_fields__[name]).choices
+    rows = {r.key: r.bounds for r in profile_keys()}
+    assert rows[dotted] == ", ".join(f"`{c}`" for c in declared)
+    bad = '"' + declared[0] + 'x"'
+    text = _BASE + {"server": f"{name} = {bad}\n",
+                    "server.container": f'[server.container]\nimage = "i"\n{name} = {bad}\n',
+                    "nodes": f'[[nodes]]\nname = "n"\n{name} = {bad}\n',
+                    "load": f"[load]\n{name} = {bad}\n"}[section]
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(P.ProfileError) as err:
+        P.load_profile(path)
+    assert f"expected one of {list(declared)}" in str(err.value)
