@@ -39,7 +39,8 @@ def _allowance_words(s: WindowSignals) -> str:
     if s.server_allowed_cpus is None:
         return f"{_cpu_word(float(s.n_cores or 0))} of the host (allowance not observed)"
     by = re.sub(r" \(\d[^()]*\)$", "", s.server_allowance_by)  # its count is said already
-    return f"{_cpu_word(s.server_allowed_cpus)} allowed" + (f" ({by})" if by else "")
+    n = s.server_allowed_cpus
+    return f"{n:g} allowed CPU{'' if n == 1 else 's'}" + (f" ({by})" if by else "")
 
 
 def rule_cpu_compute(s: WindowSignals) -> Outcome:
