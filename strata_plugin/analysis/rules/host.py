@@ -101,7 +101,11 @@ def rule_cpu_limited(s: WindowSignals) -> Outcome:
     r = RuleCheck("cpu_limited", s)
     over = s.server_runnable_cores is not None and s.server_allowed_cpus is not None
     if s.cgroup_throttled_frac is None and not over:
-        r.need("cgroup_throttled_frac", "server_runnable_cores", "server_allowed_cpus")
+        # the quota's throttling, and the allowance where the threads' demand was measured
+        # (a run without the runstate grid lacks both, and says the first)
+        r.need("cgroup_throttled_frac")
+        if s.server_runnable_cores is not None:
+            r.need("server_allowed_cpus")
         return r.unassessable(TRACE_SCHED)
     scores = []
     if s.cgroup_throttled_frac is not None and r.cmp(
