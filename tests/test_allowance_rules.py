@@ -199,3 +199,36 @@ def test_the_named_actors_reach_the_report_and_the_deciding_line():
     text = verdict_md(v)
     assert "- `cpu_limited`: 2.0 runnable threads on 1 allowed CPU (cpuset 0)" in text
     assert "(2.0 runnable threads on 1 allowed CPU (cpuset 0)" in _deciding(v)
+
+
+# --- a stall names its state and the threads ------------------------------------------------
+
+
+def test_a_stall_names_the_freezer_or_the_stopped_threads_from_the_runstate_samples():
+    frozen = sig([gauge("", "frozen", 0.0, 1.0, source="runstate"),
+                  gauge("", "threads", 15.0, source="runstate"),
+                  gauge("", "state_T", 0.0, source="runstate")])
+    # the gauge's mean over the window's samples: a third of them frozen
+    frozen_rows = [HwStat("w", NODE, "runstate", "", "frozen", "gauge", 30, 1.0, mean=1 / 3,
+                          min=0.0, max=1.0),
+                   HwStat("w", NODE, "runstate", "", "threads", "gauge", 30, 1.0, mean=15.0,
+                          min=15.0, max=15.0),
+                   HwStat("w", NODE, "runstate", "", "state_T", "gauge", 30, 1.0, mean=5.0,
+                          min=0.0, max=15.0)]
+    s = sig(frozen_rows)
+    assert abs(s["server_frozen_frac"] - 1 / 3) < 1e-9
+    assert abs(s["server_stopped_frac"] - 1 / 3) < 1e-9
+    assert frozen["server_frozen_frac"] == 0.5
+    base = dataclasses.replace(CPU_CLEAN, server_stalled_frac=0.3, server_threads=15)
+    v = classify(dataclasses.replace(base, server_frozen_frac=1 / 3, server_stopped_frac=0.0))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail == "frozen by its cgroup freezer in 33% of the window's samples (15 threads)"
+    v = classify(dataclasses.replace(base, server_frozen_frac=0.0, server_stopped_frac=0.31))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail == ("stopped (state T: SIGSTOP or a tracer) in 31% of its threads' samples "
+                         "(15 threads)")
+    v = classify(dataclasses.replace(base, server_frozen_frac=0.0, server_stopped_frac=0.0))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail.startswith("neither frozen nor stopped")
+    # without the runstate samples, nothing is made up
+    assert next(e for e in classify(base).evidence if e.cls == "server_stalled").detail == ""

@@ -440,6 +440,9 @@ def _allowance_signals(view: HwView, node: str | None, duration_s: float,
             # lower bound of the others') ran only on its allowed CPUs
             others_on_allowed = max(0.0, sum(busy[n] for n in names) - server_cpu
                                     - (path_cpu or 0.0))
+    frozen = [r.mean for r in view.select("runstate", "frozen", node) if r.mean is not None]
+    stopped = [r.mean for r in view.select("runstate", "state_T", node) if r.mean is not None]
+    threads = [r.mean for r in view.select("runstate", "threads", node) if r.mean]
     run = _rate(view, "runstate", "run_s", node)
     wait = _rate(view, "runstate", "wait_s", node)
     throttled = _rate(view, "runstate", "throttled_s", node)
@@ -451,6 +454,9 @@ def _allowance_signals(view: HwView, node: str | None, duration_s: float,
         server_runnable_cores=None if run is None or wait is None
         else run + wait + (throttled or 0.0),
         other_processes=other_processes(view, node, duration_s),
+        server_frozen_frac=max(frozen) if frozen else None,
+        server_stopped_frac=min(1.0, max(stopped) / max(threads))
+        if stopped and threads else None,
     )
 
 

@@ -283,6 +283,21 @@ def rule_network(s: WindowSignals) -> Outcome:
 
 
 
+def _stall_words(frozen: float | None, stopped: float | None, threads: int | None) -> str:
+    """What the stall was, from the runstate samples: the cgroup freezer, stopped
+    threads (T), or neither (no progress while not asleep: swapped in, a paused VM)."""
+    n = f" ({threads} threads)" if threads else ""
+    if frozen:
+        return f"frozen by its cgroup freezer in {frozen:.0%} of the window's samples{n}"
+    if stopped:
+        return (f"stopped (state T: SIGSTOP or a tracer) in {stopped:.0%} of its threads' "
+                f"samples{n}")
+    if frozen is None and stopped is None:
+        return ""
+    return ("neither frozen nor stopped: its threads neither ran nor waited for a CPU "
+            "while not asleep (swapped in, a paused VM)")
+
+
 def rule_server_stalled(s: WindowSignals) -> Outcome:
     """The server neither ran nor could run for part of the time the case is about:
     its cgroup frozen, its threads stopped (T), or neither run time nor run-queue wait
@@ -291,7 +306,8 @@ def rule_server_stalled(s: WindowSignals) -> Outcome:
     r = RuleCheck("server_stalled", s)
     if not r.need("server_stalled_frac"):
         return r.unassessable(TRACE_RUNSTATE)
-    if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac"):
+    words = _stall_words(s.server_frozen_frac, s.server_stopped_frac, s.server_threads)
+    if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac", detail=words):
         return r.o
     margins = [signal_margin(s, "server_stalled_frac", "server_stalled_frac")]
     # corroboration: the window itself, not only the requests' time (adds a met row)

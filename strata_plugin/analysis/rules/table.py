@@ -134,7 +134,10 @@ RULES: tuple[Rule, ...] = (
     Rule("server_stalled", "host", host.rule_server_stalled, (
         ("server_stalled_frac",
          "runstate:frozen/state_T/run_s/wait_s over the ledger's decode gaps and TTFT"),
-        ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"))),
+        ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"),
+        ("server_frozen_frac", "runstate:frozen (the window's samples)"),
+        ("server_stopped_frac", "runstate:state_T/threads (the window's samples)"),
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"))),
     Rule("queueing", "serving", serving.rule_queueing, (
         WAITING,
         ("server_queue_frac",

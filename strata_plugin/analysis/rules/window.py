@@ -76,6 +76,11 @@ class WindowSignals:
     # the busiest other processes in the window, busiest first: (PID, command, cores,
     # Strata's own: the harness, the agent, the load workers)
     other_processes: tuple[tuple[int, str, float, bool], ...] = ()
+    # what a stall was, from the runstate grid's samples in the window: the share of them
+    # with the server's cgroup frozen, and the share of its threads' samples stopped
+    # (state T: SIGSTOP or a tracer); with the thread count, server_stalled's actors
+    server_frozen_frac: float | None = None
+    server_stopped_frac: float | None = None
     runq_delay_per_cpu_s: float | None = None
     ctx_involuntary_per_cpu_s: float | None = None
     major_faults_per_s: float | None = None
