@@ -77,13 +77,6 @@ CASES: tuple[Boundary, ...] = (
              lambda x: {"host_busy_cores": x * 8, "server_cpu_cores": 4.0}),
     Boundary("cpu_compute_server_share", "cpu_compute", CPU_CLEAN,
              lambda x: {"host_busy_cores": 7.5, "server_cpu_cores": x * 7.5}),
-    # the same on the server's 2 allowed CPUs of the 8: busy with others, mostly its own
-    Boundary("cores_busy_frac", "cpu_compute", CPU_CLEAN,
-             lambda x: {**ALLOWED_2, "server_threads": 4, "server_cpu_cores": 1.5,
-                        "allowed_cpus_other_cores": x * 2 - 1.5}),
-    Boundary("cpu_compute_server_share", "cpu_compute", CPU_CLEAN,
-             lambda x: {**ALLOWED_2, "server_threads": 4, "server_cpu_cores": x * 1.9,
-                        "allowed_cpus_other_cores": 1.9 - x * 1.9}),
     # host: I/O, memory, network
     Boundary("major_faults_per_s", "io_page_faults", CPU_CLEAN, one("major_faults_per_s")),
     Boundary("read_bytes_s", "io_page_faults", CPU_CLEAN, one("read_bytes_s")),

@@ -57,26 +57,19 @@ def rule_cpu_compute(s: WindowSignals) -> Outcome:
              if s.server_allowed_cpus is not None else "")
     if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable, detail=words):
         return r.fire(signal_margin(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
-    # The CPUs it may use saturated, and mostly by the server: its allowed CPUs where the
-    # others' time on them was measured, else the host's cores.
-    if s.allowed_cpus_other_cores is not None and s.server_allowed_cpus:
-        busy: float | None = s.server_cpu_cores + s.allowed_cpus_other_cores
-        cap, label = s.server_allowed_cpus, "allowed_cpus_busy_cores"
-    else:
-        busy, cap, label = s.host_busy_cores, float(s.n_cores), "host_busy_cores"
     if (
-        busy is not None
-        and r.cmp("host_busy_cores", ">=", "cores_busy_frac", scale=cap, value=busy,
-                  label=label)
+        s.host_busy_cores is not None
+        and r.cmp("host_busy_cores", ">=", "cores_busy_frac", scale=float(s.n_cores))
         and r.cmp(
             "server_cpu_cores",
             ">=",
             "cpu_compute_server_share",
-            value=s.server_cpu_cores / max(busy, 1e-9),
+            value=s.server_cpu_cores / max(s.host_busy_cores, 1e-9),
             label="server_share_of_busy_cores",
         )
     ):
-        return r.fire(margin(busy, _v("cores_busy_frac") * cap, ">="))
+        return r.fire(signal_margin(s, "host_busy_cores", "cores_busy_frac",
+                                    scale=float(s.n_cores)))
     return r.o
 
 

@@ -74,8 +74,6 @@ ALLOWED_BY = ("server_allowance_by",
               "names)")
 RUNNABLE = ("server_runnable_cores", "runstate:run_s+wait_s+throttled_s")
 OTHERS = ("other_processes", "allowance:cpu_s/strata_own (device pid<N> <command>)")
-OTHERS_ON_ALLOWED = ("allowed_cpus_other_cores",
-                     "cpu:busy_s (the server's allowed CPUs) - proc:cpu_user_s/cpu_system_s")
 STALLS = "requests: token events against dispatch..first token of prefills"
 
 #: Every rule, in the order that breaks score ties (``CLASSES``); within a group, the
@@ -108,13 +106,15 @@ RULES: tuple[Rule, ...] = (
          "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)"))),
     Rule("cpu_compute", "cpu_server", host.rule_cpu_compute, (
         SERVER_CPU, N_CORES, HOST_BUSY,
-        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"), ALLOWED, ALLOWED_BY,
-        OTHERS_ON_ALLOWED), core=("cpu",)),
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"), ALLOWED, ALLOWED_BY),
+        core=("cpu",)),
     Rule("cpu_contention", "host", host.rule_cpu_contention, (
         ("steal_frac", "cpu:steal_s"), HOST_BUSY, SERVER_CPU, N_CORES, RUNQ,
         ("ctx_involuntary_per_cpu_s", "proc:ctx_involuntary"), THROTTLED, QUOTA_USED,
         ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)"),
-        OTHERS_ON_ALLOWED, ALLOWED, ALLOWED_BY, OTHERS),
+        ("allowed_cpus_other_cores",
+         "cpu:busy_s (the server's allowed CPUs) - proc:cpu_user_s/cpu_system_s"),
+        ALLOWED, ALLOWED_BY, OTHERS),
         core=("cpu",)),
     Rule("cpu_limited", "host", host.rule_cpu_limited, (
         THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES)),
