@@ -283,3 +283,30 @@ def test_a_quiet_process_is_not_named_and_the_list_is_bounded(procs):
     assert len(named) <= 2, named
     assert not [d for d in named if d.startswith(f"pid{sleeper.pid} ")]
     assert hogs  # three busy loops competed for the two places
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="two CPUs: the server's and another")
+def test_a_process_on_the_servers_only_cpu_is_named_before_a_busier_one_elsewhere(server,
+                                                                                   procs):
+    """The server cut to its last CPU; one busy loop pinned there, one on another CPU
+    (alone there, it gets more CPU). With one place in the list, the one on the server's
+    CPU is named: it is the one that took CPU from the server (allowed_share 1 and 0)."""
+    cpus = sorted(os.sched_getaffinity(server.pid))
+    _pin_tree(server.pid, {cpus[-1]})
+    there, elsewhere = _hog(procs), _hog(procs)
+    os.sched_setaffinity(there.pid, {cpus[-1]})
+    os.sched_setaffinity(elsewhere.pid, {cpus[0]})
+    # the rest of this shared host left out: the two loops compete for the one place
+    rest = tuple(int(n) for n in os.listdir("/proc")
+                 if n.isdigit() and int(n) not in (there.pid, elsewhere.pid))
+    c = AllowanceCollector(ProcessTargets(pids=[server.pid]), top=1, own=(os.getpid(),),
+                           exclude=rest)
+    c.probe()
+    c.sample(time.time_ns())
+    time.sleep(0.6)
+    emits = c.sample(time.time_ns())
+    c.close()
+    share = {dev.split(" ", 1)[0]: v for _w, dev, m, v, _k in emits if m == "allowed_share"}
+    assert share == {f"pid{there.pid}": 1.0}, share
+    cores = {dev.split(" ", 1)[0]: v for _w, dev, m, v, _k in emits if m == "cpu_s"}
+    assert f"pid{elsewhere.pid}" not in cores

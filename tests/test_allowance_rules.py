@@ -112,6 +112,17 @@ def test_other_processes_are_named_busiest_first_without_the_path():
         (4242, HOG_CMD, 0.5, False), (77, "pytest cases/test_faults.py", 0.12, True))
 
 
+def test_a_process_on_the_servers_cpus_is_named_before_a_busier_one_elsewhere():
+    rows = [counter("pid10 cc1plus big.cc", "cpu_s", 0.9),
+            gauge("pid10 cc1plus big.cc", "allowed_share", 0.0),
+            counter(f"pid4242 {HOG_CMD}", "cpu_s", 0.4),
+            gauge(f"pid4242 {HOG_CMD}", "allowed_share", 1.0),
+            counter("pid11 make -j2", "cpu_s", 0.5),
+            gauge("pid11 make -j2", "allowed_share", 0.5)]
+    assert [p[0] for p in signals.other_processes(signals.HwView(rows), NODE, 4.0)] == [
+        4242, 11, 10]
+
+
 def test_others_on_the_allowed_cpus_are_those_cpus_busy_time_less_the_servers():
     """A hog on the server's only CPU (1): that CPU busy 1.0, the server 0.5 of it."""
     rows = [gauge("", "allowed_cpus", 1.0), gauge("affinity 1", "affinity_cpus", 1),

@@ -407,7 +407,8 @@ def allowance(view: HwView, node: str | None) -> tuple[float | None, str, frozen
 def other_processes(view: HwView, node: str | None, duration_s: float
                     ) -> tuple[tuple[int, str, float, bool], ...]:
     """The busiest other processes in the window: (PID, command, cores over the window,
-    Strata's own), busiest first, at most ``OTHER_PROCESSES_NAMED``. The path's proxies
+    Strata's own), busiest on the server's CPUs first (cores times ``allowed_share``),
+    at most ``OTHER_PROCESSES_NAMED``. The path's proxies
     (source ``path``) are left out: they are the request's way, not other work."""
     if duration_s <= 0:
         return ()
@@ -415,16 +416,22 @@ def other_processes(view: HwView, node: str | None, duration_s: float
             if r.source == "path" and r.device[3:].isdigit() and r.device.startswith("pid")}
     own = {r.device: (r.max or 0.0) >= 0.5
            for r in view.select(ALLOWANCE, "strata_own", node)}
-    out = []
+    share = {r.device: r.mean for r in view.select(ALLOWANCE, "allowed_share", node)
+             if r.mean is not None}
+    ranked = []
     for r in view.select(ALLOWANCE, "cpu_s", node):
         m = _OTHER_DEVICE.match(r.device)
         if m is None or r.delta is None or int(m.group(1)) in path:
             continue
         cores = max(0.0, r.delta) / duration_s
         if cores > 0:
-            out.append((int(m.group(1)), m.group(2), round(cores, 3), own.get(r.device, False)))
-    out.sort(key=lambda x: (-x[2], x[0]))
-    return tuple(out[:OTHER_PROCESSES_NAMED])
+            # busiest on the server's CPUs first: its cores times the share of its CPUs
+            # the server may use too
+            ranked.append((-cores * share.get(r.device, 1.0), int(m.group(1)),
+                           (int(m.group(1)), m.group(2), round(cores, 3),
+                            own.get(r.device, False))))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    return tuple(x[2] for x in ranked[:OTHER_PROCESSES_NAMED])
 
 
 def _allowance_signals(view: HwView, node: str | None, duration_s: float,

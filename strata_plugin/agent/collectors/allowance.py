@@ -27,11 +27,14 @@ And the other processes that used the CPUs most since the last tick (at most ``t
 each at ``min_cores`` or more; the server's tree excluded), device ``pid<N> <command>``
 (the command line, its program without its directory, redacted by ``agent/redact.py``
 and cut to ``COMMAND_CHARS``; a kernel thread's ``[name]``): counter ``cpu_s`` (utime +
-stime of all its threads) and gauge ``strata_own`` (1 for Strata's own processes: this
+stime of all its threads), gauge ``strata_own`` (1 for Strata's own processes: this
 agent, the process that started it (the harness, locally), the load generator's
-workers; 0 otherwise). A process that enters the list also gets its reading of the
-tick before, at that tick's time, and one that leaves it one more reading, so the
-counter's growth over any window is its CPU in that window.
+workers; 0 otherwise) and gauge ``allowed_share`` (the share of its CPUs, by its
+affinity mask, that the server may use too: they are ranked by their cores times it,
+so a process pinned to the server's only CPU is named before a busier one elsewhere).
+A process that enters the list also gets its reading of the tick before, at that
+tick's time, and one that leaves it one more reading, so the counter's growth over any
+window is its CPU in that window.
 
 Cost: one ``sched_getaffinity`` per server thread and one or two small cgroup reads per
 server process; one ``pread`` of ``/proc/<pid>/stat`` per process on the host (the files
@@ -127,6 +130,7 @@ class AllowanceCollector(Collector):
         self._others: dict[int, _Other] = {}
         self._last_wall = 0
         self._said: set[str] = set()
+        self._allowed: frozenset[int] = frozenset()  # the server's CPUs at the last tick
 
     def probe(self) -> None:
         try:
@@ -153,6 +157,7 @@ class AllowanceCollector(Collector):
         self.targets.refresh()
         tree = self.targets.tree
         out: list[Emit] = []
+        self._allowed = frozenset()
         if tree:
             self._allowance(wall_ns, tree, out)
         self._other_processes(wall_ns, set(tree), out)
@@ -198,6 +203,7 @@ class AllowanceCollector(Collector):
                 allowed |= (m & cs) if cs is not None else m
         for pid in [p for p in self._cg_files if p not in tree]:
             self._cg_files.pop(pid).close()
+        self._allowed = frozenset(allowed)
         if not affinity:
             return  # the tree ended between the scan and the reads
         n: float = float(len(allowed))
@@ -250,8 +256,17 @@ class AllowanceCollector(Collector):
         for pid, o in others.items():
             if pid not in seen and o.file is not None:
                 o.file.close()
-        ranked.sort(reverse=True)
-        top = {pid for cores, pid in ranked[: self.top] if cores >= self.min_cores}
+        # Ranked by the CPU each could have taken from the server: its cores times the
+        # share of its own CPUs that the server may use too (a process pinned to the
+        # server's only CPU before a busier one that runs anywhere).
+        share: dict[int, float] = {}
+        weighted = []
+        for cores, pid in ranked:
+            if cores >= self.min_cores:
+                share[pid] = self._overlap(pid)
+                weighted.append((cores * share[pid], cores, pid))
+        weighted.sort(reverse=True)
+        top = {pid for _w, _c, pid in weighted[: self.top]}
         for pid, o in seen.items():
             if pid in top or o.top:
                 if not o.device:
@@ -261,9 +276,23 @@ class AllowanceCollector(Collector):
                         out.append((o.prev_wall, o.device, "cpu_s", o.prev_cpu, "counter"))
                 out.append((wall, o.device, "cpu_s", o.cpu_s, "counter"))
                 out.append((wall, o.device, "strata_own", o.own, "gauge"))
+                out.append((wall, o.device, "allowed_share",
+                            share[pid] if pid in share else self._overlap(pid), "gauge"))
             o.top = pid in top
         self._others = seen
         self._last_wall = wall
+
+    def _overlap(self, pid: int) -> float:
+        """The share of ``pid``'s CPUs (its main thread's mask) that the server may use
+        too; 1.0 where either is unknown."""
+        allowed = self._allowed
+        if not allowed:
+            return 1.0
+        try:
+            mask = os.sched_getaffinity(pid)
+        except OSError:
+            return 1.0
+        return len(mask & allowed) / len(mask) if mask else 1.0
 
     def _describe(self, pid: int) -> tuple[str, int]:
         """(device name ``pid<N> <command>``, 1 when it is Strata's own, else 0)."""
