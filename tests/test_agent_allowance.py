@@ -269,6 +269,32 @@ def test_the_busiest_other_processes_are_named_with_their_cpu_and_owner(server, 
     assert c1 > c0 and c1 <= now + 0.011 and now - c1 <= late + 0.05, (readings, now)
 
 
+def test_another_processs_secrets_are_hidden_in_its_command():
+    from strata_plugin.agent.redact import HIDDEN, redact_argv
+
+    argv = ["--uid", "0", "--env", '{"AWS_SECRET_ACCESS_KEY": "x"}', "--token=abc",
+            "--api-key", "k", "HF_TOKEN=hh", "--password", "--next", "http://u:p@h/x",
+            "-m", "strata_plugin.load.pool_worker", "MODEL=m", "--max-s", "300"]
+    assert redact_argv(argv) == [
+        "--uid", "0", "--env", HIDDEN, f"--token={HIDDEN}", "--api-key", HIDDEN,
+        f"HF_TOKEN={HIDDEN}", "--password", "--next", f"http://{HIDDEN}@h/x", "-m",
+        "strata_plugin.load.pool_worker", "MODEL=m", "--max-s", "300"]
+
+
+def test_a_busy_process_with_a_token_in_its_options_is_named_without_it(procs):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    procs.append(sleeper)
+    p = _hog(procs, "--api-token", "tok-123", "--port", "9")
+    c = AllowanceCollector(ProcessTargets(pids=[sleeper.pid]), top=50)
+    c.probe()
+    c.sample(time.time_ns())
+    time.sleep(0.5)
+    emits = c.sample(time.time_ns())
+    c.close()
+    (dev,) = {d for _w, d, m, _v, _k in emits if m == "cpu_s" and d.startswith(f"pid{p.pid} ")}
+    assert "--api-token *** --port 9" in dev and "tok-123" not in dev, dev
+
+
 def test_a_quiet_process_is_not_named_and_the_list_is_bounded(procs):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     procs.append(sleeper)

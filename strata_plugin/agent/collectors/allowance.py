@@ -25,16 +25,16 @@ one series per list; ``analysis/signals.py`` names the one that bound.
 
 And the other processes that used the CPUs most since the last tick (at most ``top``,
 each at ``min_cores`` or more; the server's tree excluded), device ``pid<N> <command>``
-(the command line, its program without its directory, redacted by ``agent/redact.py``
-and cut to ``COMMAND_CHARS``; a kernel thread's ``[name]``): counter ``cpu_s`` (utime +
-stime of all its threads), gauge ``strata_own`` (1 for Strata's own processes: this
-agent, the process that started it (the harness, locally), the load generator's
-workers; 0 otherwise) and gauge ``allowed_share`` (the share of its CPUs, by its
-affinity mask, that the server may use too: they are ranked by their cores times it,
-so a process pinned to the server's only CPU is named before a busier one elsewhere).
-A process that enters the list also gets its reading of the tick before, at that
-tick's time, and one that leaves it one more reading, so the counter's growth over any
-window is its CPU in that window.
+(the command line, its program without its directory, URL credentials and the values of
+secret-looking options hidden by ``agent/redact.py``, cut to ``COMMAND_CHARS``; a kernel
+thread's ``[name]``): counter ``cpu_s`` (utime + stime of all its threads), gauge
+``strata_own`` (1 for Strata's own processes: this agent, the process that started it
+(the harness, locally), the load generator's workers; 0 otherwise) and gauge
+``allowed_share`` (the share of its CPUs, by its affinity mask, that the server may use
+too: they are ranked by their cores times it, so a process pinned to the server's only
+CPU is named before a busier one elsewhere). A process that enters the list also gets
+its reading of the tick before, at that tick's time, and one that leaves it one more
+reading, so the counter's growth over any window is its CPU in that window.
 
 Cost: one ``sched_getaffinity`` per server thread and one or two small cgroup reads per
 server process; one ``pread`` of ``/proc/<pid>/stat`` per process on the host (the files
@@ -59,7 +59,7 @@ from ..cgroups import (
     parse_cpulist,
 )
 from ..procfs import PreadFile
-from ..redact import redact
+from ..redact import redact_argv
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
 
@@ -297,13 +297,14 @@ class AllowanceCollector(Collector):
     def _describe(self, pid: int) -> tuple[str, int]:
         """(device name ``pid<N> <command>``, 1 when it is Strata's own, else 0)."""
         argv = procfs.cmdline_argv(pid) or [""]
-        # the program's name without its directory: the words after it say more
-        cmd = " ".join([os.path.basename(argv[0]), *argv[1:]]).strip()
+        # the program's name without its directory: the words after it say more; another
+        # user's secrets in its options hidden (redact_argv)
+        cmd = " ".join([os.path.basename(argv[0]), *redact_argv(argv[1:])]).strip()
         if not cmd:  # a kernel thread, or one that just ended: its name
             data = procfs.read_bytes(f"{procfs.PROC}/{pid}/stat", 1024) or b""
             comm = data[data.find(b"(") + 1 : data.rfind(b")")].decode(errors="replace")
             cmd = f"[{comm}]"
-        cmd = " ".join(redact(cmd).split())[:COMMAND_CHARS]
+        cmd = " ".join(cmd.split())[:COMMAND_CHARS]
         own = 1 if pid in self.own_pids or _OWN_CMD.search(cmd) else 0
         return f"pid{pid} {cmd}", own
 
