@@ -23,6 +23,7 @@ from typing import IO, Any
 from . import protocol
 from .collectors import registry
 from .collectors.base import Collector, Emit, Unavailable
+from .collectors.path import PathCollector
 from .protocol import AGENT_VERSION
 from .targets import ProcessTargets
 
@@ -225,7 +226,7 @@ class Agent:
             "python": sys.version.split()[0],
             "argv": sys.argv,
             "targets": self.targets.describe(),
-            "path_pids": [p for c in self.collectors if getattr(c, "follows_path", False)
+            "path_pids": [p for c in self.collectors if isinstance(c, PathCollector)
                           for p in c.targets.pids],
             "collectors": self.status,
         }
@@ -405,9 +406,10 @@ class Agent:
                         continue  # NaN and infinities are never emitted
                     text = repr(value)
                 else:
-                    text = protocol.format_value(value)
-                    if text is None:
+                    formatted = protocol.format_value(value)
+                    if formatted is None:
                         continue
+                    text = formatted
                 key = (dev, metric)
                 name = names.get(key)
                 if name is None:
