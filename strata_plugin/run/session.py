@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from strata_plugin.configure.credentials import redact, redact_json, split_credentials
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
@@ -38,6 +39,10 @@ from strata_plugin.run.server import (
     process_counters,
     write_command,
 )
+
+if TYPE_CHECKING:
+    from strata_plugin.analysis.failures import FailureTally
+    from strata_plugin.run.dry_run import DryRunPlan
 
 
 def case_id_from(nodeid: str) -> str:
@@ -140,12 +145,13 @@ class StrataSession:
         self.fleet = AgentFleet(cfg.profile.nodes, cfg.profile.telemetry, self.run_dir,
                                 self.recorder, attached=bool(cfg.server_url),
                                 health_path=cfg.profile.server.health_path)
-        self.dry_plan = None  # the dry run's checklist (run/dry_run.DryRunPlan)
+        self.dry_plan: DryRunPlan | None = None  # the dry run's checklist
         self.gpu_checked: set[str] = set()  # blocks whose GPU release was checked
         #: each case's requests counted as they are recorded (analysis/failures.py): a case
         #: whose requests mostly failed makes the run incomplete, with its counts
-        self.failures: dict[str, object] = {}
-        self.allowed_errors: dict[str, object] = {}  # case id -> its allow_errors, if any
+        self.failures: dict[str, FailureTally] = {}
+        #: case id -> its allow_errors, if any
+        self.allowed_errors: dict[str, bool | tuple[str, ...]] = {}
 
     @property
     def incomplete_reason(self) -> str:
@@ -207,6 +213,7 @@ class StrataSession:
 
         p = self.cfg.profile
         spec = p.server.container
+        assert spec is not None  # called for a profile with a [server.container] only
         names = [k for k, _ in env] + [k for k, _ in spec.env]
         names += [n for n in spec.env_pass if n in os.environ or self.cfg.dry_run]
         return build_launch(
@@ -426,7 +433,7 @@ class StrataSession:
                           *(f"worker {w.node} exit {w.exit_code()}" for w in dead)])
         if self.cfg.server_url or server.restarts >= 1:
             raise ServerDown(f"server {server.config_id} is down ({what}) and was not restarted")
-        restart = {f"restart_{server.config_id}": server.exit_code()}
+        restart: dict[str, Any] = {f"restart_{server.config_id}": server.exit_code()}
         if dead:
             restart[f"restart_{server.config_id}_workers"] = {w.node: w.exit_code() for w in dead}
         self.recorder.update_manifest(**restart)
@@ -498,7 +505,7 @@ class StrataSession:
         tally = self.failures.get(rec.case_id)
         if tally is None:
             tally = self.failures[rec.case_id] = FailureTally()
-        tally.add(rec)  # type: ignore[attr-defined]
+        tally.add(rec)
 
     def add_case(self, line: CaseLine) -> None:
         """A case line to cases.jsonl; the failures it allows are kept for the end."""
@@ -520,7 +527,7 @@ class StrataSession:
         requests mostly failed in ways it did not allow (``allow_errors``)."""
         out = []
         for case_id, tally in self.failures.items():
-            f = tally.summary()  # type: ignore[attr-defined]
+            f = tally.summary()
             if f is None or not f.mostly_failed:
                 continue
             allowed = self.allowed_errors.get(case_id)
