@@ -250,6 +250,7 @@ class TraceCapture:
         """Tracing off, the text saved to ``out``, events off, the instance removed."""
         if self.dir is None or self.name not in _LIVE:
             return self.result
+        errors: list[str]
         d, errors = self.dir, []
         try:
             # The end is read once the buffer has stopped recording, never before: an
