@@ -67,7 +67,7 @@ def repetition_rows(analyses: Sequence[CaseAnalysis]) -> list[tuple[str, ...]]:
         group, arm = a.info.ab_group, a.info.ab_arm
         if group and a.ledger is not None and a.ledger.n:
             arms.setdefault((str(group), str(arm or a.case_id)), []).append(a.ledger)
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for (group, arm), leds in sorted(arms.items()):
         if len(leds) < 2:
             continue

@@ -265,9 +265,9 @@ def _vs_control(d: ReportData) -> dict[str, str]:
                     out[cid] = f"{arm} (reference)"
                     continue
                 parts = [
-                    f"{label} {100 * (v[m] / base[m] - 1):+.1f}%"
+                    f"{label} {100 * (v[m] / b - 1):+.1f}%"
                     for m, label in (("output_tok_s", "tok/s"), ("tpot_p95_ms", "TPOT p95"))
-                    if m in v and base[m]
+                    if m in v and (b := base[m])
                 ]
                 out[cid] = f"vs {ae.control_arm}: " + ", ".join(parts) if parts else "-"
     return out

@@ -184,7 +184,7 @@ def key_hw_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
     Per-core and per-thread series are left to case_hw_summary.csv (there can be
     hundreds); their totals are here.
     """
-    by = {}
+    by: dict[tuple[str, str], list[HwStat]] = {}
     for r in hw:
         if r.device.startswith("tid") or (r.source == "cpu" and r.device.startswith("cpu")):
             continue
