@@ -170,7 +170,7 @@ def _energy(hw: Sequence[HwStat], cm: CaseMetrics) -> Energy | None:
         seen.setdefault((r.node, r.device), r)
     if not seen:
         return None
-    joules = sum(r.delta for r in seen.values()) / 1000.0
+    joules = sum(r.delta or 0.0 for r in seen.values()) / 1000.0  # every delta is set
     out_tokens = cm.total_output_tokens
     return Energy(
         joules=joules,
@@ -345,8 +345,9 @@ def interference_of(bundle: RunBundle, case_id: str) -> interference.Interferenc
 
 def interference_signals(
     bundle: RunBundle, case_id: str, inter: interference.Interference, cm: CaseMetrics
-) -> dict[str, float | None]:
-    """The classifier's interference inputs; a treatment's against its A/B control."""
+) -> dict[str, Any]:
+    """The classifier's interference inputs (WindowSignals fields, floats or None); a
+    treatment's against its A/B control."""
     refs = [c for c in control_cases(bundle, case_id) if bundle.records.get(c)]
     return interference.signals(
         inter,
@@ -465,7 +466,8 @@ def analyze_case(
     inter = interference.analyze(case_id, records, delivered=ledger.delivered_gaps())
     if window is not None:
         sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
-    sig = replace(sig, **ledger.signals())
+    ledger_fields: dict[str, Any] = ledger.signals()  # WindowSignals fields
+    sig = replace(sig, **ledger_fields)
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
