@@ -466,8 +466,7 @@ def analyze_case(
     inter = interference.analyze(case_id, records, delivered=ledger.delivered_gaps())
     if window is not None:
         sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
-    ledger_fields: dict[str, Any] = ledger.signals()  # WindowSignals fields
-    sig = replace(sig, **ledger_fields)
+    sig = replace(sig, **ledger.signals())
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))

@@ -47,7 +47,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -536,7 +536,7 @@ class CaseLedger:
         xs = [r.part(part) for r in self.requests if r.ttft_ms > 0]  # median_share's
         return statistics.median(xs) if xs else None
 
-    def signals(self) -> dict[str, object]:
+    def signals(self) -> dict[str, Any]:
         """The classifier's ledger inputs (rules.WindowSignals fields)."""
         if not self.n:
             return {}

@@ -31,7 +31,7 @@ def _outcome(item: pytest.Item) -> str:
 
 def case_properties(
     sess: StrataSession, runner: CaseRunner
-) -> tuple[list[tuple[str, object]], dict[str, dict]]:
+) -> tuple[list[tuple[str, object]], dict[str, Any]]:
     """Headline metrics plus the verdict of every case the test ran, as plain scalars,
     and each case's verdict as recorded for the report (``cases.jsonl`` ``verdict``)."""
     import dataclasses
@@ -144,7 +144,7 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
             item.user_properties.append(("strata_agent_lost", said))
     props, verdicts = case_properties(sess, runner)
     for cid, line in runner.case_lines.items():
-        extra: dict[str, Any] = {"verdict": verdicts[cid]} if cid in verdicts else {}
+        extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
         if not flushed:
             extra["telemetry_flushed"] = False
         try:
