@@ -20,6 +20,7 @@ from strata_plugin.plugin.state import run_state
 
 if TYPE_CHECKING:
     from strata_plugin.run.server import Server
+    from strata_plugin.run.session import StrataSession
 
 
 def _cfg(request: pytest.FixtureRequest) -> StrataConfig:
@@ -60,12 +61,12 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Iterator[object]:
+def strata_server(request: pytest.FixtureRequest,
+                  strata_session: StrataSession) -> Iterator[object]:
     """A server for one configuration (``request.param``), up for its block of tests."""
     from strata_plugin.configure.blocks import split_param
-    from strata_plugin.run.session import StrataSession
 
-    sess: StrataSession = strata_session  # type: ignore[assignment]
+    sess = strata_session
     param = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
     config_id, block_id = split_param(param)
     if sess.cfg.dry_run:
@@ -94,8 +95,6 @@ def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Ite
 @pytest.fixture
 def strata(request: pytest.FixtureRequest, strata_server: Server) -> Iterator[object]:
     """A case runner bound to this test's server; its results land on user_properties."""
-    from strata_plugin.run.session import StrataSession
-
     sess: StrataSession = request.getfixturevalue("strata_session")
     from strata_plugin.run.session import ServerDown
 

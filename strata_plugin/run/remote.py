@@ -741,7 +741,7 @@ def remote_main(head: Mapping[str, Any], argv: list[str]) -> int:
         os.environ.update(head.get("env") or {})  # sent on stdin, not in any argv
         sys.argv = [AGENT_MODULE, *argv]
         sys.meta_path.insert(0, _AgentAlias())
-        from strata_agent import main  # type: ignore[import-not-found]
+        from strata_agent import main  # type: ignore[import-not-found]  # the shipped agent
 
         return main(argv)
     if mode == "run":

@@ -154,7 +154,7 @@ def sweep_stale(root: Path) -> list[str]:
 
 _LIVE: dict[str, TraceCapture] = {}
 _COUNTER = itertools.count(1)
-_PREV_SIGTERM: list[object] = []
+_PREV_SIGTERM: list[int | None] = []  # SIG_DFL, or None: not set from Python
 
 
 def _stop_live() -> None:
@@ -186,7 +186,7 @@ def _guard_sigterm() -> None:
 def _restore_sigterm() -> None:
     if _PREV_SIGTERM and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is _sigterm:
-            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0])  # type: ignore[arg-type]
+            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0] or signal.SIG_DFL)  # None: no more
         _PREV_SIGTERM.clear()
 
 
