@@ -186,7 +186,8 @@ def _guard_sigterm() -> None:
 def _restore_sigterm() -> None:
     if _PREV_SIGTERM and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is _sigterm:
-            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0] or signal.SIG_DFL)  # None: no more
+            # a None (a handler not set from Python) cannot be set again: the default then
+            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0] or signal.SIG_DFL)
         _PREV_SIGTERM.clear()
 
 
