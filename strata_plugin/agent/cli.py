@@ -18,14 +18,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from . import protocol
 from .collectors import registry
 from .collectors.base import Collector, Emit, Unavailable
-from .collectors.path import PathCollector
 from .protocol import AGENT_VERSION
 from .targets import ProcessTargets
+
+if TYPE_CHECKING:
+    from .collectors.path import PathCollector
 
 #: Every collector name, in the default order: the registry's (collectors/registry.py).
 ALL_COLLECTORS = registry.names()
@@ -226,8 +228,8 @@ class Agent:
             "python": sys.version.split()[0],
             "argv": sys.argv,
             "targets": self.targets.describe(),
-            "path_pids": [p for c in self.collectors if isinstance(c, PathCollector)
-                          for p in c.targets.pids],
+            "path_pids": [p for c in self.collectors if getattr(c, "follows_path", False)
+                          for p in cast("PathCollector", c).targets.pids],  # only it follows
             "collectors": self.status,
         }
 

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from strata_plugin.configure.credentials import redact, redact_json, split_credentials
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
@@ -39,9 +39,6 @@ from strata_plugin.run.server import (
     process_counters,
     write_command,
 )
-
-if TYPE_CHECKING:
-    from strata_plugin.run.dry_run import DryRunPlan
 
 
 def case_id_from(nodeid: str) -> str:
@@ -113,8 +110,17 @@ def public_profile(cfg: StrataConfig) -> dict:
     return redact_json(dict(cfg.profile.recorded(), _path=str(cfg.profile.path)))
 
 
+class DryPlan(Protocol):
+    """What the session and the plugin ask of a dry run's plan (run/dry_run.DryRunPlan,
+    whose module imports this one)."""
+
+    def add_case(self, line: CaseLine) -> None: ...
+
+    def end_test(self, nodeid: str, block_id: str, planned: int, stopped: str) -> None: ...
+
+
 class StrataSession:
-    dry_plan: DryRunPlan | None  # the dry run's checklist (set in __init__)
+    dry_plan: DryPlan | None  # the dry run's checklist (set in __init__)
 
     def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
         self.cfg = cfg
