@@ -31,7 +31,7 @@ from strata_plugin.errors import StrataError
 from strata_plugin.run.reaper import die_with_parent
 
 if TYPE_CHECKING:
-    from strata_plugin.run.container import ContainerLaunch, Removal
+    from strata_plugin.run.container import ContainerLaunch, Removal, Watchdog
 
 
 class ServerStartError(StrataError, RuntimeError):
@@ -139,7 +139,7 @@ class Server:
         self.container_facts: dict | None = None
         self.container_inspect: dict | None = None
         self.container_removal: Removal | None = None  # of the last stop
-        self._watchdog = None  # run/container.Watchdog of the running container
+        self._watchdog: Watchdog | None = None  # of the running container
         self.containers_swept: list[str] = []  # left by killed harnesses, removed at start
 
     @property
