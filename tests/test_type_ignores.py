@@ -20,7 +20,7 @@ PACKAGE = ROOT / "strata_plugin"
 
 #: ``type: ignore``, its ``[code, ...]``, then a comment of its own with words in it.
 _IGNORE = re.compile(r"type:\s*ignore\b")
-_WITH_REASON = re.compile(r"type:\s*ignore\[[a-z][a-z-]*(?:\s*,\s*[a-z][a-z-]*)*\]\s+#\s*\w")
+_WITH_REASON = re.compile(r"type:\s*ignore\[[a-z][a-z-]*(?:\s*,\s*[a-z][a-z-]*)*\]\s+#\s*[^\s#]")
 
 
 def ignore_problem(comment: str) -> str:
@@ -60,6 +60,8 @@ def _comments(path: Path) -> list[tuple[int, str]]:
     ("# type: ignore[misc]  #", "no reason beside it"),
     ("# type: ignore[misc]  # ", "no reason beside it"),
     ("# type: ignore[misc]  # why", ""),
+    ("# type: ignore[misc]  # (as above)", ""),
+    ("# type: ignore[misc]  # #", "no reason beside it"),
     ("# type: ignore[arg-type, misc]  # the fields are optional", ""),
     ("# the checker: type annotations here", ""),
 ])

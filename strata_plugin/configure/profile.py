@@ -229,8 +229,8 @@ class ServerSpec:
 class Profile:
     path: Path
     name: str = key(doc="The profile's name, shown in reports and JUnit properties.")
-    server: ServerSpec  # type: ignore[misc]  # required: name's key() has no default either
-    telemetry: TelemetrySpec  # type: ignore[misc]  # (mypy takes any key() for a default)
+    server: ServerSpec  # type: ignore[misc]  # required: mypy takes name's key() for a default
+    telemetry: TelemetrySpec  # type: ignore[misc]  # required, as server is
     description: str = key("", doc="One line about the deployment, for the report.")
     nodes: tuple[NodeSpec, ...] = key(
         (NodeSpec("local"),), shown='one node, `name = "local"`',
