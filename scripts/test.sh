@@ -28,4 +28,5 @@ if [ "$(id -u)" = 0 ] && [ -z "$(find . -maxdepth 0 -perm -o+x)" ]; then
     chmod o+x .
 fi
 .venv/bin/python -m ruff check .
+.venv/bin/python -m mypy  # over strata_plugin/ ([tool.mypy] in pyproject.toml)
 exec .venv/bin/python -m pytest tests/ -q "${ARGS[@]}"

@@ -27,6 +27,7 @@ from strata_plugin.analysis.ledger import (
 )
 from strata_plugin.analysis.run_states import RunStates, classify_intervals
 from strata_plugin.analysis.thresholds import value
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ClockAnchor, RequestRecord, Timings, TokenEvent
 
 MS = 1_000_000
@@ -311,7 +312,8 @@ def test_shares_over_repetitions_get_a_t_interval() -> None:
     def arm(arm: str, rep: int, before: float) -> Case:
         led = case_ledger(f"{arm}{rep}", "e2e_x", {"osl": 30},
                           [record(rid=f"{arm}{rep}", before_ms=before)])
-        return Case(info={"ab_group": "g", "ab_arm": arm}, ledger=led, case_id=f"{arm}{rep}")
+        return Case(info=CaseLine(f"{arm}{rep}", ab_group="g", ab_arm=arm), ledger=led,
+                    case_id=f"{arm}{rep}")
 
     cases = [arm("a", i, b) for i, b in enumerate((10.0, 12.0, 14.0))] + [arm("b", 0, 50.0)]
     rows = repetition_rows(cases)

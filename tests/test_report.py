@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from bundle_factory import CaseSpec, RunSpec, cpu_run, gpu_run, make_run
 
+from strata_plugin.formats.cases import CaseLine
 from strata_plugin.report import summarize_case, write_report
 
 SECTIONS = (
@@ -209,7 +210,7 @@ def test_summarize_case_on_a_live_folder(tmp_path):
     assert res.verdict.classes[0] == "cpu_compute"
     assert res.metrics.n_requests == 8
     assert res.window is not None
-    assert res.info == {}
+    assert res.line is None and res.info == CaseLine(case_id="busy")
     props = dict(res.user_properties())
     assert props["bottleneck_1"] == "cpu_compute"
     assert props["n_requests"] == 8

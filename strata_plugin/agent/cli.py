@@ -18,13 +18,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from . import protocol
 from .collectors import registry
 from .collectors.base import Collector, Emit, Unavailable
 from .protocol import AGENT_VERSION
 from .targets import ProcessTargets
+
+if TYPE_CHECKING:
+    from .collectors.path import PathCollector
 
 #: Every collector name, in the default order: the registry's (collectors/registry.py).
 ALL_COLLECTORS = registry.names()
@@ -226,7 +229,7 @@ class Agent:
             "argv": sys.argv,
             "targets": self.targets.describe(),
             "path_pids": [p for c in self.collectors if getattr(c, "follows_path", False)
-                          for p in c.targets.pids],
+                          for p in cast("PathCollector", c).targets.pids],  # only it follows
             "collectors": self.status,
         }
 
@@ -405,9 +408,10 @@ class Agent:
                         continue  # NaN and infinities are never emitted
                     text = repr(value)
                 else:
-                    text = protocol.format_value(value)
-                    if text is None:
+                    formatted = protocol.format_value(value)
+                    if formatted is None:
                         continue
+                    text = formatted
                 key = (dev, metric)
                 name = names.get(key)
                 if name is None:

@@ -516,13 +516,13 @@ class AgentHandle:
                     self._cond.notify_all()
             return
         if keyword == "snapshot":
-            label, _, payload = rest.partition(" ")
-            self._write_snapshot(label, payload)
+            label, _, text = rest.partition(" ")
+            self._write_snapshot(label, text)
             return
         if keyword == "gpu_release":
-            label, _, payload = rest.partition(" ")
+            label, _, text = rest.partition(" ")
             try:
-                answer = json.loads(payload)
+                answer = json.loads(text)
             except json.JSONDecodeError as e:
                 answer = {"ok": False, "skipped": False, "detail": f"undecodable answer: {e}",
                           "waited_s": 0.0, "holders": []}
@@ -636,14 +636,15 @@ class AgentHandle:
             self._log.close()
             self._events.close()
             bye = self.bye
+            said = None if bye is None else bye.get("reason")
             clean = bye is not None and rc == 0
-            expected = self._stopping or (clean and bye.get("reason") in ("stop", "duration"))
+            expected = self._stopping or (clean and said in ("stop", "duration"))
             if expected and clean:
-                reason = f"stopped ({bye.get('reason')})"
+                reason = f"stopped ({said})"
             elif expected:
                 reason = f"stopped by the harness (exit {rc}, signal {_signal_name(rc)})"
             elif bye is not None:
-                reason = f"agent ended by itself: {bye.get('reason')} (exit {rc})"
+                reason = f"agent ended by itself: {said} (exit {rc})"
             elif _signal_name(rc):
                 reason = f"killed by {_signal_name(rc)} without a bye line"
             else:

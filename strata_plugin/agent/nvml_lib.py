@@ -37,10 +37,12 @@ def load_nvml(module: Any | None = None) -> tuple[Any | None, str | None]:
 
     Every successful call must be paired with :func:`shutdown` (NVML counts inits).
     """
-    nv = module
+    nv: Any = module
     if nv is None:
         try:
-            import pynvml as nv
+            import pynvml
+
+            nv = pynvml
         except ImportError as e:
             return None, f"pynvml not installed ({e}); pip install nvidia-ml-py"
     with _lock:

@@ -205,7 +205,7 @@ def group_effects(
 
 def arm_deltas(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ArmDelta]:
     """Request-level rows: the arms' requests pooled, medians, bootstrap over requests."""
-    out = []
+    out: list[ArmDelta] = []
     if len(arms) < 2:
         return out
     c_arm, c_case = arms[0]
@@ -219,7 +219,7 @@ def arm_deltas(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ArmDelta]
 
 
 def same_output_pairs(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ShaPair]:
-    out = []
+    out: list[ShaPair] = []
     if len(arms) < 2:
         return out
     c_case = arms[0][1]

@@ -81,13 +81,13 @@ class CaseAnalysis:
     signals: WindowSignals
     verdict: Verdict
     energy: Energy | None
-    info: dict[str, Any]  # the cases.jsonl line ({} until it is written)
+    info: CaseLine  # the cases.jsonl line (the case id alone until it is written)
     rails: rails.RailsReport | None = None  # rail, link and GPU-peer findings (None: no window)
     interference: interference.Interference | None = None  # decode stalls against prefills
     ledger: CaseLedger | None = None  # where each request's time went (analysis/ledger.py)
     #: the case against its device's roofline (analysis/roofline.py); None: no facts recorded
     roofline: roofline.CaseRoofline | None = None
-    #: ``info`` typed (formats/cases.py); None until the line is written
+    #: ``info`` once the line is written; None until then
     line: CaseLine | None = None
     #: why the case did not run to its end ("" when it did): its numbers are labelled
     #: partial and are never a headline (report.md, summary.json, the CI files)
@@ -170,7 +170,7 @@ def _energy(hw: Sequence[HwStat], cm: CaseMetrics) -> Energy | None:
         seen.setdefault((r.node, r.device), r)
     if not seen:
         return None
-    joules = sum(r.delta for r in seen.values()) / 1000.0
+    joules = sum(r.delta or 0.0 for r in seen.values()) / 1000.0  # every delta is set
     out_tokens = cm.total_output_tokens
     return Energy(
         joules=joules,
@@ -345,8 +345,9 @@ def interference_of(bundle: RunBundle, case_id: str) -> interference.Interferenc
 
 def interference_signals(
     bundle: RunBundle, case_id: str, inter: interference.Interference, cm: CaseMetrics
-) -> dict[str, float | None]:
-    """The classifier's interference inputs; a treatment's against its A/B control."""
+) -> dict[str, Any]:
+    """The classifier's interference inputs (WindowSignals fields, floats or None); a
+    treatment's against its A/B control."""
     refs = [c for c in control_cases(bundle, case_id) if bundle.records.get(c)]
     return interference.signals(
         inter,
@@ -503,7 +504,7 @@ def analyze_case(
         signals=sig,
         verdict=verdict,
         energy=_energy(hw, cm),
-        info=info.as_dict(),
+        info=info.line,
         line=info.line if info.recorded else None,
         rails=rep,
         interference=inter,

@@ -245,7 +245,7 @@ def gpu_limits(gpus: Sequence[Mapping[str, Any]], dtype: str) -> DeviceLimits:
 def snapshot_gpus(run_dir: Path, nodes: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The GPUs of the nodes' "before" static snapshots (``gpus.json``), node by node;
     each with ``node`` added."""
-    out = []
+    out: list[dict[str, Any]] = []
     root = Path(run_dir) / "nodes"
     if not root.is_dir():
         return out

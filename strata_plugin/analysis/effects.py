@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from strata_plugin.analysis.stats import (
     bootstrap_ci,
@@ -165,6 +165,7 @@ def effect(metric: str, control: Iterable[float], treatment: Iterable[float], *,
     if stat is None:
         stat = median if unit == "request" else geometric_mean if positive else mean
     c, t = stat(xc), stat(xt)
+    base: dict[str, Any]  # the fields of every Effect
     base = dict(metric=metric, control=c, treatment=t, change_pct=_rel(c, t),
                 n_control=len(xc), n_treatment=len(xt), unit=unit, level=level)
     lo = hi = None

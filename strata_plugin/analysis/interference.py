@@ -32,6 +32,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.formats.records import RequestRecord
@@ -227,7 +228,7 @@ def analyze(case_id: str, records: Iterable[RequestRecord],
             _mean_pace(r_out),
         ))
     n = len(decode)
-    out = dict(
+    out: dict[str, Any] = dict(  # the fields of every Interference
         case_id=case_id,
         n_decode=n,
         median_ms_per_token=med,

@@ -47,6 +47,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +61,9 @@ from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
+
+if TYPE_CHECKING:
+    from strata_plugin.analysis.timeline import HwStat
 
 TTFT_PARTS = ("client_send", "before_server", "server_queue", "prefill", "ttft_waiting",
               "ttft_io", "ttft_stalled", "ttft_delivery", "residual_ttft")
@@ -392,8 +396,8 @@ def request_ledger(
     parts["tail"] = (end - last) / _NS_MS
 
     server_pace = None
-    if t is not None and t.predicted_ms is not None and (t.predicted_n or 0) >= 2:
-        server_pace = t.predicted_ms / t.predicted_n
+    if t is not None and t.predicted_ms is not None and (n_pred := t.predicted_n or 0) >= 2:
+        server_pace = t.predicted_ms / n_pred
     n_out = sum(e.n_tokens for e in toks)
     return RequestLedger(
         request_id=rec.request_id, case_id=rec.case_id, wall_ms=(end - disp) / _NS_MS,
@@ -532,7 +536,7 @@ class CaseLedger:
         xs = [r.part(part) for r in self.requests if r.ttft_ms > 0]  # median_share's
         return statistics.median(xs) if xs else None
 
-    def signals(self) -> dict[str, object]:
+    def signals(self) -> dict[str, Any]:
         """The classifier's ledger inputs (rules.WindowSignals fields)."""
         if not self.n:
             return {}
@@ -582,7 +586,7 @@ def _rn(x: float | None) -> float | None:
 
 
 def server_clocks(
-    hw: Sequence[object], waiting_mean: float | None, n_requests: int, window_s: float | None,
+    hw: Sequence[HwStat], waiting_mean: float | None, n_requests: int, window_s: float | None,
 ) -> ServerClocks:
     """The case's queue (and prefill) clocks: the engine's own histograms where they
     grew (vLLM, SGLang: ``queue_time_seconds``, ``prefill_time_seconds``), else the

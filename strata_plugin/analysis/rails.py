@@ -38,6 +38,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from strata_plugin.analysis.thresholds import Threshold, threshold
 from strata_plugin.analysis.timeline import HwStat
@@ -457,7 +458,7 @@ def _link_findings(
     out = []
     for x in links:
         src = f"{x.node}/net:{x.device}/tx_bytes,rx_bytes"
-        if x.util is not None:
+        if x.util is not None and x.link_bytes_s is not None:  # util is over the link
             e = _ev("net_link_frac", "net_util", x.util, ">=", f"{src} / {x.link_source}")
             if e.met:
                 out.append(
@@ -653,7 +654,7 @@ def analyze(
     )
 
 
-def merge_signals(fields: Mapping[str, object], report: RailsReport) -> dict[str, object]:
+def merge_signals(fields: Mapping[str, object], report: RailsReport) -> dict[str, Any]:
     """``fields`` with this report's signals filling the ones still None (never overriding).
 
     Only names ``attribution.WindowSignals`` has are merged, so the result can be passed

@@ -306,7 +306,7 @@ def _decode_seconds(rec: RequestRecord, s: _Stream, decoded: int) -> tuple[float
     if e is not None and e.decode_ms is not None and e.decode_ms > 0:
         return e.decode_ms / 1e3, f"the engine's decode clock ({e.source})"
     t = rec.timings
-    if t is not None and t.predicted_ms and (t.predicted_n or 0) >= 2:
+    if t is not None and t.predicted_ms and t.predicted_n is not None and t.predicted_n >= 2:
         return (t.predicted_ms / t.predicted_n * decoded / 1e3,
                 "llama.cpp timings.predicted_ms / predicted_n")
     if s.last > s.first:
@@ -446,7 +446,7 @@ def decode_phase(records: Sequence[RequestRecord], every: Sequence[RequestRecord
         clocks.add(sec[1])
     if not n or seconds <= 0:
         return None
-    notes = ()
+    notes: tuple[str, ...] = ()
     if steps < tokens:
         notes = ("speculative decoding: steps = tokens - accepted drafts; the draft model's "
                  "reads and the rejected drafts' FLOPs are not counted",)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from strata_plugin.analysis.effects import LEVEL, compare
 from strata_plugin.analysis.metrics import REQUEST_COMPARED as DEFAULT_METRICS
@@ -53,7 +54,7 @@ def compare_runs(
             b = values(b_recs.get(cid, []), metric)
             ma = median(a) if a else None
             mb = median(b) if b else None
-            base = dict(
+            base: dict[str, Any] = dict(  # RunDelta's fields common to every call
                 case_id=cid,
                 metric=metric,
                 unit=unit(metric),
@@ -77,7 +78,7 @@ def compare_runs(
                 )
                 continue
             if len(a) < 2 or len(b) < 2 or not ma:
-                rel = (mb / ma - 1.0) if ma else None
+                rel = (mb / ma - 1.0) if ma and mb is not None else None
                 out.append(
                     RunDelta(**base, delta_rel=rel, lo=None, hi=None, p_value=None, call="too few")
                 )

@@ -318,9 +318,9 @@ def _host_signals(view: HwView, node: str | None) -> dict:
     path_cpu = None if p_user is None and p_sys is None else (p_user or 0.0) + (p_sys or 0.0)
     path_runq = _rate(view, "path", "runqueue_delay_ns", node)
     disk = [r.rate / 1000.0 for r in view.select("disk", "busy_ms", node) if r.rate is not None]
-    avail = [r for r in view.select("mem", "mem_available_bytes", node) if r.min is not None]
+    avail = [r.min for r in view.select("mem", "mem_available_bytes", node) if r.min is not None]
     total_mem = [r.mean for r in view.select("mem", "mem_total_bytes", node) if r.mean]
-    mem_frac = avail[0].min / total_mem[0] if avail and total_mem else None
+    mem_frac = avail[0] / total_mem[0] if avail and total_mem else None
     cg_frac = cgroup_mem_free_frac(view, node)
     if cg_frac is not None:  # the server's own limit binds first when it is tighter
         mem_frac = cg_frac if mem_frac is None else min(mem_frac, cg_frac)

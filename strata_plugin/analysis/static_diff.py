@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: NIC counters (kernel statistics and ``ethtool -S``) whose growth is an error.
 NIC_ERROR = re.compile(r"(err|drop|crc|fifo|miss|discard|collision|carrier|abort|timeout|"
@@ -56,7 +57,7 @@ class NodeStatic:
     after: bool
     moved: tuple[Moved, ...]
     errors: dict[str, str]  # tool or fact -> why it is missing (from the snapshots)
-    facts: dict[str, object]  # a few headline facts for the report
+    facts: dict[str, Any]  # a few headline facts for the report (JSON values)
 
 
 def _load(folder: Path, name: str) -> dict:
@@ -115,7 +116,7 @@ def node_static(node_dir: Path) -> NodeStatic:
     errors = {str(k): str(v) for k, v in _load(src, "errors.json").items()}
     host = _load(src, "host.json")
     gpus = _load(src, "gpus.json")
-    facts: dict[str, object] = {
+    facts: dict[str, Any] = {
         "kernel": (host.get("uname") or {}).get("release"),
         "cpu": _load(src, "cpu.json").get("model_name"),
         "gpus": len(gpus.get("gpus", [])) if gpus else 0,

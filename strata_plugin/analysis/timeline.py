@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from strata_plugin.analysis.clocks import NodeClock
 from strata_plugin.formats.windows import Marker, read_markers
@@ -234,17 +234,18 @@ def _read_sample_csv(path: Path):  # -> pandas.DataFrame
     import pandas as pd
 
     src = _complete_lines(path)
+    dtype: dict[str, Any] = {
+        "wall_ns": np.int64,
+        "device": "category",
+        "metric": "category",
+        "value": np.float64,
+        "kind": "category",
+    }
     try:
         return pd.read_csv(
             src,
             usecols=["wall_ns", "device", "metric", "value", "kind"],
-            dtype={
-                "wall_ns": np.int64,
-                "device": "category",
-                "metric": "category",
-                "value": np.float64,
-                "kind": "category",
-            },
+            dtype=dtype,
             keep_default_na=False,
             na_values={"value": ["", "nan", "NaN", "None", "null"]},
             engine="c",
@@ -560,7 +561,7 @@ def summarize_series(store: SampleStore, i: int, w: Window) -> HwStat | None:
     t = store.t[a:b]
     lo = int(np.searchsorted(t, w.start_ns, "left"))
     hi = int(np.searchsorted(t, w.end_ns, "right"))
-    base = dict(
+    base: dict[str, Any] = dict(
         window=w.name,
         node=key.node,
         source=key.source,
@@ -598,17 +599,16 @@ def summarize_series(store: SampleStore, i: int, w: Window) -> HwStat | None:
     covered_s = (e - s) / 1e9
     dt = np.diff(tf) / 1e9
     rates = np.diff(acc)[dt > 0] / dt[dt > 0]
-    stats = _stats(rates) if len(rates) else (None,) * 5
-    mean, p50, p95, mn, mx = stats
+    stats: tuple[float | None, ...] = _stats(rates) if len(rates) else (None,) * 5
     return HwStat(
         **base,
         n=hi - lo,
         coverage=(e - s) / (w.end_ns - w.start_ns),
-        mean=mean,
-        p50=p50,
-        p95=p95,
-        min=mn,
-        max=mx,
+        mean=stats[0],
+        p50=stats[1],
+        p95=stats[2],
+        min=stats[3],
+        max=stats[4],
         delta=delta,
         rate=delta / covered_s,
     )
@@ -716,7 +716,7 @@ def inflight_fraction(intervals: Sequence[tuple[int, int]], start: int, end: int
         return None
     clipped = sorted((max(a, start), min(b, end)) for a, b in intervals if b > start and a < end)
     covered = 0
-    cur_a = cur_b = None
+    cur_a, cur_b = 0, None  # the interval being merged (cur_a is set with cur_b)
     for a, b in clipped:
         if b <= a:
             continue

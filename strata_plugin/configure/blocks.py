@@ -19,7 +19,7 @@ def counterbalanced(config_ids: list[str], repeats: int) -> list[str]:
     """Blocks in forward-then-reverse order: [A, B] x 2 -> A@1 B@1 B@2 A@2."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    out = []
+    out: list[str] = []
     for r in range(repeats):
         order = config_ids if r % 2 == 0 else list(reversed(config_ids))
         out.extend(f"{cid}{BLOCK_SEP}{r + 1}" for cid in order)

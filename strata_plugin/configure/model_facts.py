@@ -271,6 +271,7 @@ def _kv(b: _Builder, kv: KvCacheSetting | None, model_dtype_bytes: float | None,
         bk = bv = model_dtype_bytes
         b.put("kv_cache_dtype", model_dtype, src)
     else:
+        assert kv.bytes_k is not None  # a named type of unknown size returned above
         bk, bv = kv.bytes_k, kv.bytes_v if kv.bytes_v is not None else kv.bytes_k
         src = kv.source
         b.put("kv_cache_dtype", kv.dtype, src)

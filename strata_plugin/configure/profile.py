@@ -229,8 +229,8 @@ class ServerSpec:
 class Profile:
     path: Path
     name: str = key(doc="The profile's name, shown in reports and JUnit properties.")
-    server: ServerSpec
-    telemetry: TelemetrySpec
+    server: ServerSpec  # type: ignore[misc]  # required: mypy takes name's key() for a default
+    telemetry: TelemetrySpec  # type: ignore[misc]  # required, as server is
     description: str = key("", doc="One line about the deployment, for the report.")
     nodes: tuple[NodeSpec, ...] = key(
         (NodeSpec("local"),), shown='one node, `name = "local"`',
@@ -584,7 +584,8 @@ def load_profile(path: Path | str) -> Profile:
 
     pr = top.sub("prometheus", PrometheusSpec)
     jobs = _str_table(pr, "jobs")
-    kinds = pr.declared("jobs").choices
+    declared = pr.declared("jobs").choices
+    kinds = declared() if callable(declared) else declared
     for job, kind in jobs:
         if kind not in kinds:
             raise ProfileError(path, f"prometheus.jobs.{job}", f"one of {', '.join(kinds)}",

@@ -34,7 +34,7 @@ SECTIONS: tuple[tuple[str, type], ...] = (
 
 
 def _doc(cls: type, name: str) -> str:
-    k = key_of(cls.__dataclass_fields__[name])
+    k = key_of(next(f for f in dataclasses.fields(cls) if f.name == name))
     return k.doc if k is not None else ""
 
 

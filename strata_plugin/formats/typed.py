@@ -22,7 +22,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from strata_plugin.errors import StrataError
 
@@ -56,6 +56,13 @@ def is_number(v: object) -> bool:
 
 #: A checker: (value, where, key) -> the value as the field holds it, or FormatError.
 Check = Callable[[Any, str, str], Any]
+
+
+class Reader(Protocol):
+    """A dataclass's reader (:func:`reader_of`): a checker that may also be told what
+    the object is, for its error."""
+
+    def __call__(self, v: Any, where: str, key: str = "", what: str = "") -> Any: ...
 
 
 def _scalar(test: Callable[[Any], bool], what: str, nullable: bool) -> tuple[Check, str]:
@@ -120,7 +127,7 @@ def _checker(hint: Any, nullable: bool = False) -> tuple[Check, str]:
             return dict(v)
 
         return obj, "an object" + tail
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         reader = reader_of(hint)
         what = f"an object ({hint.__name__}){tail}"
 
@@ -147,11 +154,11 @@ class _Field:
     required: bool
 
 
-_READERS: dict[type, Callable[[Any, str, str], Any]] = {}
+_READERS: dict[type, Reader] = {}
 
 
 def reader_of(cls: type, overrides: Mapping[str, Check] | None = None
-              ) -> Callable[[Any, str, str], Any]:
+              ) -> Reader:
     """``read(value, where, key)``: an instance of dataclass ``cls`` from a JSON object,
     every field checked against its annotation (``key`` names the object in an error:
     ``usage``, ``events[3]``; "" at the top). A missing field with a default takes it; a

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from strata_plugin.analysis.metrics import CaseMetrics, case_metrics, headline
 from strata_plugin.analysis.sufficiency import SampleTarget
@@ -245,7 +245,7 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
     specs = []
     for i in range(count):
         index = first_index + i
-        prompt: dict[str, object]
+        prompt: dict[str, Any]  # RequestSpec's prompt field, by name
         isl: int | None = w.isl
         if texts is not None:
             conv = texts[index % len(texts)]
@@ -271,7 +271,7 @@ def build_specs(w: Workload, setup: CaseSetup, case_id: str, phase: str,
             request_id=f"{case_id}/{phase}/{index}", case_id=case_id, phase=phase,
             max_tokens=w.osl, ignore_eos=not w.expect_stop,
             temperature=0.0, seed=w.seed, cache_prompt=(w.prefix == "shared"), isl=isl,
-            model=setup.model, extra_body=extra_body, **prompt))  # type: ignore[arg-type]
+            model=setup.model, extra_body=extra_body, **prompt))
     return specs
 
 
@@ -460,7 +460,7 @@ class CaseRunner:
             def on_record(rec: RequestRecord) -> None:
                 self._record(rec)
                 clock.record(rec)
-        kw = dict(base_url=self.setup.base_url, api=self.setup.api,
+        kw: dict[str, Any] = dict(base_url=self.setup.base_url, api=self.setup.api,
                   concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
                   headers=self.setup.headers, counters=self._counters,
                   on_record=on_record, progress=phase_progress,
@@ -469,9 +469,9 @@ class CaseRunner:
         if self.setup.load.engine == "ray":  # the same loop as Ray actors (load/ray_engine.py)
             from strata_plugin.load.ray_engine import run_load_on_ray
 
-            return run_load_on_ray(jobs, spec=self.setup.load, **kw)  # type: ignore[arg-type]
+            return run_load_on_ray(jobs, spec=self.setup.load, **kw)
         return run_load(jobs, processes=self.setup.load.processes, streams=w.concurrency,
-                        **kw)  # type: ignore[arg-type]
+                        **kw)
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""

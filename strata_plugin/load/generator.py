@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -27,6 +28,9 @@ from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.loopstats import LoopStats
 from strata_plugin.load.client.mux import StreamMux
 from strata_plugin.load.client.slots import run_slots
+
+if TYPE_CHECKING:
+    from strata_plugin.load.pool_worker import ShardReport
 
 #: Client self-check thresholds (the client is suspect above these), from the one table
 #: (analysis/thresholds.py, with their sources).
@@ -284,7 +288,7 @@ class ShardView:
     host: str
     streams: int
     records: tuple[RequestRecord, ...]
-    report: object | None  # pool_worker.ShardReport
+    report: ShardReport | None
     lost: str | None
 
     @classmethod

@@ -349,12 +349,12 @@ class ShardedStreamRunner:
         while live and (until is None or time.monotonic() < until):
             ready = wait(list(live), timeout=1.0)
             if not ready:
-                for conn, w in list(live.items()):
+                for gone, w in list(live.items()):
                     proc = self._workers[w][0]
                     if proc.poll() is not None:
                         lost[w] = (f"load worker process {proc.pid} exited "
                                    f"({proc.returncode}) mid-case")
-                        del live[conn]
+                        del live[gone]
                 continue
             for conn in ready:
                 assert isinstance(conn, Connection)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.errors import StrataError
@@ -103,6 +103,10 @@ def measure_clock(ray: Any, actor: Any, rounds: int = CLOCK_ROUNDS) -> ActorCloc
 
 def shift_record(rec: RequestRecord, delta_ns: int) -> RequestRecord:
     """``rec`` with every CLOCK_MONOTONIC stamp moved by ``delta_ns`` (0 stays 0: unset)."""
+    @overload
+    def s(t: int) -> int: ...
+    @overload
+    def s(t: int | None) -> int | None: ...
     def s(t: int | None) -> int | None:
         return t + delta_ns if t else t
 

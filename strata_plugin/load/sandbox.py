@@ -77,6 +77,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from strata_plugin.errors import StrataError
 
@@ -147,6 +148,7 @@ def run_frozen_tests(code: str, tests: str, *, tests_name: str = "frozen_tests.p
     nonce = secrets.token_hex(16)
     host_scratch = None if confine else tempfile.mkdtemp(prefix="strata-code-")
     uid, gid = (SANDBOX_UID, SANDBOX_GID) if how == "root" else (os.getuid(), os.getgid())
+    cfg: dict[str, Any]
     cfg = {"nonce": nonce, "mode": how, "parent": os.getpid(), "uid": uid, "gid": gid,
            "python": sys.executable, "scratch": host_scratch or SCRATCH, "module": module,
            "code": code, "tests": tests, "tests_name": tests_name, "limits": asdict(limits),
@@ -392,6 +394,7 @@ def _collect(proc: subprocess.Popen, cfg: dict, timeout_s: float, how: str) -> O
         t.start()
     timed_out = False
     try:
+        assert proc.stdin is not None  # stdin=PIPE
         proc.stdin.write(json.dumps(cfg).encode())
         proc.stdin.close()
     except OSError:
@@ -405,7 +408,7 @@ def _collect(proc: subprocess.Popen, cfg: dict, timeout_s: float, how: str) -> O
     for t in readers:
         t.join(KILL_GRACE_S)
     text = log.decode("utf-8", "replace")
-    base = {"log": text, "mode": how, "pgid": proc.pid, "timed_out": timed_out}
+    base: dict[str, Any] = {"log": text, "mode": how, "pgid": proc.pid, "timed_out": timed_out}
     if timed_out:
         return Outcome(0, 1, error=f"timed out after {timeout_s:g} s", **base)
     msg = _message(bytes(result), cfg["nonce"])

@@ -52,6 +52,8 @@ import subprocess
 import sys
 import traceback
 import types
+from collections.abc import Callable
+from typing import Any
 
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -310,7 +312,7 @@ def boot() -> int:
             if cfg["mode"] == "userns":
                 _write_userns_maps()
     except (SetupError, OSError) as exc:
-        _report(nonce, setup_error=str(exc) + UNSHARE_HINTS.get(exc.errno, ""))
+        _report(nonce, setup_error=str(exc) + UNSHARE_HINTS.get(exc.errno or 0, ""))
         return SETUP_EXIT
     pid = os.fork()
     if pid == 0:
@@ -366,6 +368,10 @@ def _first(cfg: dict) -> int:
 
 # --- plain data across the boundary -------------------------------------------------------
 
+_SEQ_TAGS: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "F"}
+_SCALARS: dict[str, Callable[[str], Any]] = {"i": int, "f": float, "y": bytes.fromhex}
+
+
 def encode(v, depth: int = 0):
     """Plain builtin data as JSON; anything else is refused (no object crosses)."""
     if depth > MAX_DEPTH:
@@ -382,7 +388,7 @@ def encode(v, depth: int = 0):
     if t is bytes:
         return ["y", v.hex()]
     if t in (list, tuple, set, frozenset):
-        return [{list: "l", tuple: "t", set: "s", frozenset: "F"}[t],
+        return [_SEQ_TAGS[t],
                 [encode(x, depth + 1) for x in v]]
     if t is dict:
         return ["d", [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in v.items()]]
@@ -397,7 +403,7 @@ def decode(e, depth: int = 0):
     if tag == "v" and len(e) == 2 and (e[1] is None or type(e[1]) in (bool, str)):
         return e[1]
     if tag in ("i", "f", "y") and len(e) == 2 and type(e[1]) is str and len(e[1]) <= 10_000:
-        return {"i": int, "f": float, "y": bytes.fromhex}[tag](e[1])
+        return _SCALARS[tag](e[1])
     if tag == "c" and len(e) == 3 and all(type(x) is str and len(x) < 64 for x in e[1:]):
         return complex(float(e[1]), float(e[2]))
     if tag in ("l", "t", "s", "F") and len(e) == 2 and type(e[1]) is list:
@@ -452,7 +458,7 @@ class _Remote:
         if not isinstance(reply, dict):
             if reply is not None:
                 raise RemoteError("malformed answer from the program")
-            status = self.proc.poll()
+            status: int | str | None = self.proc.poll()
             if status is None:
                 try:
                     status = self.proc.wait(timeout=1)
@@ -570,7 +576,7 @@ def candidate(scratch: str, module: str, rx_fd: int, tx_fd: int) -> int:
             if load_error is not None:
                 raise ImportError(f"{module} failed to import: "
                                   f"{type(load_error).__name__}: {load_error}")
-            obj = getattr(mod, req["name"], _MISSING)
+            obj: Any = getattr(mod, req["name"], _MISSING)
             if req["op"] == "get":
                 reply = ({"kind": "missing"} if obj is _MISSING else
                          {"kind": "callable"} if callable(obj) else

@@ -37,7 +37,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -266,8 +266,8 @@ def _rows(path: Path) -> Iterator[_Row]:
     return _counted(path, (_jsonl_rows if jsonl else _csv_rows)(path, again()))
 
 
-def _formats_of(keys: object) -> list[str]:
-    return [f for f, cols in REQUIRED.items() if all(c in keys for c in cols)]  # type: ignore[operator]
+def _formats_of(keys: Container[str]) -> list[str]:
+    return [f for f, cols in REQUIRED.items() if all(c in keys for c in cols)]
 
 
 def detect_format(rows: Sequence[tuple[str, Mapping[str, object]]]) -> str:

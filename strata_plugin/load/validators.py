@@ -86,7 +86,7 @@ def code_passes(test_file: Path, module: str = "solution", timeout_s: float = 30
               "true in the profile.")
     # Only the memory cgroup is missing: the opt-in keeps every other confinement and
     # accepts the per-process memory bound, and each verdict says so.
-    per_process = bool(reason) and sandbox.NO_CGROUP in reason
+    per_process = reason is not None and sandbox.NO_CGROUP in reason
     confine = reason is None or per_process
 
     def check(text: str) -> Verdict:

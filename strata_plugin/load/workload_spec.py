@@ -9,6 +9,7 @@ a bad value names its key and the type expected, before a server starts.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from strata_plugin.errors import StrataError
 from strata_plugin.load.workload import Workload
@@ -43,7 +44,7 @@ def parse_workload(text: str, *, default_name: str = "adhoc") -> Workload:
     ``isl`` and ``osl`` are required; every other key has Workload's default.
     """
     kinds = {f.name: str(f.type) for f in fields(Workload)}
-    values: dict[str, object] = {"name": default_name}
+    values: dict[str, Any] = {"name": default_name}  # Workload's fields, converted
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -61,6 +62,6 @@ def parse_workload(text: str, *, default_name: str = "adhoc") -> Workload:
     if missing:
         raise WorkloadSpecError(f"missing {' and '.join(missing)} (e.g. isl=256,osl=64)")
     try:
-        return Workload(**values)  # type: ignore[arg-type]
+        return Workload(**values)
     except ValueError as exc:
         raise WorkloadSpecError(str(exc)) from None

@@ -8,7 +8,7 @@ land in the teardown report, which is the one JUnit XML reads them from.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,7 +31,7 @@ def _outcome(item: pytest.Item) -> str:
 
 def case_properties(
     sess: StrataSession, runner: CaseRunner
-) -> tuple[list[tuple[str, object]], dict[str, dict]]:
+) -> tuple[list[tuple[str, object]], dict[str, Any]]:
     """Headline metrics plus the verdict of every case the test ran, as plain scalars,
     and each case's verdict as recorded for the report (``cases.jsonl`` ``verdict``)."""
     import dataclasses
@@ -138,10 +138,10 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     lost = sess.recover_agents(server, tuple(r.case_id for r in runner.results))
     if lost:
         tr = item.config.pluginmanager.get_plugin("terminalreporter")
-        for line in lost:
+        for said in lost:
             if tr is not None:
-                tr.write_line(f"  [strata] {line}")
-            item.user_properties.append(("strata_agent_lost", line))
+                tr.write_line(f"  [strata] {said}")
+            item.user_properties.append(("strata_agent_lost", said))
     props, verdicts = case_properties(sess, runner)
     for cid, line in runner.case_lines.items():
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}

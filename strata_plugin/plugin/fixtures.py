@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from strata_plugin.configure.profile import StrataConfig
 from strata_plugin.plugin.state import run_state
+
+if TYPE_CHECKING:
+    from strata_plugin.run.server import Server
+    from strata_plugin.run.session import StrataSession
 
 
 def _cfg(request: pytest.FixtureRequest) -> StrataConfig:
@@ -56,12 +61,12 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Iterator[object]:
+def strata_server(request: pytest.FixtureRequest,
+                  strata_session: StrataSession) -> Iterator[object]:
     """A server for one configuration (``request.param``), up for its block of tests."""
     from strata_plugin.configure.blocks import split_param
-    from strata_plugin.run.session import StrataSession
 
-    sess: StrataSession = strata_session  # type: ignore[assignment]
+    sess = strata_session
     param = getattr(request, "param", sess.cfg.profile.server.configs[0].config_id)
     config_id, block_id = split_param(param)
     if sess.cfg.dry_run:
@@ -88,11 +93,9 @@ def strata_server(request: pytest.FixtureRequest, strata_session: object) -> Ite
 
 
 @pytest.fixture
-def strata(request: pytest.FixtureRequest, strata_server: object) -> Iterator[object]:
+def strata(request: pytest.FixtureRequest, strata_server: Server) -> Iterator[object]:
     """A case runner bound to this test's server; its results land on user_properties."""
-    from strata_plugin.run.session import StrataSession
-
-    sess: StrataSession = request.getfixturevalue("strata_session")  # type: ignore[assignment]
+    sess: StrataSession = request.getfixturevalue("strata_session")
     from strata_plugin.run.session import ServerDown
 
     if sess.cfg.dry_run:  # a planning runner: plugin/hooks.py ends the test as a skip

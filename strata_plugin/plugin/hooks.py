@@ -7,10 +7,16 @@ fixture, and registers only Strata's own markers (the workload markers such as
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import pytest
 
 from strata_plugin.plugin.options import add_options, adhoc_workload
 from strata_plugin.plugin.state import phase_reports_key, run_state
+
+if TYPE_CHECKING:
+    from strata_plugin.load.case_runner import CaseRunner
+    from strata_plugin.run.server import Server
 
 #: The markers of Strata's own API (docs/writing-cases.md).
 MARKERS = {
@@ -122,7 +128,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     """In a dry run a Strata test plans its cases and ends as a skip saying how far it
     got: its checks need measured results, so whatever stops it is not a failure."""
     sess = run_state(pyfuncitem.config).session
-    runner = pyfuncitem.funcargs.get("strata")
+    # the value of Strata's own fixture (plugin/fixtures.py): the test's case runner
+    runner = cast("CaseRunner | None", pyfuncitem.funcargs.get("strata"))
     if sess is None or runner is None:
         return (yield)
     if sess.dry_plan is None:  # a real case: judged once, when its body ends
@@ -133,7 +140,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
             result = yield
         except (Exception, pytest.fail.Exception) as exc:
             failure = exc
-        judge_call(pyfuncitem, sess, pyfuncitem.funcargs["strata_server"], runner, failure)
+        server = cast("Server", pyfuncitem.funcargs["strata_server"])  # the fixture's
+        judge_call(pyfuncitem, sess, server, runner, failure)
         return result
     stopped = reason = ""
     try:

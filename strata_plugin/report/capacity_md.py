@@ -40,12 +40,12 @@ def sweeps(bundle: RunBundle, analyses: Sequence[CaseAnalysis]
            ) -> dict[str, list[tuple[CaseAnalysis, SweepStep, Slo, float]]]:
     out: dict[str, list[tuple[CaseAnalysis, SweepStep, Slo, float]]] = {}
     for a in analyses:
-        name = a.info.get("sweep")
-        rate = a.info.get("offered_rate")
+        name = a.info.sweep
+        rate = a.info.offered_rate
         if not name or not isinstance(rate, (int, float)):
             continue
-        slo = parse_slo(str(a.info.get("slo") or ""))
-        gf = float(a.info.get("good_fraction") or GOOD_FRACTION)
+        slo = parse_slo(str(a.info.slo or ""))
+        gf = float(a.info.good_fraction or GOOD_FRACTION)
         step = step_figures(bundle.records.get(a.case_id, []), float(rate), slo)
         out.setdefault(str(name), []).append((a, step, slo, gf))
     return out

@@ -63,14 +63,14 @@ def diagnostic_md(d: Diagnostic) -> str:
         out.append(md_table(("who", "s", "share"),
                             [(k, f"{v:.4g}", f"{v / total:.0%}") for k, v in s.displaced_top]))
     if d.block is not None:
-        b = d.block
-        out.append(f"\nBlock I/O and faults by file ({b.reads} read requests, "
-                   f"{b.read_bytes / 1e6:.3g} MB):\n\n")
-        rows = [tuple(r.values()) for r in b.table()]
+        blk = d.block
+        out.append(f"\nBlock I/O and faults by file ({blk.reads} read requests, "
+                   f"{blk.read_bytes / 1e6:.3g} MB):\n\n")
+        rows = [tuple(r.values()) for r in blk.table()]
         out.append(md_table(("file", "server faults", "read MB", "requests", "p50 ms",
                              "p90 ms", "p99 ms", "max ms", "offset ranges"), rows)
                    if rows else "(no reads in the window)\n")
-        out.extend(f"\n* {n}\n" for n in b.notes)
+        out.extend(f"\n* {n}\n" for n in blk.notes)
     if d.net is not None:
         out.append("\nThe benchmark's TCP connections (`ss -ti` samples):\n\n")
         rows = [tuple(r.values()) for r in d.net.table()]

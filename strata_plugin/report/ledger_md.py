@@ -64,10 +64,10 @@ def repetition_rows(analyses: Sequence[CaseAnalysis]) -> list[tuple[str, ...]]:
     one A/B arm), with a 95% t interval; arms of one repetition are left out."""
     arms: dict[tuple[str, str], list[CaseLedger]] = {}
     for a in analyses:
-        group, arm = a.info.get("ab_group"), a.info.get("ab_arm")
+        group, arm = a.info.ab_group, a.info.ab_arm
         if group and a.ledger is not None and a.ledger.n:
             arms.setdefault((str(group), str(arm or a.case_id)), []).append(a.ledger)
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for (group, arm), leds in sorted(arms.items()):
         if len(leds) < 2:
             continue

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, stall_spans
 from strata_plugin.analysis.run_states import RunStates
 from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
+
+if TYPE_CHECKING:
+    from matplotlib.lines import Line2D
 
 #: One colour per part, by what the part is: the client grey, outside the server blue
 #: (on the way there dark, delivery on the way back light),
@@ -131,7 +135,7 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
     with matplotlib.rc_context():
         fig = _figure(7.5, 1.2 + 0.06 * len(recs))
         ax = fig.add_subplot(1, 1, 1)
-        seen: dict[str, object] = {}
+        seen: dict[str, Line2D] = {}
         for y, r in enumerate(recs):
             toks = [e.t_ns for e in r.events if e.n_tokens > 0]
             if not toks:

@@ -265,9 +265,9 @@ def _vs_control(d: ReportData) -> dict[str, str]:
                     out[cid] = f"{arm} (reference)"
                     continue
                 parts = [
-                    f"{label} {100 * (v[m] / base[m] - 1):+.1f}%"
+                    f"{label} {100 * (v[m] / b - 1):+.1f}%"
                     for m, label in (("output_tok_s", "tok/s"), ("tpot_p95_ms", "TPOT p95"))
-                    if m in v and base[m]
+                    if m in v and (b := base[m])
                 ]
                 out[cid] = f"vs {ae.control_arm}: " + ", ".join(parts) if parts else "-"
     return out
@@ -538,19 +538,19 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     facts = [("case id", f"`{a.case_id}`"), ("config", a.config_id or "-")]
     if a.partial:
         facts.append(("PARTIAL", f"{a.partial}; its numbers describe the part that ran"))
-    if info.get("outcome"):
-        facts.append(("outcome", info["outcome"]))
-    if info.get("ab_group"):
-        facts.append(("A/B", f"{info['ab_group']} / {info.get('ab_arm', '')}"))
+    if info.outcome:
+        facts.append(("outcome", info.outcome))
+    if info.ab_group:
+        facts.append(("A/B", f"{info.ab_group} / {info.ab_arm or ''}"))
     if a.window is not None:
         facts.append(("measured window", f"{md_num(a.window.duration_s)} s"))
     else:
         facts.append(("measured window", "not marked: no hardware summary"))
     facts.extend((f"param `{k}`", v) for k, v in sorted(a.params.items()))
-    if info.get("scaled_from"):
-        scaled = ", ".join(f"{k}={v}" for k, v in sorted(info["scaled_from"].items()))
+    if info.scaled_from:
+        scaled = ", ".join(f"{k}={v}" for k, v in sorted(info.scaled_from.items()))
         facts.append(("scaled from", scaled))
-    sc = info.get("self_check") or {}
+    sc = info.self_check or {}
     if sc:
         facts.append(
             (
@@ -567,9 +567,9 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
             )
         )
         facts.extend(load_spread.rows(sc))  # processes, hosts, each one's self-check
-    if info.get("isl_note"):  # chat prompts or the user's texts (load/chat_prompts.py)
-        facts.append(("input lengths", info["isl_note"]))
-    for p in info.get("problems") or []:
+    if info.isl_note:  # chat prompts or the user's texts (load/chat_prompts.py)
+        facts.append(("input lengths", info.isl_note))
+    for p in info.problems or ():
         facts.append(("problem", p))
     out.append("#### Workload as run\n\n" + md_table(("", ""), facts))
     cm = a.metrics

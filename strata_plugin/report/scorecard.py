@@ -199,10 +199,10 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
         for a in doc.get("arms") or ():
             truth[a["case_id"]] = tuple(a.get("truth") or ())
     latest: dict[str, CaseLine] = {}
-    for c in _lines(cases):
-        if c.extra.get("fault") and c.extra.get("fault_arm") and c.verdict is not None:
-            latest[c.case_id] = c  # a case line written again replaces the first
-    scenarios = tuple(sorted({c.extra["fault"] for c in latest.values()}))
+    for ln in _lines(cases):
+        if ln.extra.get("fault") and ln.extra.get("fault_arm") and ln.verdict is not None:
+            latest[ln.case_id] = ln  # a case line written again replaces the first
+    scenarios = tuple(sorted({ln.extra["fault"] for ln in latest.values()}))
     # the classes a fault could be (the suite records its list; an older run: what it ran)
     fault_classes = tuple(sorted(set(recorded) | set(scenarios)
                                  | {x for t in truth.values() for x in t}))
@@ -332,13 +332,13 @@ def scorecard_markdown(arms: Sequence[Arm]) -> str:
     lines += ["| run | set | case | expected | named | hit | evidence (past threshold) |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
-        mine = [x for x in a.evidence if a.arm == "clean" or x.startswith(a.fault + ":")]
+        shown = [x for x in a.evidence if a.arm == "clean" or x.startswith(a.fault + ":")]
         why = [*(["missed"] if a.arm == "fault" and not a.fault_named else []),
                *([f"false: {', '.join(a.false_classes)}"] if a.false_classes else [])]
         lines.append(f"| {a.run} | {a.fault_set} | {a.case_id} | {a.expected} | "
                      f"{_cell(a.named)} | "
                      f"{'hit' if a.hit else 'miss (' + '; '.join(why) + ')'} | "
-                     f"{_cell('; '.join(mine) or '-')} |")
+                     f"{_cell('; '.join(shown) or '-')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -48,9 +48,11 @@ def by_case(bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -> dict[str, Ca
         )
         slice_s = a.line.timeslice_s if a.line else None
         slices: tuple = ()
+        step: float | None = None
         if isinstance(slice_s, (int, float)) and slice_s > 0:
-            slices = tuple(timeslices(recs, float(slice_s), bundle.metrics_of))
-        out[a.case_id] = CaseSteady(a.metrics, steady, slices, float(slice_s) if slices else None)
+            step = float(slice_s)
+            slices = tuple(timeslices(recs, step, bundle.metrics_of))
+        out[a.case_id] = CaseSteady(a.metrics, steady, slices, step if slices else None)
     return out
 
 
@@ -68,7 +70,7 @@ def section(by_case: Mapping[str, CaseSteady]) -> str:
            "from the token events inside it. Each cell is *whole window / plateau*. No "
            f"plateau when it covers under {100 * MIN_PLATEAU_SHARE:.0f}% of the window or "
            f"holds fewer than {MIN_PLATEAU_REQUESTS} requests.\n\n"]
-    rows = []
+    rows: list[tuple[str | int, ...]] = []
     for cid, c in by_case.items():
         s = c.steady
         if s is None:

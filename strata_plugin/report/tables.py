@@ -100,9 +100,9 @@ def case_summary_rows(analyses: Sequence[CaseAnalysis]) -> tuple[list[str], list
                 a.case_id,
                 a.name,
                 a.config_id,
-                info.get("outcome", ""),
-                info.get("ab_group", ""),
-                info.get("ab_arm", ""),
+                info.outcome or "",
+                info.ab_group or "",
+                info.ab_arm or "",
                 p.get("isl"),
                 p.get("osl"),
                 p.get("concurrency"),
@@ -184,7 +184,7 @@ def key_hw_rows(hw: Sequence[HwStat]) -> list[list[Any]]:
     Per-core and per-thread series are left to case_hw_summary.csv (there can be
     hundreds); their totals are here.
     """
-    by = {}
+    by: dict[tuple[str, str], list[HwStat]] = {}
     for r in hw:
         if r.device.startswith("tid") or (r.source == "cpu" and r.device.startswith("cpu")):
             continue

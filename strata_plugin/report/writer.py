@@ -104,7 +104,7 @@ def run_limits(
     for a in analyses:
         if a.window is None:
             out.append(f"case {a.case_id}: no measured window marked; no hardware summary")
-        if not a.info:
+        if a.line is None:
             out.append(f"case {a.case_id}: no cases.jsonl line (workload parameters unknown)")
     if any(r.proc is not None and r.proc.shared for recs in bundle.records.values() for r in recs):
         out.append(

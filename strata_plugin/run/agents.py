@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
 from strata_plugin.entry_points import collector_modules
@@ -27,8 +27,21 @@ from strata_plugin.formats.request_path import MANIFEST_KEY as PATH_KEY
 from strata_plugin.formats.request_path import RequestPath
 
 if TYPE_CHECKING:
+    from strata_plugin.run.container import ContainerLaunch
     from strata_plugin.run.run_folder import RunRecorder
     from strata_plugin.run.server import Server
+
+
+class ServerView(Protocol):
+    """What an agent's command needs of its server: a running one (run/server.Server)
+    or the one a dry run plans (run/dry_run.PlannedServer)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def log_path(self) -> Path | None: ...
+
 
 #: The fine-grained run-state collector, enabled on every node that follows a server.
 RUNSTATE = "runstate"
@@ -112,7 +125,7 @@ class AgentFleet:
         return next((n.name for n in self.nodes if n.is_head), "local")
 
     def commands(self, server_pid: int | None,
-                 server: Server | None = None) -> dict[str, list[str]]:
+                 server: ServerView | None = None) -> dict[str, list[str]]:
         """The agent command for every node of the profile (ssh-prefixed for remote ones);
         the head's follows ``server_pid`` (an attached server: the engine its path found,
         or the profile's pattern), the server's log and its ``/metrics``."""
@@ -204,7 +217,7 @@ class AgentFleet:
                     h.track_pids(engine)
                 h.track_path(path.proxy_pids if path is not None else ())
 
-    def env(self, node: str, server: Server | None) -> dict[str, str] | None:
+    def env(self, node: str, server: ServerView | None) -> dict[str, str] | None:
         """What the agent of ``node`` gets in its environment beyond the harness's: the
         server's credentials for the head's ``/metrics`` scrape (a URL given as
         ``http://user:pw@host``), never in its argv, which any local user can read
@@ -294,7 +307,7 @@ class AgentFleet:
                 result = f"{type(exc).__name__}: {exc}"
             done.setdefault(h.node, {})[label] = result
             if server.container is not None and h.node == self.head:
-                done[h.node][f"{label}_container"] = _container_snapshot(server, dest)
+                done[h.node][f"{label}_container"] = _container_snapshot(server.container, dest)
         self.recorder.update_manifest(static_snapshots=done)
 
     def flush(self, block_key: str, timeout_s: float | None = None) -> bool:
@@ -385,18 +398,18 @@ class AgentFleet:
                 f"{node}: {type(exc).__name__}: {exc}" for node, exc in failed)) from failed[0][1]
 
 
-def _container_snapshot(server: Server, dest: Path) -> str:
+def _container_snapshot(launch: ContainerLaunch, dest: Path) -> str:
     """``container.json``: the container's and its image's inspect, as now."""
     import json
 
     from strata_plugin.run.container import ContainerError, image_inspect, inspect
 
     try:
-        info = inspect(server.container)
-        image = image_inspect(server.container, str(info.get("Image") or server.container.image))
+        info = inspect(launch)
+        image = image_inspect(launch, str(info.get("Image") or launch.image))
         dest.mkdir(parents=True, exist_ok=True)
         (dest / "container.json").write_text(json.dumps(
-            {"runtime": server.container.runtime, "container": info, "image": image},
+            {"runtime": launch.runtime, "container": info, "image": image},
             indent=1, sort_keys=True, default=str) + "\n")
         return "ok"
     except (ContainerError, OSError) as exc:

@@ -164,7 +164,7 @@ class DryRunPlan:
         self.write()
 
     def as_json(self) -> dict:
-        blocks: list[str] = []
+        blocks: list[str | None] = []
         for c in self.cases:
             if not blocks or blocks[-1] != c.block_id:
                 blocks.append(c.block_id)

@@ -644,10 +644,10 @@ def _chains(url: str, w: _Walker, root: _Node, address: str, *, health_path: str
                 notes.append(f"stopped after {max_depth} hops")
             h = hop(node, "engine", where)
             chains.append((*so_far, h))
-            engines.append(h.pid)
+            engines.append(min(node.pids))  # h.pid
             return
         h = hop(node, "proxy", where)
-        proxies.append(h.pid)
+        proxies.append(min(node.pids))  # h.pid
         for far in far_ends:
             key = node.upstream_new.get(far) or node.upstream_old.get(far, w.own.key)
             located = w.located.get((key, *far))

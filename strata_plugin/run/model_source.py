@@ -100,6 +100,7 @@ def from_argv(engine: str, argv: Sequence[str], cwd: Path | None = None) -> Mode
     """The model path and KV cache setting a server command names."""
     argv = list(argv)
     cwd = cwd or Path.cwd()
+    kv: KvCacheSetting | None
     if engine == "llamacpp":
         kv = _llamacpp_kv(argv)
         hf = _flag(argv, "-hf", "--hf-repo", "-mu", "--model-url")

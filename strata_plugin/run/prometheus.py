@@ -47,6 +47,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from strata_plugin.agent.collectors.prom import BodyRefused, read_bounded
 from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
@@ -262,7 +263,7 @@ class _SameOriginHeaders(urllib.request.HTTPRedirectHandler):
     def __init__(self, private: Iterable[str]) -> None:
         self.private = {h.lower() for h in private}
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and _origin(newurl) != _origin(req.full_url):
             for name in [k for k in new.headers if k.lower() in self.private]:
@@ -289,7 +290,7 @@ class PromClient:
         self.queries: list[dict[str, object]] = []  # what was asked, for the run folder
         self._opener = urllib.request.build_opener(_SameOriginHeaders(self.headers))
 
-    def _get(self, path: str, params: Mapping[str, str]) -> object:
+    def _get(self, path: str, params: Mapping[str, str]) -> Any:  # the answer's JSON data
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
         req = urllib.request.Request(url, headers={"Accept": "application/json", **self.headers})
         try:
@@ -330,7 +331,7 @@ class PromClient:
             }
             self.queries.append({"api": "query_range", **params})
             data = self._get("/api/v1/query_range", params)
-            for series in (data or {}).get("result", []):  # type: ignore[union-attr]
+            for series in (data or {}).get("result", []):
                 key = tuple(sorted(series["metric"].items()))
                 for ts, val in series["values"]:
                     v = float(val)
@@ -347,7 +348,7 @@ class PromClient:
             return {}
         return {
             name: entries[0].get("type", "") for name, entries in (data or {}).items() if entries
-        }  # type: ignore[union-attr]
+        }
 
     def clock_offset(self, n: int = 5) -> ServerClock:
         """The server's clock against ours: ``time()`` evaluated at its now, NTP-style."""
@@ -356,7 +357,7 @@ class PromClient:
             t0 = time.time_ns()
             data = self._get("/api/v1/query", {"query": "time()"})
             t3 = time.time_ns()
-            server_ns = round(float(data["result"][0]) * 1e9)  # type: ignore[index]
+            server_ns = round(float(data["result"][0]) * 1e9)
             mid = (t0 + t3) // 2
             if best is None or t3 - t0 < best[0]:
                 best = (t3 - t0, server_ns - mid, mid)

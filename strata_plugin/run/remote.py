@@ -26,6 +26,7 @@ side (module ``strata_remote``), which may run on a Python as old as 3.8.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import io
 import json
 import os
@@ -276,7 +277,7 @@ def _fallback_sources() -> dict[str, bytes]:
         except (ImportError, ValueError):
             continue
         origin = getattr(spec, "origin", None) if spec else None
-        if origin and origin.endswith(".py") and not spec.submodule_search_locations:
+        if origin and origin.endswith(".py") and spec and not spec.submodule_search_locations:
             out[f"{name}.py"] = Path(origin).read_bytes()
     return out
 
@@ -691,7 +692,7 @@ def guard(argv: Sequence[str], env: Mapping[str, str], grace_s: float, stdin: IO
     return 0 if rc is None else (rc if rc >= 0 else 128 - rc)
 
 
-class _AgentAlias:
+class _AgentAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """On the remote node the agent is ``strata_agent``; a plugin's collector shipped
     beside it imports it as it does at home, ``strata_plugin.agent...``. This finder
     hands it the same modules under that name (one ``Collector`` class, one
@@ -739,8 +740,8 @@ def remote_main(head: Mapping[str, Any], argv: list[str]) -> int:
     if mode == "agent":
         os.environ.update(head.get("env") or {})  # sent on stdin, not in any argv
         sys.argv = [AGENT_MODULE, *argv]
-        sys.meta_path.insert(0, _AgentAlias())  # type: ignore[arg-type]
-        from strata_agent import main  # type: ignore[import-not-found]
+        sys.meta_path.insert(0, _AgentAlias())
+        from strata_agent import main  # type: ignore[import-not-found]  # the shipped agent
 
         return main(argv)
     if mode == "run":

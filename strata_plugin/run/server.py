@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import requests
 
@@ -31,7 +31,7 @@ from strata_plugin.errors import StrataError
 from strata_plugin.run.reaper import die_with_parent
 
 if TYPE_CHECKING:
-    from strata_plugin.run.container import ContainerLaunch
+    from strata_plugin.run.container import ContainerLaunch, Removal, Watchdog
 
 
 class ServerStartError(StrataError, RuntimeError):
@@ -134,12 +134,12 @@ class Server:
         self.startup_s: float | None = None
         self.restarts = 0
         self.block_id = ""
-        self._log_fh = None
+        self._log_fh: IO[bytes] | None = None
         #: a container's inspect facts (run/container.facts) once it is healthy
         self.container_facts: dict | None = None
         self.container_inspect: dict | None = None
-        self.container_removal = None  # run/container.Removal of the last stop
-        self._watchdog = None  # run/container.Watchdog of the running container
+        self.container_removal: Removal | None = None  # of the last stop
+        self._watchdog: Watchdog | None = None  # of the running container
         self.containers_swept: list[str] = []  # left by killed harnesses, removed at start
 
     @property
@@ -195,7 +195,7 @@ class Server:
             )
             self.wait_healthy(spec.health_timeout_s)
             if spec.container is not None:
-                self._inspect_container()
+                self._inspect_container(spec.container)
         except BaseException:
             self.stop()
             raise
@@ -217,17 +217,17 @@ class Server:
             self._watchdog.close()
         self._watchdog = start_watchdog(launch)
 
-    def _inspect_container(self) -> None:
+    def _inspect_container(self, launch: ContainerLaunch) -> None:
         from strata_plugin.run.container import ContainerError, facts, inspect
 
         try:
-            info = inspect(self.spec.container)
+            info = inspect(launch)
         except ContainerError as exc:
             raise ServerStartError(f"the server answers but its container cannot be "
                                    f"inspected: {exc}") from None
         self.container_inspect, self.container_facts = info, facts(info)
         if not self.container_facts["main_pid"]:
-            raise ServerStartError(f"container {self.spec.container.name} has no main PID "
+            raise ServerStartError(f"container {launch.name} has no main PID "
                                    f"(state {self.container_facts['status']!r})")
 
     def wait_healthy(self, timeout_s: float) -> None:
@@ -290,7 +290,7 @@ class Server:
         if launch is None:
             code = terminate_group(self.proc, grace)
         else:
-            code = self._stop_container(launch, grace)
+            code = self._stop_container(self.proc, launch, grace)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
@@ -311,7 +311,8 @@ class Server:
             except OSError:
                 pass
 
-    def _stop_container(self, launch: ContainerLaunch, grace: float) -> int | None:
+    def _stop_container(self, proc: subprocess.Popen, launch: ContainerLaunch,
+                        grace: float) -> int | None:
         """The container first (killing its client would leave it running), then the
         client's group, then ``rm -f`` and a check that it is gone; whatever raises in
         between, the removal is attempted (Ctrl-C during a stop included)."""
@@ -321,7 +322,7 @@ class Server:
         try:
             if self.container_removal is None or not self.container_removal.removed:
                 stop_container(launch, grace)
-            code = terminate_group(self.proc, 5.0)
+            code = terminate_group(proc, 5.0)
         finally:
             if self.container_removal is None or not self.container_removal.removed:
                 self.container_removal = remove_container(launch)

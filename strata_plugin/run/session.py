@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from strata_plugin.configure.credentials import redact, redact_json, split_credentials
 from strata_plugin.configure.profile import StrataConfig, expand_placeholders, expand_value
@@ -109,7 +110,18 @@ def public_profile(cfg: StrataConfig) -> dict:
     return redact_json(dict(cfg.profile.recorded(), _path=str(cfg.profile.path)))
 
 
+class DryPlan(Protocol):
+    """What the session and the plugin ask of a dry run's plan (run/dry_run.DryRunPlan,
+    whose module imports this one)."""
+
+    def add_case(self, line: CaseLine) -> None: ...
+
+    def end_test(self, nodeid: str, block_id: str, planned: int, stopped: str) -> None: ...
+
+
 class StrataSession:
+    dry_plan: DryPlan | None  # the dry run's checklist (set in __init__)
+
     def __init__(self, cfg: StrataConfig, argv: list[str]) -> None:
         self.cfg = cfg
         # A profile with env values (a token, perhaps): everything this run writes (and its

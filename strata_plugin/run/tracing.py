@@ -154,7 +154,7 @@ def sweep_stale(root: Path) -> list[str]:
 
 _LIVE: dict[str, TraceCapture] = {}
 _COUNTER = itertools.count(1)
-_PREV_SIGTERM: list[object] = []
+_PREV_SIGTERM: list[int | None] = []  # SIG_DFL, or None: not set from Python
 
 
 def _stop_live() -> None:
@@ -186,7 +186,8 @@ def _guard_sigterm() -> None:
 def _restore_sigterm() -> None:
     if _PREV_SIGTERM and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is _sigterm:
-            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0])  # type: ignore[arg-type]
+            # a None (a handler not set from Python) cannot be set again: the default then
+            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0] or signal.SIG_DFL)
         _PREV_SIGTERM.clear()
 
 
@@ -250,6 +251,7 @@ class TraceCapture:
         """Tracing off, the text saved to ``out``, events off, the instance removed."""
         if self.dir is None or self.name not in _LIVE:
             return self.result
+        errors: list[str]
         d, errors = self.dir, []
         try:
             # The end is read once the buffer has stopped recording, never before: an

@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from strata_plugin.errors import StrataError
 
@@ -169,11 +169,12 @@ def _spawn(argv: list[str]) -> subprocess.Popen:
 
 def _await_line(proc: subprocess.Popen, word: str, timeout_s: float) -> dict[str, Any]:
     """Read the helper's ``<word> {json}`` line, or raise with its stderr."""
-    assert proc.stdout is not None
+    stdout = proc.stdout
+    assert stdout is not None
     box: dict[str, Any] = {}
 
     def read() -> None:
-        line = proc.stdout.readline().decode(errors="replace").strip()
+        line = stdout.readline().decode(errors="replace").strip()
         box["line"] = line
 
     t = threading.Thread(target=read, daemon=True)
@@ -183,7 +184,8 @@ def _await_line(proc: subprocess.Popen, word: str, timeout_s: float) -> dict[str
     if not line.startswith(word + " "):
         _kill(proc)
         err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-        raise FaultUnavailable(f"helper {proc.args[3]} gave {line!r} instead of '{word}' "
+        argv = cast(list[str], proc.args)  # the helpers are started from an argv list
+        raise FaultUnavailable(f"helper {argv[3]} gave {line!r} instead of '{word}' "
                                f"within {timeout_s:g} s: {err.strip()}")
     return json.loads(line.split(" ", 1)[1])
 
@@ -879,7 +881,7 @@ class GroundTruth(Injector):
         if self._thread is not None:
             self._thread.join(5)
         self._sample()
-        return self.window(self.series[0][0], self.series[-1][0])
+        return self.window(int(self.series[0][0]), int(self.series[-1][0]))  # monotonic_ns
 
     def _at(self, t_ns: int) -> tuple[float, ...]:
         """Every counter linearly interpolated at ``t_ns`` (held outside the series)."""

@@ -199,7 +199,7 @@ class CpuCollector(Collector):
             kv: dict[str, int] = {}
             for pf in self._cg:
                 kv.update(parse_kv(pf.read() or b""))
-            for key, name, scale in (
+            for cg_key, name, scale in (
                 ("usage_usec", "cgroup_usage_s", 1e-6),
                 ("user_usec", "cgroup_user_s", 1e-6),
                 ("system_usec", "cgroup_system_s", 1e-6),
@@ -208,9 +208,9 @@ class CpuCollector(Collector):
                 ("throttled_usec", "cgroup_throttled_s", 1e-6),
                 ("throttled_time", "cgroup_throttled_s", 1e-9),  # cgroup v1, ns
             ):
-                if key in kv:
-                    val = kv[key] * scale if scale != 1 else kv[key]
-                    out.append((wall_ns, "", name, val, "counter"))
+                if cg_key in kv:
+                    cg_val = kv[cg_key] * scale if scale != 1 else kv[cg_key]
+                    out.append((wall_ns, "", name, cg_val, "counter"))
             quota = cgroups.cpu_quota_cores(self._cg_dirs)
             if quota is not None:
                 out.append((wall_ns, "", "cgroup_quota_cores", quota, "gauge"))

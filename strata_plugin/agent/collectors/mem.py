@@ -94,13 +94,13 @@ class MemCollector(Collector):
         vm = self._vmstat.read()
         if vm:
             for line in vm.split(b"\n"):
-                key, _, val = line.partition(b" ")
+                key, _, count = line.partition(b" ")
                 name = VMSTAT.get(key)
                 if name:
-                    out.append((wall_ns, "", name, int(val), "counter"))
+                    out.append((wall_ns, "", name, int(count), "counter"))
         if self._cg_dirs.found:
-            for name, (val, kind) in cgroups.memory_values(self._cg_dirs).items():
-                out.append((wall_ns, "", name, val, kind))
+            for name, (cg_val, kind) in cgroups.memory_values(self._cg_dirs).items():
+                out.append((wall_ns, "", name, cg_val, kind))
         return out
 
 

@@ -277,7 +277,7 @@ class NvmlCollector(Collector):
         )
 
         def clock_events() -> Values:
-            mask = int(reasons_fn(h))  # type: ignore[misc]
+            mask = int(reasons_fn(h))  # type: ignore[misc]  # tried below only where it is set
             out: Values = [("clock_event_reasons", mask, "gauge")]
             out.extend(
                 (f"clock_event_{n}", 1 if mask & bit else 0, "gauge")
@@ -436,12 +436,14 @@ class NvmlCollector(Collector):
         now = time.monotonic()
         if now - gpu.gpm_t < GPM_MIN_INTERVAL_S:
             return []  # too short a pair gives noise; the next tick covers this time
-        mg, prev, cur = gpu.gpm  # type: ignore[misc]
+        gpm = gpu.gpm
+        assert gpm is not None  # sampled only while set (sample() checks)
+        mg, prev, cur = gpm
         nv.nvmlGpmSampleGet(gpu.handle, cur)
         gpu.gpm_t = now
         mg.sample1, mg.sample2 = prev, cur
         nv.nvmlGpmMetricsGet(mg)
-        gpu.gpm[1], gpu.gpm[2] = cur, prev  # type: ignore[index]
+        gpm[1], gpm[2] = cur, prev
         out: Values = []
         for i, (_, metric) in enumerate(gpu.gpm_ids):
             m = mg.metrics[i]

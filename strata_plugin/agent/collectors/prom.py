@@ -169,9 +169,9 @@ def parse_exposition(text: str) -> list[PromSample]:
             continue
         rows.append((name.strip(), tuple(labels), value))
     out = []
-    for name, labels, value in rows:
+    for name, row_labels, value in rows:
         fam = _family(name, types)
-        out.append(PromSample(name, labels, value, fam, types.get(fam, "untyped")))
+        out.append(PromSample(name, row_labels, value, fam, types.get(fam, "untyped")))
     return out
 
 
@@ -249,7 +249,7 @@ def read_bounded(resp: Any, max_bytes: int, deadline: float | None = None,
     length = resp.headers.get("Content-Length")
     if length is not None and length.strip().isdigit() and int(length) > max_bytes:
         raise BodyRefused(f"{what} exceeded {max_bytes} bytes (Content-Length {int(length)})")
-    parts = []
+    parts: list[bytes] = []
     n = 0
     while True:
         piece = resp.read1(65536)

@@ -31,7 +31,7 @@ import re
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from strata_plugin import entry_points
 from strata_plugin.analysis.rules import table
@@ -117,7 +117,7 @@ def signals_read(fn: Callable[..., Any], known: frozenset[str] | set[str] = froz
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id == window):
             names.add(node.attr)
-        elif isinstance(node, ast.Constant) and node.value in known:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
             names.add(node.value)
         if not isinstance(node, ast.Call):
             continue
@@ -212,10 +212,10 @@ def _active(plugins: tuple[entry_points.Plugin, ...]) -> ActiveRules:
 
     cls = WindowSignals
     if new_fields:
-        cls = dataclasses.make_dataclass(
+        cls = cast("type[WindowSignals]", dataclasses.make_dataclass(  # a subclass: bases=
             "WindowSignals", [(n, "float | None", dataclasses.field(default=None))
                               for n in new_fields],
-            bases=(WindowSignals,), frozen=True)
+            bases=(WindowSignals,), frozen=True))
         cls.__module__ = __name__
         cls.__doc__ = ("WindowSignals with the rule plugins' new signals: "
                        + ", ".join(new_fields))
@@ -255,7 +255,7 @@ def plugin_signals(view: Any, node: str | None
             extra = sorted(set(got) - set(sources))
             if extra:
                 raise ValueError(f"it returned {extra}, which its row does not declare")
-            out.update({n: None if got.get(n) is None else float(got[n]) for n in sources})
+            out.update({n: None if (v := got.get(n)) is None else float(v) for n in sources})
         except Exception as e:  # the plugin's own code: its signals are unmeasured, and why
             why = (f"rule plugin {p.name!r}" + (f" ({p.dist})" if p.dist else "")
                    + f": its signals function failed: {type(e).__name__}: {e}")

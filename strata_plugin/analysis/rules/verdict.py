@@ -63,7 +63,7 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     distrusted: tuple[str, ...] = ()
     if s.client_bound:
         distrusted = tuple(n for n in CLIENT_MEASURED if getattr(s, n) is not None)
-        s = replace(s, **dict.fromkeys(CLIENT_MEASURED))
+        s = replace(s, **dict.fromkeys(CLIENT_MEASURED))  # type: ignore[arg-type]  # all optional
         notes.append(
             "the load generator fell behind its own schedule: the server did not get the "
             "load asked for, and request-side signals ("

@@ -196,9 +196,7 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
             m = (_FAULT if ev.event == "mm_filemap_fault" else _ADD).search(ev.body)
             if m is None:
                 continue
-            path = by_inode.get((m["dev"], int(m["ino"], 16)))
-            if path is None:
-                path = OTHER
+            path = by_inode.get((m["dev"], int(m["ino"], 16))) or OTHER
             if ev.event == "mm_filemap_fault":
                 if ev.tgid in server_pids or ev.tid in server_tids:
                     faults[path] += 1

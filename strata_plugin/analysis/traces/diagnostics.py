@@ -88,7 +88,7 @@ def diagnose(run_dir: Path, analyses: Sequence[CaseAnalysis]) -> list[Diagnostic
     by_id = {a.case_id: a for a in analyses}
     out = []
     for a in analyses:
-        of = a.info.get("diagnostic_of")
+        of = a.info.diagnostic_of
         if not of or of not in by_id:
             continue
         timed = by_id[of]
@@ -97,9 +97,7 @@ def diagnose(run_dir: Path, analyses: Sequence[CaseAnalysis]) -> list[Diagnostic
             meta = json.loads((d / "meta.json").read_text())
         except (OSError, ValueError) as exc:
             meta = {"unavailable": {"trace": f"no readable meta.json ({exc})"}}
-        raw = a.info.get("window_mono_ns")
-        window = (int(raw[0]), int(raw[1])) if isinstance(raw, list) and len(raw) == 2 \
-            else (0, 0)
+        window = a.info.window_mono_ns or (0, 0)
         s, b, n, unavailable = read_traces(d, meta, window)
         decisions = tuple(x for x in (settle.decide_sched(s) if s else None,
                                       settle.decide_block(b) if b else None,

@@ -41,7 +41,7 @@ TRACES_FOR = {
     "network": ("net",), "client_bound": ("net",),
 }
 #: Every trace a named case gets.
-ALL_TRACES = ("sched", "block", "net")
+ALL_TRACES: tuple[str, ...] = ("sched", "block", "net")
 
 
 def _thr(name: str) -> Threshold:

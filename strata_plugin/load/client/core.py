@@ -160,7 +160,7 @@ class StreamCore:
                     if self.done_ns is not None:
                         return
                 return
-            for ev in SSEClient((block,)).events():
+            for ev in SSEClient(iter((block,))).events():
                 self._event(ev.event, ev.data, t_ns)
                 if self.done_ns is not None:
                     return

@@ -53,6 +53,7 @@ from strata_plugin.load.client.attempt import Attempt
 from strata_plugin.load.client.chunked import ChunkedDecoder, ChunkError
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.http1 import (
+    Head,
     HeadError,
     Target,
     head_problem,
@@ -170,7 +171,7 @@ class _Req:
         self.sock: socket.socket | None = None
         self.out = memoryview(b"")
         self.inbuf = b""
-        self.head = None
+        self.head: Head | None = None
         self.decoder: ChunkedDecoder | None = None
         self.left: int | None = None  # Content-Length bytes still to come
         self.read_ns = int(a.t.read_s * _NS)
@@ -826,9 +827,9 @@ class StreamMux:
         for r in pending:
             self._live += 1
             self._finish(r, StreamError(cls, why))
-        for _, _, r in self._heap:
-            if isinstance(r, _Req):
-                self._finish(r, StreamError(cls, why))
+        for _, _, item in self._heap:
+            if isinstance(item, _Req):
+                self._finish(item, StreamError(cls, why))
         for key in list(self._sel.get_map().values()):
             r = key.data
             if isinstance(r, _Req):

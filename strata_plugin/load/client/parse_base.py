@@ -144,7 +144,8 @@ def timings_of(d: Any) -> Timings | None:
     numbers) left None, so nothing but numbers reaches the report's arithmetic."""
     if not isinstance(d, dict):
         return None
-    return Timings(**{k: _number(d.get(k), k.endswith("_ms")) for k in _TIMING_KEYS})
+    kw: dict[str, Any] = {k: _number(d.get(k), k.endswith("_ms")) for k in _TIMING_KEYS}
+    return Timings(**kw)
 
 
 def llamacpp_clocks(t: Timings) -> EngineClocks:

@@ -133,7 +133,7 @@ class SGLangParser(BaseParser):
         e2e = as_ms(meta.get("e2e_latency"), 1e3)
         if e2e is not None:
             self.extra["engine_e2e_ms"] = round(e2e, 3)
-        clocks = dict(queue_ms=as_ms(meta.get("queue_time"), 1e3),
+        clocks: dict[str, Any] = dict(queue_ms=as_ms(meta.get("queue_time"), 1e3),
                       prefill_ms=prefill if prefill is None or prefill >= 0 else None,
                       ttft_ms=ttft if ttft is None or ttft >= 0 else None,
                       decode_ms=decode, draft_tokens=drafts, accepted_tokens=accepted)
