@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin.configure.profile import ContainerSpec, ProfileError, load_profile
+from strata_plugin.process_globals import STATE
 from strata_plugin.run import container as ctr
 from strata_plugin.run.server import LaunchSpec, Server
 
@@ -220,7 +221,7 @@ def test_sighup_and_sigterm_become_keyboard_interrupt(monkeypatch):
     monkeypatch.setattr(signal, "signal", lambda s, h: installed.__setitem__(s, h))
     reaper.install_sigterm_handler()
     assert set(installed) == {signal.SIGTERM, signal.SIGHUP}
-    monkeypatch.setattr(reaper, "_signals_seen", 0)
+    monkeypatch.setattr(STATE, "signals_seen", 0)
     with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGHUP)}"):
         installed[signal.SIGHUP](signal.SIGHUP, None)
     # Still ours: a second signal is not left to the default (tests/test_reaper_signals.py)
@@ -253,7 +254,7 @@ def test_a_container_left_fails_the_block_marks_the_run_and_stays_registered(tmp
     try:
         with pytest.raises(ContainerLeft, match="still exists"):
             dep.stop_server(server)
-        assert id(server) in reaper._live  # the reaper tries again at exit
+        assert id(server) in STATE.live_processes  # the reaper tries again at exit
         assert manifest["servers"]["default"]["container"]["removal"]["removed"] is False
         assert "server default: container x still exists" in manifest["incomplete_reason"]
         with pytest.raises(ContainerLeft):

@@ -18,6 +18,7 @@ from strata_plugin.agent.procfs import TreeCounters
 from strata_plugin.load import pool
 from strata_plugin.load.client import RequestSpec, Timeouts
 from strata_plugin.load.generator import Job, Progress, run_load
+from strata_plugin.process_globals import STATE
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 
 T = Timeouts(connect_s=20, read_s=30)
@@ -34,7 +35,7 @@ def fresh_capacity(monkeypatch: pytest.MonkeyPatch) -> pool.Capacity:
     """Each test starts from the measured capacity: what an earlier test's loops taught
     the process (a busy host) is not this test's."""
     cap = pool.Capacity()
-    monkeypatch.setattr(pool, "CAPACITY", cap)
+    monkeypatch.setattr(STATE, "loop_capacity", cap)
     return cap
 
 
@@ -111,7 +112,8 @@ def test_run_load_shards_past_one_loop_without_an_option(emitter: EmitterProcess
     assert sc.client_cpu_total_cores >= sc.client_cpu_cores > 0
     assert sc.incomplete is None
     print("per process:", [(p["streams"], p["client_cpu_cores"], p["loop_own_lag_p99_ms"],
-                            p["stamps_late_ms"]) for p in sc.per_process], pool.CAPACITY.why)
+                            p["stamps_late_ms"]) for p in sc.per_process],
+          pool.session_capacity().why)
 
 
 def test_one_loop_at_its_capacity(emitter: EmitterProcess) -> None:

@@ -231,7 +231,8 @@ def run_load(
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     check = self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop, throttling)
-    pool.CAPACITY.observe([(streams if streams is not None else concurrency, stamps_late(loop))])
+    pool.session_capacity().observe(
+        [(streams if streams is not None else concurrency, stamps_late(loop))])
     return LoadResult(records, start_ns, end_ns, replace(check, placement=placed.why))
 
 
@@ -261,7 +262,7 @@ def _run_in_pool(
     check = sharded_check(run.records, [ShardView.of(s, run.records) for s in run.shards],
                           engine="pool", placement=placed.why,
                           open_loop=any(j.offset_s is not None for j in jobs))
-    pool.CAPACITY.observe([(v["streams"], v.get("stamps_late_ms"))
+    pool.session_capacity().observe([(v["streams"], v.get("stamps_late_ms"))
                            for v in check.per_process])
     return LoadResult(tuple(run.records), run.start_ns, run.end_ns, check)
 
