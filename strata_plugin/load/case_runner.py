@@ -24,7 +24,14 @@ from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.limits import max_phase_requests
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
+from strata_plugin.load.generator import (
+    Job,
+    LoadParams,
+    LoadResult,
+    Progress,
+    SelfCheck,
+    run_load,
+)
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 if TYPE_CHECKING:
@@ -460,18 +467,19 @@ class CaseRunner:
             def on_record(rec: RequestRecord) -> None:
                 self._record(rec)
                 clock.record(rec)
-        kw = dict(base_url=self.setup.base_url, api=self.setup.api,
-                  concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
-                  headers=self.setup.headers, counters=self._counters,
-                  on_record=on_record, progress=phase_progress,
-                  on_token_mark=clock.mark if clock else None,
-                  token_mark=clock.token_mark if clock else 1)
+        load = LoadParams(base_url=self.setup.base_url, api=self.setup.api,
+                          concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
+                          headers=self.setup.headers, counters=self._counters,
+                          on_record=on_record, progress=phase_progress,
+                          on_token_mark=clock.mark if clock else None,
+                          token_mark=clock.token_mark if clock else 1,
+                          processes=self.setup.load.processes, streams=w.concurrency)
         if self.setup.load.engine == "ray":  # the same loop as Ray actors (load/ray_engine.py)
             from strata_plugin.load.ray_engine import run_load_on_ray
 
-            return run_load_on_ray(jobs, spec=self.setup.load, **kw)  # type: ignore[arg-type]
-        return run_load(jobs, processes=self.setup.load.processes, streams=w.concurrency,
-                        **kw)  # type: ignore[arg-type]
+            return run_load_on_ray(jobs, spec=self.setup.load,
+                                   **load.common())  # type: ignore[arg-type]  # by name
+        return run_load(jobs, load)
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""
@@ -692,9 +700,10 @@ class CaseRunner:
         loads: list[LoadResult] = []
 
         def load(js: list[Job], conc: int) -> LoadResult:
-            return run_load(js, base_url=setup.base_url, api=setup.api, concurrency=conc,
-                            timeouts=setup.timeouts, headers=setup.headers,
-                            counters=self._counters, on_record=self._record)
+            return run_load(js, LoadParams(base_url=setup.base_url, api=setup.api,
+                                           concurrency=conc, timeouts=setup.timeouts,
+                                           headers=setup.headers, counters=self._counters,
+                                           on_record=self._record))
 
         def conversation(ids: list[int]) -> None:
             """Turn 1 at its trace time; each later turn after the previous answer."""
@@ -784,9 +793,10 @@ class CaseRunner:
             if clock.load_done.is_set():
                 placed["skipped"] = f"the load ended before its offset ({inject.offset_s} s)"
                 return
-            res = run_load([Job(spec)], base_url=self.setup.base_url,
-                           api=self.setup.api, concurrency=1, timeouts=self.setup.timeouts,
-                           headers=self.setup.headers, counters=None, on_record=self._record)
+            res = run_load([Job(spec)], LoadParams(
+                base_url=self.setup.base_url, api=self.setup.api, concurrency=1,
+                timeouts=self.setup.timeouts, headers=self.setup.headers, counters=None,
+                on_record=self._record))
             out.extend(res.records)
             for r in res.records:
                 first = min((e.t_ns for e in r.events if e.n_tokens > 0), default=None)
