@@ -36,7 +36,8 @@ from strata_plugin.formats.typed import (
 )
 from strata_plugin.formats.windows import Marker
 
-#: Files the report writes; everything else in a run folder is raw.
+#: Files the report writes (report/writer.py OUTPUTS); everything else in a run folder is
+#: raw.
 DERIVED = (
     "case_summary.csv",
     "case_hw_summary.csv",
@@ -44,6 +45,7 @@ DERIVED = (
     "report.md",
     "thresholds.md",
     "benchmark.json",
+    "ledger.jsonl",
     # report/ci_outputs.py CI_FILES (analysis may not import report/)
     "bencher.json",
     "metrics.txt",
