@@ -34,7 +34,6 @@ class PreflightFailed(StrataError, RuntimeError):
     """The run cannot start: a port, tool, node or GPU is not ready."""
 
 
-
 def _ssh_probe(host: str):
     def probe() -> bool | str:
         import subprocess
@@ -52,7 +51,6 @@ def _ssh_probe(host: str):
     return probe
 
 
-
 class Deployment:
     """The servers and workers of one run, by block id, and their lifecycle."""
 
@@ -61,7 +59,7 @@ class Deployment:
         self.cfg = cfg
         self.run_dir = run_dir
         self.recorder = recorder
-        self.fleet = fleet  # the head node's name; a restarted server's agents follow it
+        self.fleet = fleet  # the agents: the head's name, a restarted server retracked
         self.add_reason = add_reason  # the run's outcome (a container left behind)
         self.servers: dict[str, Server] = {}
         self.workers: dict[str, list] = {}  # remote worker processes by block id
