@@ -120,6 +120,7 @@ class Deployment:
 
         p = self.cfg.profile
         spec = p.server.container
+        assert spec is not None  # (called for a profile with [server.container] only)
         names = [k for k, _ in env] + [k for k, _ in spec.env]
         names += [n for n in spec.env_pass if n in os.environ or self.cfg.dry_run]
         return build_launch(
@@ -298,7 +299,7 @@ class Deployment:
                           *(f"worker {w.node} exit {w.exit_code()}" for w in dead)])
         if self.cfg.server_url or server.restarts >= 1:
             raise ServerDown(f"server {server.config_id} is down ({what}) and was not restarted")
-        restart = {f"restart_{server.config_id}": server.exit_code()}
+        restart: dict[str, object] = {f"restart_{server.config_id}": server.exit_code()}
         if dead:
             restart[f"restart_{server.config_id}_workers"] = {w.node: w.exit_code() for w in dead}
         self.recorder.update_manifest(**restart)
