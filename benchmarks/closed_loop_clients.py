@@ -32,7 +32,7 @@ import requests
 from sseclient import SSEClient
 
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 from strata_plugin.testing.emitter import sent_stamps
 from strata_plugin.testing.stream_pool import ShardedStreamRunner
 
@@ -80,8 +80,8 @@ def _ours(recs: Sequence, expected: int, cpu: float, wall: float, sc: object = N
 
 def run_loop(url: str, jobs: list[RequestSpec], n: int) -> Run:
     cpu0, t0 = _cpu(), time.monotonic()
-    res = run_load([Job(s) for s in jobs], base_url=url, api="chat", concurrency=n,
-                   timeouts=TIMEOUTS)
+    res = run_load([Job(s) for s in jobs], LoadParams(base_url=url, api="chat", concurrency=n,
+                                                      timeouts=TIMEOUTS))
     return _ours(res.records, sum(s.max_tokens for s in jobs), _cpu() - cpu0,
                  time.monotonic() - t0, res.self_check)
 

@@ -45,7 +45,7 @@ import pytest
 from strata_plugin.analysis.stats import percentile
 from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, LoadResult, open_rate, run_load
+from strata_plugin.load.generator import Job, LoadParams, LoadResult, open_rate, run_load
 from strata_plugin.testing.emitter import emitter_process, sent_stamps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -190,9 +190,10 @@ def test_scale_side_by_side(tmp_path_factory) -> None:
                         res = run_load_on_ray(jobs, spec=spec, base_url=em.url, api="chat",
                                               concurrency=len(jobs), timeouts=TIMEOUTS)
                     else:
-                        res = run_load(jobs, base_url=em.url, api="chat",
-                                       concurrency=len(jobs), timeouts=TIMEOUTS,
-                                       processes=1 if mode == "loop" else 2, streams=n)
+                        res = run_load(jobs, LoadParams(
+                            base_url=em.url, api="chat", concurrency=len(jobs),
+                            timeouts=TIMEOUTS, processes=1 if mode == "loop" else 2,
+                            streams=n))
                     wall = (res.end_ns - res.start_ns) / 1e9
                     rows.append(_row(mode, n, res, _cpu() - cpu0, wall))
                     print(f"{mode} N={n}: p99 {rows[-1].p99_ms:.3g} ms, lost {rows[-1].lost}, "

@@ -35,7 +35,7 @@ from strata_plugin.load.case_runner import (
 )
 from strata_plugin.load.chat_prompts import ChatPrompter
 from strata_plugin.load.client import Timeouts
-from strata_plugin.load.generator import LoadResult, SelfCheck
+from strata_plugin.load.generator import LoadParams, LoadResult, SelfCheck
 from strata_plugin.load.sweep import CapacitySweep
 from strata_plugin.load.workload import TokenSpace, Workload
 from strata_plugin.run.dry_run import DryRunPlan
@@ -58,7 +58,8 @@ class FakeLoad:
         self.injected = threading.Event()
         self.wait_for_injection = False
 
-    def __call__(self, jobs, *, on_record=None, on_token_mark=None, **_kw: Any) -> LoadResult:
+    def __call__(self, jobs, load: LoadParams) -> LoadResult:
+        on_record = load.on_record
         first = jobs[0].spec
         if first.phase == "measured" and first.case_id in self.interrupt:
             raise KeyboardInterrupt

@@ -202,7 +202,7 @@ def test_a_bad_extra_is_refused_before_any_request(monkeypatch, tmp_path, runner
     from strata_plugin.load.workload import Workload
 
     calls: list = []
-    monkeypatch.setattr(cr, "run_load", lambda jobs, **kw: calls.append(jobs))
+    monkeypatch.setattr(cr, "run_load", lambda jobs, load: calls.append(jobs))
     lines: list = []
     if runner_kind == "case":
         runner = cr.CaseRunner(driver._setup(), record=lambda r: None, mark=lambda *a: None,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from strata_plugin.load.client import RequestSpec, Timeouts, fdtable, gcpause
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process
 
 
@@ -35,8 +35,9 @@ def _run(em: EmitterProcess, n: int, on_token_mark=None) -> None:
     extra = (("emit_interval_s", 0.001),)
     jobs = [Job(RequestSpec(f"g{i}", "gc", "measured", 5, prompt="x", extra_body=extra))
             for i in range(n)]
-    res = run_load(jobs, base_url=em.url, api="chat", concurrency=4,
-                   timeouts=Timeouts(connect_s=10, read_s=20), on_token_mark=on_token_mark)
+    res = run_load(jobs, LoadParams(base_url=em.url, api="chat", concurrency=4,
+                                    timeouts=Timeouts(connect_s=10, read_s=20),
+                                    on_token_mark=on_token_mark))
     assert all(r.ok for r in res.records)
 
 

@@ -10,7 +10,7 @@ from sse_script_server import Reply, ScriptServer, sse, within
 
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
 from strata_plugin.load.client import mux as mux_module
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 
 TOKEN = sse({"index": 0, "content": "x", "tokens": [1], "stop": False})
 END = sse({"index": 0, "content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 3})
@@ -24,8 +24,9 @@ def _jobs(n: int, gap_s: float | None = None) -> list[Job]:
 
 
 def _load(url: str, jobs: list[Job], concurrency: int, **kw: object):
-    return within(30, lambda: run_load(jobs, base_url=url, api="llamacpp",
-                                       concurrency=concurrency, timeouts=T, **kw))
+    return within(30, lambda: run_load(jobs, LoadParams(base_url=url, api="llamacpp",
+                                                        concurrency=concurrency, timeouts=T,
+                                                        **kw)))
 
 
 def test_loop_sends_the_bytes_requests_would_send() -> None:

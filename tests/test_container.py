@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin.configure.profile import ContainerSpec, ProfileError, load_profile
+from strata_plugin.process_globals import STATE
 from strata_plugin.run import container as ctr
 from strata_plugin.run.server import LaunchSpec, Server
 
@@ -220,7 +221,7 @@ def test_sighup_and_sigterm_become_keyboard_interrupt(monkeypatch):
     monkeypatch.setattr(signal, "signal", lambda s, h: installed.__setitem__(s, h))
     reaper.install_sigterm_handler()
     assert set(installed) == {signal.SIGTERM, signal.SIGHUP}
-    monkeypatch.setattr(reaper, "_signals_seen", 0)
+    monkeypatch.setattr(STATE, "signals_seen", 0)
     with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGHUP)}"):
         installed[signal.SIGHUP](signal.SIGHUP, None)
     # Still ours: a second signal is not left to the default (tests/test_reaper_signals.py)
@@ -233,29 +234,31 @@ def test_a_container_left_fails_the_block_marks_the_run_and_stays_registered(tmp
 
     from strata_plugin.formats.outcome import RunOutcome
     from strata_plugin.run import reaper
-    from strata_plugin.run.session import ContainerLeft, StrataSession
+    from strata_plugin.run.deployment import ContainerLeft, Deployment
+    from strata_plugin.run.session import StrataSession
 
     monkeypatch.setattr(ctr, "stop_container", lambda launch, g: None)
     monkeypatch.setattr(ctr, "remove_container",
                         lambda launch: ctr.Removal(False, "container x still exists"))
     server = _server(tmp_path)
     server.block_id = "default"
-    sess = object.__new__(StrataSession)  # only what stop_server touches
+    sess = object.__new__(StrataSession)  # its outcome and manifest: the reasons' way
     manifest: dict = {}
     sess.recorder = SimpleNamespace(update_manifest=manifest.update, manifest=manifest)
-    sess.servers, sess.workers = {"default": server}, {}
     sess.outcome = RunOutcome()
-    sess.cfg = SimpleNamespace(profile=SimpleNamespace(telemetry=SimpleNamespace(
+    cfg = SimpleNamespace(profile=SimpleNamespace(telemetry=SimpleNamespace(
         collectors=("proc",))))
+    dep = Deployment(cfg, tmp_path, sess.recorder, fleet=None, add_reason=sess.add_reason)
+    dep.servers = {"default": server}
     reaper.register(server)
     try:
         with pytest.raises(ContainerLeft, match="still exists"):
-            sess.stop_server(server)
-        assert id(server) in reaper._live  # the reaper tries again at exit
+            dep.stop_server(server)
+        assert id(server) in STATE.live_processes  # the reaper tries again at exit
         assert manifest["servers"]["default"]["container"]["removal"]["removed"] is False
         assert "server default: container x still exists" in manifest["incomplete_reason"]
         with pytest.raises(ContainerLeft):
-            sess.stop_server(server)  # a second stop: the same reason, not twice
+            dep.stop_server(server)  # a second stop: the same reason, not twice
         assert manifest["incomplete_reason"].count("still exists") == 1
     finally:
         reaper.unregister(server)

@@ -33,7 +33,7 @@ import requests
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
 from strata_plugin.load.client.mux import StreamMux
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 from tests.crafted_server import Crafted, CraftedServer, chunk, head
 from tests.sse_script_server import within
 
@@ -191,8 +191,8 @@ def test_run_load_returns_on_a_malformed_event() -> None:
             for i in range(3)]
     with CraftedServer(reply) as srv:
         t0 = time.monotonic()
-        res = within(BOUND_S + 5, lambda: run_load(jobs, base_url=srv.url, api="llamacpp",
-                                                  concurrency=2, timeouts=TIMEOUTS))
+        res = within(BOUND_S + 5, lambda: run_load(jobs, LoadParams(
+            base_url=srv.url, api="llamacpp", concurrency=2, timeouts=TIMEOUTS)))
         took = time.monotonic() - t0
     assert took <= BOUND_S
     assert [r.error.cls if r.error else None for r in res.records] == ["malformed_event"] * 3

@@ -43,7 +43,8 @@ def _defined_exceptions() -> dict[str, type[BaseException]]:
 def test_every_exception_strata_defines_derives_from_strata_error():
     found = _defined_exceptions()
     # the walk sees the classes (a walk that found none would pass vacuously)
-    assert {"strata_plugin.configure.profile.ProfileError", "strata_plugin.run.session.ServerDown",
+    assert {"strata_plugin.configure.profile.ProfileError",
+            "strata_plugin.run.deployment.ServerDown",
             "strata_plugin.run.preflight.PreflightError", "strata_plugin.load.trace.TraceError",
             "strata_plugin.load.sandbox.SandboxUnavailable",
             "strata_plugin.testing.faults.FaultUnavailable",
@@ -56,7 +57,8 @@ def test_every_exception_strata_defines_derives_from_strata_error():
 
 def test_each_keeps_its_builtin_base():
     from strata_plugin.configure.profile import ProfileError
-    from strata_plugin.run.session import RunFolderError, ServerDown
+    from strata_plugin.run.deployment import ServerDown
+    from strata_plugin.run.session import RunFolderError
 
     assert issubclass(ProfileError, ValueError) and issubclass(ServerDown, RuntimeError)
     assert issubclass(RunFolderError, OSError)

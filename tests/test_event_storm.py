@@ -31,7 +31,7 @@ from strata_plugin.load.client.core import StreamCore
 from strata_plugin.load.client.errors import StreamError
 from strata_plugin.load.client.flavours import flavour
 from strata_plugin.load.client.mux import StreamMux
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 from tests.sse_script_server import within
 from tests.sse_storm_server import StormServer
 
@@ -135,8 +135,9 @@ def test_a_storm_on_every_request_ends_each_and_the_load_goes_on():
             for i in range(6)]
     with StormServer(rate=50_000, duration_s=20) as srv:
         t0 = time.monotonic()
-        res = within(20, lambda: run_load(jobs, base_url=srv.url, api="completions",
-                                          concurrency=2, timeouts=TIMEOUTS, processes=1))
+        res = within(20, lambda: run_load(jobs, LoadParams(
+            base_url=srv.url, api="completions", concurrency=2, timeouts=TIMEOUTS,
+            processes=1)))
         took = time.monotonic() - t0
     assert [r.error.cls if r.error else None for r in res.records] == ["too_many_events"] * 6
     assert all(len(r.events) == max_events(8) for r in res.records)

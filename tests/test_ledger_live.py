@@ -25,7 +25,7 @@ import pytest
 from strata_plugin.analysis.ledger import DECODE_PARTS, TTFT_PARTS, case_ledger, request_ledger
 from strata_plugin.analysis.thresholds import value
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 
 HEAD_S, PREFILL_S, INTERVAL_S, EVENTS = 0.06, 0.04, 0.02, 40
@@ -55,8 +55,8 @@ def test_a_scripted_split_comes_back_through_real_sockets(emitter: EmitterProces
              ("emit_timings", True))
     jobs = [Job(RequestSpec(f"s{i}", "live", "measured", EVENTS, prompt="x", extra_body=extra))
             for i in range(4)]
-    res = run_load(jobs, base_url=emitter.url, api="chat", concurrency=4,
-                   timeouts=Timeouts(connect_s=10, read_s=20))
+    res = run_load(jobs, LoadParams(base_url=emitter.url, api="chat", concurrency=4,
+                                    timeouts=Timeouts(connect_s=10, read_s=20)))
     assert all(r.ok for r in res.records), [r.error for r in res.records]
     err = res.self_check.timing_error_bound_ms
     for rec in res.records:

@@ -17,7 +17,8 @@ import pytest
 from strata_plugin.agent.procfs import TreeCounters
 from strata_plugin.load import pool
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, Progress, run_load
+from strata_plugin.load.generator import Job, LoadParams, Progress, run_load
+from strata_plugin.process_globals import STATE
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 
 T = Timeouts(connect_s=20, read_s=30)
@@ -34,7 +35,7 @@ def fresh_capacity(monkeypatch: pytest.MonkeyPatch) -> pool.Capacity:
     """Each test starts from the measured capacity: what an earlier test's loops taught
     the process (a busy host) is not this test's."""
     cap = pool.Capacity()
-    monkeypatch.setattr(pool, "CAPACITY", cap)
+    monkeypatch.setattr(STATE, "loop_capacity", cap)
     return cap
 
 
@@ -82,10 +83,11 @@ def test_run_load_shards_past_one_loop_without_an_option(emitter: EmitterProcess
         with lock:
             marks[rid] = t_ns
 
-    res = run_load(_jobs(n), base_url=emitter.url, api="chat", concurrency=n, timeouts=T,
-                   counters=TreeCounters(emitter.pid), progress=progress,
-                   on_record=lambda r: got.append(r.request_id), on_token_mark=mark,
-                   token_mark=3)
+    res = run_load(_jobs(n), LoadParams(base_url=emitter.url, api="chat", concurrency=n,
+                                        timeouts=T, counters=TreeCounters(emitter.pid),
+                                        progress=progress,
+                                        on_record=lambda r: got.append(r.request_id),
+                                        on_token_mark=mark, token_mark=3))
     sc = res.self_check
     assert sc.engine == "pool" and sc.processes == 2 and sc.hosts == 1, sc
     assert f"{n} streams > {pool.STREAMS_PER_LOOP} streams a loop" in sc.placement
@@ -111,12 +113,13 @@ def test_run_load_shards_past_one_loop_without_an_option(emitter: EmitterProcess
     assert sc.client_cpu_total_cores >= sc.client_cpu_cores > 0
     assert sc.incomplete is None
     print("per process:", [(p["streams"], p["client_cpu_cores"], p["loop_own_lag_p99_ms"],
-                            p["stamps_late_ms"]) for p in sc.per_process], pool.CAPACITY.why)
+                            p["stamps_late_ms"]) for p in sc.per_process],
+          pool.session_capacity().why)
 
 
 def test_one_loop_at_its_capacity(emitter: EmitterProcess) -> None:
-    res = run_load(_jobs(8), base_url=emitter.url, api="chat", concurrency=8, timeouts=T,
-                   streams=pool.STREAMS_PER_LOOP)
+    res = run_load(_jobs(8), LoadParams(base_url=emitter.url, api="chat", concurrency=8,
+                                        timeouts=T, streams=pool.STREAMS_PER_LOOP))
     assert res.self_check.engine == "loop" and res.self_check.processes == 1
     assert "on one loop" in res.self_check.placement
 
@@ -124,8 +127,8 @@ def test_one_loop_at_its_capacity(emitter: EmitterProcess) -> None:
 def test_an_open_loop_keeps_its_arrival_times_through_the_pool(
         emitter: EmitterProcess) -> None:
     offsets = [0.05 * i for i in range(20)]
-    res = run_load(_jobs(20, 5, offsets), base_url=emitter.url, api="chat", concurrency=20,
-                   timeouts=T, processes=2)
+    res = run_load(_jobs(20, 5, offsets), LoadParams(base_url=emitter.url, api="chat",
+                                                     concurrency=20, timeouts=T, processes=2))
     assert res.self_check.processes == 2
     for off, r in zip(offsets, res.records, strict=True):
         assert r.ok

@@ -15,7 +15,13 @@ from collections.abc import Iterator
 import pytest
 
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import CLIENT_TIMING_ERROR_MS, Job, LoadResult, run_load
+from strata_plugin.load.generator import (
+    CLIENT_TIMING_ERROR_MS,
+    Job,
+    LoadParams,
+    LoadResult,
+    run_load,
+)
 from strata_plugin.testing.emitter import EmitterProcess, emitter_process, sent_stamps
 
 
@@ -30,8 +36,8 @@ def _run(em: EmitterProcess, streams: int, events: int, interval_s: float,
     extra = (("emit_interval_s", interval_s), ("emit_burst", burst))
     jobs = [Job(RequestSpec(f"s{i}", "live", "measured", events, prompt="x", extra_body=extra))
             for i in range(streams)]
-    return run_load(jobs, base_url=em.url, api="chat", concurrency=streams,
-                    timeouts=Timeouts(connect_s=10, read_s=20))
+    return run_load(jobs, LoadParams(base_url=em.url, api="chat", concurrency=streams,
+                                     timeouts=Timeouts(connect_s=10, read_s=20)))
 
 
 def test_a_clean_run_is_not_flagged(emitter: EmitterProcess) -> None:

@@ -22,6 +22,7 @@ import time
 import default_signals
 import pytest
 
+from strata_plugin.process_globals import STATE
 from strata_plugin.run import reaper
 from tests.test_robustness_support import ROOT, alive, wait_for
 
@@ -143,10 +144,10 @@ class _Stub:
 
 def test_stop_all_goes_on_after_an_interrupted_stop(monkeypatch):
     log: list[str] = []
-    monkeypatch.setattr(reaper, "_live", {})
+    monkeypatch.setattr(STATE, "live_processes", {})
     old, new = _Stub(log, "old"), _Stub(log, "new", KeyboardInterrupt("signal 15"))
-    reaper._live.update({id(old): old, id(new): new})
+    STATE.live_processes.update({id(old): old, id(new): new})
     with pytest.raises(KeyboardInterrupt):
         reaper.stop_all()
     assert log == ["stop new", "kill new", "stop old"]
-    assert list(reaper._live.values()) == [new]  # the interrupted one stays registered
+    assert list(STATE.live_processes.values()) == [new]  # the interrupted one stays registered

@@ -78,7 +78,7 @@ def test_the_preflight_probe_never_hands_a_crafted_host_to_ssh(tmp_path, monkeyp
     """The probe used to run ``ssh ... <host> true`` unchecked: a host of
     ``-oProxyCommand=touch FILE`` created FILE, before any profile check, even when
     attaching. The real ssh client is run here."""
-    from strata_plugin.run.session import _ssh_probe
+    from strata_plugin.run.deployment import _ssh_probe
 
     monkeypatch.delenv(remote.SSH_CONFIG_ENV, raising=False)
     canary = tmp_path / "pwned"

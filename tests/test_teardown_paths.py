@@ -105,46 +105,46 @@ class FakeProc:
         self._alive = True
 
 
-def _session(log: list, workers: list, tmp_path):
-    from strata_plugin.run.session import StrataSession
+def _deployment(log: list, workers: list, tmp_path):
+    from strata_plugin.run.deployment import Deployment
 
-    sess = object.__new__(StrataSession)  # only what ensure_alive touches
-    sess.cfg = SimpleNamespace(server_url=None)
-    sess.recorder = FakeRecorder()
-    sess.fleet = _fleet(tmp_path, sess.recorder)  # no agents: a retrack has nothing to do
-    sess.workers = {"default": workers}
+    recorder = FakeRecorder()
+    fleet = _fleet(tmp_path, recorder)  # no agents: a retrack has nothing to do
+    dep = Deployment(SimpleNamespace(server_url=None), tmp_path, recorder, fleet,
+                     add_reason=lambda kind, detail="": None)
+    dep.workers = {"default": workers}
 
     def start_workers(spec, block_id):
         log.append(f"start workers of {block_id}")
         return [FakeProc(w.node, log) for w in workers]
 
-    sess.start_workers = start_workers
-    return sess
+    dep.start_workers = start_workers
+    return dep
 
 
 def test_a_dead_worker_restarts_the_whole_group_once_then_skips(tmp_path):
     log: list[str] = []
     head = FakeProc("default", log)
     workers = [FakeProc("w0", log, alive=False, code=137), FakeProc("w1", log)]
-    sess = _session(log, workers, tmp_path)
-    assert sess.ensure_alive(head) is head
+    dep = _deployment(log, workers, tmp_path)
+    assert dep.ensure_alive(head) is head
     # the live head is stopped too (it cannot finish a collective), workers start first
     assert log == ["stop default", "stop w0", "stop w1", "start workers of default",
                    "start default"]
-    assert sess.recorder.manifest["restart_default_workers"] == {"w0": 137}
-    assert head.restarts == 1 and sess.dead_workers(head) == []
-    sess.workers["default"][1]._alive = False  # dies again: no second restart
-    from strata_plugin.run.session import ServerDown
+    assert dep.recorder.manifest["restart_default_workers"] == {"w0": 137}
+    assert head.restarts == 1 and dep.dead_workers(head) == []
+    dep.workers["default"][1]._alive = False  # dies again: no second restart
+    from strata_plugin.run.deployment import ServerDown
 
     with pytest.raises(ServerDown, match="worker w1 exit None"):
-        sess.ensure_alive(head)
+        dep.ensure_alive(head)
 
 
 def test_a_healthy_group_is_left_alone(tmp_path):
     log: list[str] = []
     head = FakeProc("default", log)
-    sess = _session(log, [FakeProc("w0", log)], tmp_path)
-    assert sess.ensure_alive(head) is head and log == []
+    dep = _deployment(log, [FakeProc("w0", log)], tmp_path)
+    assert dep.ensure_alive(head) is head and log == []
 
 
 def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path):
@@ -155,7 +155,7 @@ def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path)
     worker = SimpleNamespace(node="node1", exit_code=lambda: 1, log_path=log)
     head = SimpleNamespace(config_id="tp16", alive=lambda: True)
     sess = SimpleNamespace(run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
-                           dead_workers=lambda server: [worker])
+                           deployment=SimpleNamespace(dead_workers=lambda server: [worker]))
     item = SimpleNamespace(stash={}, user_properties=[], nodeid="cases/x.py::t")
     runner = SimpleNamespace(case_lines={}, results=[])
     with pytest.raises(pytest.fail.Exception) as failed:

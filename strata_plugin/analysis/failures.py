@@ -103,6 +103,38 @@ class FailureTally:
         return None
 
 
+class RunFailures:
+    """Every case's :class:`FailureTally`, counted as the live run records its requests,
+    and the failures each case allows (its ``allow_errors``): a case whose requests
+    mostly failed in ways it did not allow makes the run incomplete, with its counts."""
+
+    def __init__(self) -> None:
+        self.tallies: dict[str, FailureTally] = {}
+        self.allowed: dict[str, bool | tuple[str, ...]] = {}  # case id -> allow_errors
+
+    def add(self, rec: RequestRecord) -> None:
+        tally = self.tallies.get(rec.case_id)
+        if tally is None:
+            tally = self.tallies[rec.case_id] = FailureTally()
+        tally.add(rec)
+
+    def allow(self, case_id: str, allow_errors: bool | tuple[str, ...]) -> None:
+        self.allowed[case_id] = allow_errors
+
+    def lines(self) -> list[str]:
+        """``case X: requests_failed: 4 of 4 requests failed (...)`` per case whose
+        requests mostly failed in ways it did not allow (``allow_errors``)."""
+        out = []
+        for case_id, tally in self.tallies.items():
+            f = tally.summary()
+            if f is None or not f.mostly_failed:
+                continue
+            allowed = self.allowed.get(case_id)
+            if allowed is True or (allowed and {c for c, _ in f.by_class} <= set(allowed)):
+                continue  # a case that expects these failures (a fault case) measured them
+            out.append(f"case {case_id}: requests_failed: {f.line()}")
+        return out
+
 def _ranked(counts: dict[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 

@@ -10,6 +10,7 @@ incomplete) and any other damage is an error naming the file, line and key.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from strata_plugin.formats.typed import (
 )
 from strata_plugin.formats.windows import Marker
 
-#: Files the report writes; everything else in a run folder is raw.
+#: Files the report writes (report/writer.py OUTPUTS); everything else in a run folder is
+#: raw.
 DERIVED = (
     "case_summary.csv",
     "case_hw_summary.csv",
@@ -43,6 +45,7 @@ DERIVED = (
     "report.md",
     "thresholds.md",
     "benchmark.json",
+    "ledger.jsonl",
     # report/ci_outputs.py CI_FILES (analysis may not import report/)
     "bencher.json",
     "metrics.txt",
@@ -50,6 +53,18 @@ DERIVED = (
     "github-benchmark-bigger.json",
 )
 DERIVED_DIRS = ("plots",)
+
+
+def drop_derived(run_dir: Path, since: float) -> None:
+    """Remove derived files a failed report attempt left behind (they may be half-written):
+    those modified since ``since`` (``time.time()``), less a second."""
+    paths = [run_dir / n for n in DERIVED]
+    for d in DERIVED_DIRS:
+        paths += sorted((run_dir / d).glob("*"))
+    for p in paths:
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_mtime >= since - 1:
+                p.unlink()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ from strata_plugin.formats.cases import CaseLine
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.limits import max_phase_requests
 from strata_plugin.load.client import RequestSpec, Timeouts
-from strata_plugin.load.generator import Job, LoadResult, Progress, SelfCheck, run_load
+from strata_plugin.load.generator import (
+    Job,
+    LoadParams,
+    LoadResult,
+    Progress,
+    SelfCheck,
+    run_load,
+)
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 if TYPE_CHECKING:
@@ -384,6 +391,50 @@ def validate(validators, records: tuple[RequestRecord, ...]) -> tuple[tuple[str,
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How one case runs: ``CaseRunner.run``'s keywords as one object (``run_with``)."""
+
+    case_id: str | None = None  # default: the test's node id
+    scale: bool = True  # scale the workload by the profile
+    inject: Injection | None = None
+    ab: ABArm | None = None
+    extra: dict | None = None  # more fields of the case's cases.jsonl line
+    extra_body: dict | None = None  # more fields of every request's body
+    validators: tuple = ()
+    allow_errors: bool | tuple[str, ...] = False
+    until: SampleTarget | None = None
+    timeslice_s: float | None = None
+
+    def checked_allow_errors(self) -> bool | tuple[str, ...]:
+        """``allow_errors`` as a bool or a tuple of known classes, once ``timeslice_s`` is
+        checked too; a ValueError names what is wrong."""
+        if self.timeslice_s is not None and not self.timeslice_s > 0:
+            raise ValueError(f"timeslice_s must be > 0 seconds, got {self.timeslice_s!r}")
+        allow_errors = self.allow_errors
+        if not isinstance(allow_errors, bool):
+            allow_errors = tuple(allow_errors)
+            unknown = sorted(set(allow_errors) - set(ERROR_CLASSES))
+            if unknown:
+                raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
+                                 f"the classes are {', '.join(ERROR_CLASSES)}")
+        return allow_errors
+
+
+@dataclass(frozen=True)
+class _Case:
+    """One case as it runs: its id, the workload as sent, its prompts' salt, its line's
+    extra fields and A/B arm, the requests' extra body, and when it began (monotonic ns)."""
+
+    case_id: str
+    w: Workload
+    salt: str
+    extra: dict
+    ab: ABArm | None
+    body: tuple
+    t_ns: int
+
+
 def _ab_from_extra(extra: dict | None, ab: ABArm | None) -> tuple[dict, ABArm | None]:
     """``extra`` without the older ``ab_group``/``ab_arm`` keys, read as an ``ABArm``."""
     extra = dict(extra or {})
@@ -460,18 +511,19 @@ class CaseRunner:
             def on_record(rec: RequestRecord) -> None:
                 self._record(rec)
                 clock.record(rec)
-        kw: dict[str, Any] = dict(base_url=self.setup.base_url, api=self.setup.api,
-                  concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
-                  headers=self.setup.headers, counters=self._counters,
-                  on_record=on_record, progress=phase_progress,
-                  on_token_mark=clock.mark if clock else None,
-                  token_mark=clock.token_mark if clock else 1)
+        load = LoadParams(base_url=self.setup.base_url, api=self.setup.api,
+                          concurrency=min(in_flight, 1024), timeouts=self.setup.timeouts,
+                          headers=self.setup.headers, counters=self._counters,
+                          on_record=on_record, progress=phase_progress,
+                          on_token_mark=clock.mark if clock else None,
+                          token_mark=clock.token_mark if clock else 1,
+                          processes=self.setup.load.processes, streams=w.concurrency)
         if self.setup.load.engine == "ray":  # the same loop as Ray actors (load/ray_engine.py)
             from strata_plugin.load.ray_engine import run_load_on_ray
 
-            return run_load_on_ray(jobs, spec=self.setup.load, **kw)
-        return run_load(jobs, processes=self.setup.load.processes, streams=w.concurrency,
-                        **kw)
+            return run_load_on_ray(jobs, spec=self.setup.load,
+                                   **load.common())  # type: ignore[arg-type]  # by name
+        return run_load(jobs, load)
 
     def scaled(self, w: Workload) -> Workload:
         """The nominal (seed-sized) workload as this profile runs it."""
@@ -498,116 +550,61 @@ class CaseRunner:
 
         ``ab`` makes the case one arm of an A/B group; ``extra`` adds fields to its
         ``cases.jsonl`` line (the older ``extra={"ab_group": ..., "ab_arm": ...}`` form is
-        still read as an ``ab``).
+        still read as an ``ab``). The keywords are a :class:`RunOptions` (``run_with``).
         """
-        case_id = case_id or self.default_case_id
-        if timeslice_s is not None and not timeslice_s > 0:
-            raise ValueError(f"timeslice_s must be > 0 seconds, got {timeslice_s!r}")
-        if not isinstance(allow_errors, bool):
-            allow_errors = tuple(allow_errors)
-            unknown = sorted(set(allow_errors) - set(ERROR_CLASSES))
-            if unknown:
-                raise ValueError(f"allow_errors: unknown error class(es) {unknown}; "
-                                 f"the classes are {', '.join(ERROR_CLASSES)}")
-        extra, ab = _ab_from_extra(extra, ab)
+        return self.run_with(w, RunOptions(
+            case_id=case_id, scale=scale, inject=inject, ab=ab, extra=extra,
+            extra_body=extra_body, validators=validators, allow_errors=allow_errors,
+            until=until, timeslice_s=timeslice_s))
+
+    def run_with(self, w: Workload, opts: RunOptions) -> CaseResult:
+        """``run``, its options as one object: checked, warm-ups, the measured load, the
+        checks, then the case's line and result."""
+        case_id = opts.case_id or self.default_case_id
+        allow_errors = opts.checked_allow_errors()
+        extra, ab = _ab_from_extra(opts.extra, opts.ab)
         # the test's extra= is checked now, not once the load has run (nor in the middle of
         # a Ctrl-C): a value of the wrong type for a field it names is the test's error
         CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
         nominal = w
-        w = self.scaled(w) if scale else w
-        salt = self.repetition_salt(w, ab)
-        t_case = time.monotonic_ns()
-        body = tuple(sorted((extra_body or {}).items()))
-        warm = build_specs(w, self.setup, case_id, "warmup", w.warmups, 1_000_000, body, salt,
-                           self.chat_prompter())
-        warm_res = self._load([Job(s) for s in warm], w, None) if warm else None
-        t_warm_end = time.monotonic_ns()
-        if warm_res:
-            self._mark("warmup", case_id, case_id, t_case, t_warm_end)
-            if (err := no_tokens(warm_res.records)) is not None:
-                raise err  # the warm-ups already show it: no measured load is sent
+        w = self.scaled(w) if opts.scale else w
+        case = _Case(case_id, w, self.repetition_salt(w, ab), extra, ab,
+                     tuple(sorted((opts.extra_body or {}).items())), time.monotonic_ns())
+        warm_res, t_warm_end = self._warmups(case)
         flush = None
         if w.prefix == "cold":  # after the warm-ups, before the measured window
             from strata_plugin.load.cache_flush import flush_prefix_cache
 
             flush = flush_prefix_cache(self.setup.engine, self.setup.base_url,
                                        self.setup.headers)
-
-        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, body, salt,
-                            self.chat_prompter())
-        offsets = arrival_offsets_s(w, len(specs))
-        jobs = [Job(s, None if offsets is None else offsets[i]) for i, s in enumerate(specs)]
-        progress = Progress(len(jobs))
-        stop = threading.Event()
-        ticker = self._start_ticker(progress, stop)
-        injected: list[RequestRecord] = []
-        placed: dict[str, object] = {}
-        clock = (_InjectionClock(min(w.concurrency, len(jobs)), inject.token_mark(w.osl))
-                 if inject else None)
-        injector = (self._start_injection(inject, case_id, injected, scale, clock, placed,
-                                        salt)
-                    if inject and clock else None)
-        try:
-            with self._measured_window(case_id):
-                res = self._load(jobs, w, progress, clock)
-                target_line = None
-                if until is not None:
-                    res, target_line = self._until_supported(res, w, until, case_id, body,
-                                                             progress, salt)
-        except KeyboardInterrupt:  # the records so far are on disk (generator.py): the
-            now = time.monotonic_ns()  # case's window and line say it was cut short
-            self._mark("case", case_id, case_id, t_case, now)
-            self._add_case(CaseLine.written(
-                {**extra, **(ab.fields() if ab else {})},
-                case_id=case_id, name=w.name, params=w.params(),
-                config_id=self.setup.config_id, block_id=self.setup.block_id,
-                api=self.setup.api, interrupted=True, prompt_salt=salt))
-            raise
-        finally:
-            if clock:
-                clock.load_done.set()
-            if injector:
-                injector.join()
-            stop.set()
-            if ticker:
-                ticker.join()
+        res, target_line, injected, placed = self._measured(case, opts)
         self._mark("measured", case_id, case_id, res.start_ns, res.end_ns)
-        self._mark("case", case_id, case_id, t_case, res.end_ns)
+        self._mark("case", case_id, case_id, case.t_ns, res.end_ns)
 
         metrics = case_metrics(res.records, window_ns=(res.start_ns, res.end_ns))
-        exact = self.isl_exact(w)
-        problems = tuple(check_case(w, res.records, exact))
-        validation = validate(validators, res.records)
-        problems += tuple(f"{name}: {passed}/{total} passed" for name, passed, total in validation
-                          if passed != total)
-        if inject:
-            iw = self.scaled(inject.workload) if scale else inject.workload
-            problems += tuple(check_case(iw, tuple(injected), self.isl_exact(iw)))
-            if placed.get("skipped"):
-                problems += (f"injection not sent: {placed['skipped']}",)
+        validation = validate(opts.validators, res.records)
+        problems = self._problems(case, opts, res, validation, injected, placed)
         result = CaseResult(case_id, w, self.setup.config_id, res.records,
                             warm_res.records if warm_res else (), metrics, res.self_check,
-                            problems, (res.start_ns, res.end_ns), (t_warm_end - t_case) / 1e9,
-                            tuple(injected), validation, ab,
+                            problems, (res.start_ns, res.end_ns),
+                            (t_warm_end - case.t_ns) / 1e9, tuple(injected), validation, ab,
                             allow_errors)
-        # The test's extra= and the A/B arm come last and win, then the sample target
-        # and the timeslice (CaseLine.written's tail).
-        tail = {**extra, **(ab.fields() if ab else {})}
+        # The test's extra= and the A/B arm come after the keys and win, then the sample
+        # target and the timeslice (CaseLine.written's tail, ``_line``).
+        tail: dict[str, object] = {}
         if target_line is not None:
             tail["sample_target"] = target_line
-        if timeslice_s is not None:
-            tail["timeslice_s"] = float(timeslice_s)
-        self.case_lines[case_id] = line = CaseLine.written(
-            tail, case_id=case_id, name=w.name, params=w.params(),
-            scaled_from=nominal.params() if nominal != w else None,
-            config_id=self.setup.config_id, block_id=self.setup.block_id,
-            server_startup_s=self.setup.startup_s, api=self.setup.api,
+        if opts.timeslice_s is not None:
+            tail["timeslice_s"] = float(opts.timeslice_s)
+        inject = opts.inject
+        self.case_lines[case_id] = line = self._line(
+            case, tail, scaled_from=nominal.params() if nominal != w else None,
+            server_startup_s=self.setup.startup_s,
             window_mono_ns=(res.start_ns, res.end_ns), warmup_s=result.warmup_s,
             self_check=res.self_check.__dict__, client_bound=res.self_check.client_bound,
             problems=problems, headline=result.headline,
             validation=[{"validator": n, "passed": p, "total": t} for n, p, t in validation],
             injection=({**inject.fields(w.osl), **placed} if inject else None),
-            prompt_salt=salt,
             cache_flush=flush.as_dict() if flush else None,
             cold_prefix=cold_prefix_status(w, res.records),
             **isl_fields(self.isl_note(w), res.records),
@@ -619,6 +616,89 @@ class CaseRunner:
         if (err := no_tokens(res.records)) is not None:
             raise err
         return result
+
+    def _line(self, case: _Case, tail: dict[str, object], **keys: object) -> CaseLine:
+        """The case's ``cases.jsonl`` line: who it is (case, workload, server, API, its
+        prompts' salt) and ``keys``; then the test's ``extra=`` and the A/B arm, then
+        ``tail`` (the sample target, the timeslice), which win."""
+        return CaseLine.written(
+            {**case.extra, **(case.ab.fields() if case.ab else {}), **tail},
+            case_id=case.case_id, name=case.w.name, params=case.w.params(),
+            config_id=self.setup.config_id, block_id=self.setup.block_id,
+            api=self.setup.api, prompt_salt=case.salt, **keys)
+
+    def _warmups(self, case: _Case) -> tuple[LoadResult | None, int]:
+        """The warm-up requests, and when they ended; a warm-up load in which no stream
+        got a token ends the case (no measured load is sent)."""
+        warm = build_specs(case.w, self.setup, case.case_id, "warmup", case.w.warmups,
+                           1_000_000, case.body, case.salt, self.chat_prompter())
+        warm_res = self._load([Job(s) for s in warm], case.w, None) if warm else None
+        t_warm_end = time.monotonic_ns()
+        if warm_res:
+            self._mark("warmup", case.case_id, case.case_id, case.t_ns, t_warm_end)
+            if (err := no_tokens(warm_res.records)) is not None:
+                raise err  # the warm-ups already show it: no measured load is sent
+        return warm_res, t_warm_end
+
+    def _measured(self, case: _Case, opts: RunOptions
+                  ) -> tuple[LoadResult, dict | None, list[RequestRecord], dict[str, object]]:
+        """The measured requests (more of them with ``until``), with the injected one
+        beside them and the progress ticker: (the load, the sample target's line, the
+        injected records, where the injection was placed). A Ctrl-C writes the case's
+        line, marked interrupted, before it goes on."""
+        w, case_id, inject = case.w, case.case_id, opts.inject
+        specs = build_specs(w, self.setup, case_id, "measured", w.requests, 0, case.body,
+                            case.salt, self.chat_prompter())
+        offsets = arrival_offsets_s(w, len(specs))
+        jobs = [Job(s, None if offsets is None else offsets[i]) for i, s in enumerate(specs)]
+        progress = Progress(len(jobs))
+        stop = threading.Event()
+        ticker = self._start_ticker(progress, stop)
+        injected: list[RequestRecord] = []
+        placed: dict[str, object] = {}
+        clock = (_InjectionClock(min(w.concurrency, len(jobs)), inject.token_mark(w.osl))
+                 if inject else None)
+        injector = (self._start_injection(inject, case_id, injected, opts.scale, clock,
+                                          placed, case.salt)
+                    if inject and clock else None)
+        try:
+            with self._measured_window(case_id):
+                res = self._load(jobs, w, progress, clock)
+                target_line = None
+                if opts.until is not None:
+                    res, target_line = self._until_supported(res, w, opts.until, case_id,
+                                                             case.body, progress, case.salt)
+        except KeyboardInterrupt:  # the records so far are on disk (generator.py): the
+            now = time.monotonic_ns()  # case's window and line say it was cut short
+            self._mark("case", case_id, case_id, case.t_ns, now)
+            self._add_case(self._line(case, {}, interrupted=True))
+            raise
+        finally:
+            if clock:
+                clock.load_done.set()
+            if injector:
+                injector.join()
+            stop.set()
+            if ticker:
+                ticker.join()
+        return res, target_line, injected, placed
+
+    def _problems(self, case: _Case, opts: RunOptions, res: LoadResult,
+                  validation: tuple[tuple[str, int, int], ...],
+                  injected: list[RequestRecord], placed: dict[str, object]
+                  ) -> tuple[str, ...]:
+        """The checks that failed, each with its numbers: ISL, OSL and cold prefix of the
+        measured load and of the injected request, the validators, an injection not sent."""
+        w, inject = case.w, opts.inject
+        problems = tuple(check_case(w, res.records, self.isl_exact(w)))
+        problems += tuple(f"{name}: {passed}/{total} passed" for name, passed, total in validation
+                          if passed != total)
+        if inject:
+            iw = self.scaled(inject.workload) if opts.scale else inject.workload
+            problems += tuple(check_case(iw, tuple(injected), self.isl_exact(iw)))
+            if placed.get("skipped"):
+                problems += (f"injection not sent: {placed['skipped']}",)
+        return problems
 
     def constrain(self, *, json_schema: dict | None = None,
                   grammar: str | None = None) -> dict:
@@ -692,9 +772,10 @@ class CaseRunner:
         loads: list[LoadResult] = []
 
         def load(js: list[Job], conc: int) -> LoadResult:
-            return run_load(js, base_url=setup.base_url, api=setup.api, concurrency=conc,
-                            timeouts=setup.timeouts, headers=setup.headers,
-                            counters=self._counters, on_record=self._record)
+            return run_load(js, LoadParams(base_url=setup.base_url, api=setup.api,
+                                           concurrency=conc, timeouts=setup.timeouts,
+                                           headers=setup.headers, counters=self._counters,
+                                           on_record=self._record))
 
         def conversation(ids: list[int]) -> None:
             """Turn 1 at its trace time; each later turn after the previous answer."""
@@ -784,9 +865,10 @@ class CaseRunner:
             if clock.load_done.is_set():
                 placed["skipped"] = f"the load ended before its offset ({inject.offset_s} s)"
                 return
-            res = run_load([Job(spec)], base_url=self.setup.base_url,
-                           api=self.setup.api, concurrency=1, timeouts=self.setup.timeouts,
-                           headers=self.setup.headers, counters=None, on_record=self._record)
+            res = run_load([Job(spec)], LoadParams(
+                base_url=self.setup.base_url, api=self.setup.api, concurrency=1,
+                timeouts=self.setup.timeouts, headers=self.setup.headers, counters=None,
+                on_record=self._record))
             out.extend(res.records)
             for r in res.records:
                 first = min((e.t_ns for e in r.events if e.n_tokens > 0), default=None)
@@ -836,15 +918,12 @@ class PlanningRunner(CaseRunner):
         super().__init__(setup, record=_not_recorded, mark=_not_recorded,
                          add_case=plan, default_case_id=default_case_id, history=history)
 
-    def run(self, w: Workload, *, case_id: str | None = None, scale: bool = True,
-            inject: Injection | None = None, ab: ABArm | None = None,
-            extra: dict | None = None, extra_body: dict | None = None,
-            validators: tuple = (), allow_errors: bool | tuple[str, ...] = False,
-            until: SampleTarget | None = None,
-            timeslice_s: float | None = None) -> CaseResult:
-        case_id = case_id or self.default_case_id
-        extra, ab = _ab_from_extra(extra, ab)
+    def run_with(self, w: Workload, opts: RunOptions) -> CaseResult:
+        case_id = opts.case_id or self.default_case_id
+        extra, ab = _ab_from_extra(opts.extra, opts.ab)
         CaseLine.written({**extra, **(ab.fields() if ab else {})}, case_id=case_id)
+        until, timeslice_s, allow_errors = opts.until, opts.timeslice_s, opts.allow_errors
+        inject, scale = opts.inject, opts.scale
         scaled = self.scaled(w) if scale else w
         if until is not None:
             extra["sample_target"] = {"percentiles": list(until.percentiles),
@@ -866,8 +945,8 @@ class PlanningRunner(CaseRunner):
             params=scaled.params(), scaled_from=w.params() if scaled != w else None,
             config_id=self.setup.config_id, block_id=self.setup.block_id,
             api=self.setup.api, injection=injected,
-            extra_body_keys=sorted(extra_body or {}),
-            validators=[getattr(v, "__name__", "validator") for v in validators])
+            extra_body_keys=sorted(opts.extra_body or {}),
+            validators=[getattr(v, "__name__", "validator") for v in opts.validators])
         self.case_lines[case_id] = line
         self._add_case(line)
         empty = case_metrics((), window_ns=(0, 0))

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -145,24 +145,35 @@ class Progress:
                     f"{self.errors} errors, {self.tokens / dt:.1f} output tok/s")
 
 
-def run_load(
-    jobs: Sequence[Job],
-    *,
-    base_url: str,
-    api: str,
-    concurrency: int,
-    timeouts: Timeouts,
-    headers: dict[str, str] | None = None,
-    counters: Counters | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    progress: Progress | None = None,
-    on_token_mark: Callable[[str, int], None] | None = None,
-    token_mark: int = 1,
-    keep_alive: bool = False,
-    processes: int | str | None = "auto",
-    streams: int | None = None,
-) -> LoadResult:
-    """Send every job, at most ``concurrency`` in flight, and return their records.
+@dataclass(frozen=True)
+class LoadParams:
+    """How one load is sent: where, how many at once, over how many processes, and who
+    hears of each record and token mark (:func:`run_load`'s parameters)."""
+
+    base_url: str
+    api: str
+    concurrency: int  # requests in flight at most
+    timeouts: Timeouts
+    headers: dict[str, str] | None = None
+    counters: Counters | None = None  # the server's /proc, read around each request
+    on_record: Callable[[RequestRecord], None] | None = None
+    progress: Progress | None = None
+    #: ``on_token_mark(request_id, t_ns)`` as each stream's ``token_mark``-th token arrives
+    on_token_mark: Callable[[str, int], None] | None = None
+    token_mark: int = 1
+    keep_alive: bool = False  # reuse connections (off: one per request, as a new user)
+    processes: int | str | None = "auto"  # worker processes: "auto" or a number
+    streams: int | None = None  # streams expected at once (default: concurrency)
+
+    def common(self) -> dict[str, object]:
+        """The keywords every load engine takes (the Ray engine's contract,
+        load/ray_engine.run_load_on_ray): all but ``processes`` and ``streams``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("processes", "streams")}
+
+
+def run_load(jobs: Sequence[Job], load: LoadParams) -> LoadResult:
+    """Send every job, at most ``load.concurrency`` in flight, and return their records.
 
     One loop thread sends every request and reads every stream
     (:mod:`strata_plugin.load.client.slots`); HTTPS or a proxy falls back to a
@@ -176,13 +187,16 @@ def run_load(
     ``concurrency``) are more than one loop keeps exact; records, per-request counters,
     token marks and progress come through the same callbacks (then from this thread).
     """
+    base_url, api, timeouts = load.base_url, load.api, load.timeouts
+    concurrency, streams, counters = load.concurrency, load.streams, load.counters
+    on_token_mark, token_mark = load.on_token_mark, load.token_mark
     shared = concurrency > 1
     # No more streams than jobs (a case's few warm-ups stay on one loop).
-    placed = pool.plan(processes, min(streams if streams is not None else concurrency,
-                                      max(1, len(jobs))))
+    placed = pool.plan(load.processes, min(streams if streams is not None else concurrency,
+                                           max(1, len(jobs))))
 
-    hdrs = dict(headers or {})
-    if not keep_alive:
+    hdrs = dict(load.headers or {})
+    if not load.keep_alive:
         hdrs["Connection"] = "close"
 
     def after(rec: RequestRecord, before: tuple[float, int, int]) -> RequestRecord:
@@ -197,10 +211,10 @@ def run_load(
 
     def record(rec: RequestRecord) -> None:
         written.add(rec.request_id)
-        if on_record:
-            on_record(rec)
-        if progress:
-            progress.add(rec)
+        if load.on_record:
+            load.on_record(rec)
+        if load.progress:
+            load.progress.add(rec)
 
     with StreamMux() as mux:
         if not mux.handles(base_url):
@@ -235,7 +249,8 @@ def run_load(
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     check = self_check(records, cpu / max(1e-9, (end_ns - start_ns) / 1e9), loop, throttling)
-    pool.CAPACITY.observe([(streams if streams is not None else concurrency, stamps_late(loop))])
+    pool.session_capacity().observe(
+        [(streams if streams is not None else concurrency, stamps_late(loop))])
     return LoadResult(records, start_ns, end_ns, replace(check, placement=placed.why))
 
 
@@ -265,7 +280,7 @@ def _run_in_pool(
     check = sharded_check(run.records, [ShardView.of(s, run.records) for s in run.shards],
                           engine="pool", placement=placed.why,
                           open_loop=any(j.offset_s is not None for j in jobs))
-    pool.CAPACITY.observe([(v["streams"], v.get("stamps_late_ms"))
+    pool.session_capacity().observe([(v["streams"], v.get("stamps_late_ms"))
                            for v in check.per_process])
     return LoadResult(tuple(run.records), run.start_ns, run.end_ns, check)
 

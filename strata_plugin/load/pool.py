@@ -37,6 +37,7 @@ from strata_plugin.formats.records import RequestError, RequestRecord
 from strata_plugin.load.client.loopstats import LoopStats
 from strata_plugin.load.client.spec import RequestSpec, Timeouts
 from strata_plugin.load.pool_worker import Batch, ShardReport
+from strata_plugin.process_globals import STATE
 
 #: The older API's job: (spec, scheduled_ns on CLOCK_MONOTONIC); <= 0: as soon as a slot frees.
 Job = tuple[RequestSpec, int]
@@ -97,8 +98,12 @@ class Capacity:
                                 f"{CLIENT_TIMING_ERROR_MS} ms)")
 
 
-#: The session's (this process's) capacity: what the self-checks taught it so far.
-CAPACITY = Capacity()
+def session_capacity() -> Capacity:
+    """The session's (this process's) capacity: what the self-checks taught it so far
+    (``process_globals.STATE.loop_capacity``, made on first use)."""
+    if STATE.loop_capacity is None:
+        STATE.loop_capacity = Capacity()
+    return STATE.loop_capacity
 
 
 @dataclass(frozen=True)
@@ -121,16 +126,16 @@ def plan(setting: int | str | None, streams: int, capacity: Capacity | None = No
     if setting not in (None, "auto"):
         raise ValueError(f"[load] processes: expected \"auto\" or a number >= 1, "
                          f"got {setting!r}")
-    # Looked up at call time, not bound as a default: the session's CAPACITY may be
+    # Looked up at call time, not bound as a default: the session's capacity may be
     # replaced (a fresh one per test) after this module is imported.
-    capacity = CAPACITY if capacity is None else capacity
+    cap = session_capacity() if capacity is None else capacity
     cpus = usable_cpus() if cpus is None else cpus
-    per = capacity.streams
+    per = cap.streams
     if streams <= per or cpus < 2:
-        return Plan(1, f"auto: {streams} streams on one loop ({capacity.why}"
+        return Plan(1, f"auto: {streams} streams on one loop ({cap.why}"
                        f"{'; one usable CPU' if cpus < 2 and streams > per else ''})")
     n = min(cpus, math.ceil(streams / per))
-    return Plan(n, f"auto: {streams} streams > {capacity.why}: {n} processes "
+    return Plan(n, f"auto: {streams} streams > {cap.why}: {n} processes "
                    f"(at most one per usable CPU, {cpus})")
 
 

@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.errors import StrataError
+from strata_plugin.process_globals import STATE
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
@@ -456,19 +457,16 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-_unconfined_by = ""
-
-
 def allow_unconfined(by: str) -> None:
     """Opt this process in to running model-written code unconfined where confinement is
-    unavailable; ``by`` names who opted in (a profile), and every such verdict says it."""
-    global _unconfined_by
-    _unconfined_by = by
+    unavailable; ``by`` names who opted in (a profile), and every such verdict says it.
+    (Process-wide: ``process_globals.STATE.unconfined_by``.)"""
+    STATE.unconfined_by = by
 
 
 def unconfined_allowed_by() -> str:
     """Who opted in to unconfined runs (``allow_unconfined``), or ``""``."""
-    return _unconfined_by
+    return STATE.unconfined_by
 
 
 PROBE_CODE = "def one():\n    return 1\n"

@@ -96,7 +96,7 @@ def case_problems(sess: StrataSession, server: Server, runner: CaseRunner) -> li
                    f"{server.exit_code()})\n--- log tail ---\n{log_tail(server.log_path)}")
     out += [f"worker {w.node} of server {server.config_id} died during the case (exit "
             f"{w.exit_code()})\n--- log tail ---\n{log_tail(w.log_path)}"
-            for w in sess.dead_workers(server)]
+            for w in sess.deployment.dead_workers(server)]
     failed = unexpected_errors(runner)
     if failed:
         out.append("server errors the case does not allow (strata.run(..., allow_errors=...) "

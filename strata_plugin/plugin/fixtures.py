@@ -36,8 +36,9 @@ def strata_config(request: pytest.FixtureRequest) -> StrataConfig:
 @pytest.fixture(scope="session")
 def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
     """The live run: creates ``reports/<RUN_ID>/`` and writes the report at the end."""
+    from strata_plugin.run.deployment import PreflightFailed
     from strata_plugin.run.reaper import INTERRUPTED, install_sigterm_handler
-    from strata_plugin.run.session import PreflightFailed, StrataSession
+    from strata_plugin.run.session import StrataSession
 
     install_sigterm_handler()  # only now: a repository not running Strata keeps its own
     sess = StrataSession(_cfg(request), list(sys.argv))
@@ -49,7 +50,7 @@ def strata_session(request: pytest.FixtureRequest) -> Iterator[object]:
         sess.dry_plan = write_dry_run(sess)
     else:
         try:
-            sess.preflight()
+            sess.deployment.preflight()
         except PreflightFailed as exc:
             sess.add_reason("preflight_failed", str(exc))
             sess.finish(interrupted=True)
@@ -77,7 +78,7 @@ def strata_server(request: pytest.FixtureRequest,
     from strata_plugin.run.server import ServerStartError
 
     try:
-        server = sess.start_server(config_id, block_id)
+        server = sess.deployment.start_server(config_id, block_id)
     except ServerStartError as exc:  # the user's problem in their words, not our traceback
         why = f"server {block_id or config_id}: {exc}"
     else:
@@ -96,13 +97,13 @@ def strata_server(request: pytest.FixtureRequest,
 def strata(request: pytest.FixtureRequest, strata_server: Server) -> Iterator[object]:
     """A case runner bound to this test's server; its results land on user_properties."""
     sess: StrataSession = request.getfixturevalue("strata_session")
-    from strata_plugin.run.session import ServerDown
+    from strata_plugin.run.deployment import ServerDown
 
     if sess.cfg.dry_run:  # a planning runner: plugin/hooks.py ends the test as a skip
         yield sess.case_runner(strata_server, request.node.nodeid, None)
         return
     try:
-        server = sess.ensure_alive(strata_server)
+        server = sess.deployment.ensure_alive(strata_server)
     except ServerDown as exc:
         pytest.skip(str(exc))
     for line in sess.recover_agents(server):  # lost since the last case ended

@@ -9,7 +9,6 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
@@ -26,7 +25,6 @@ from strata_plugin.analysis.sufficiency import (
     supported,
 )
 from strata_plugin.analysis.timeline import HW_COLUMNS, HwStat
-from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.report.fmt import csv_cell, md_cell, md_num
 
 
@@ -40,13 +38,13 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
     for r in rows:
         w.writerow([csv_cell(c) for c in r])
-    atomic_write_text(path, buf.getvalue())
+    return buf.getvalue()
 
 
 # --- case_summary.csv --------------------------------------------------------------------

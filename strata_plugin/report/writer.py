@@ -11,6 +11,8 @@ files give the same bytes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from strata_plugin.analysis.ab_groups import (
 )
 from strata_plugin.analysis.case_summary import (
     CaseAnalysis,
+    RunAnalysis,
     RunContext,
     analyze_run,
     request_intervals,
@@ -49,7 +52,7 @@ from strata_plugin.report.markdown import (
     ReportData,
     thresholds_md,
 )
-from strata_plugin.report.tables import case_summary_rows, hw_rows, write_csv
+from strata_plugin.report.tables import case_summary_rows, csv_text, hw_rows
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
 EXPECTED_SOURCES = ("proc", "cpu", "mem", "disk", "net")
@@ -309,39 +312,92 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
     }
 
 
-def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> Path:
-    """(Re)generate every derived file of ``run_dir``; returns the path of report.md.
+@dataclass(frozen=True)
+class Analysed:
+    """What every output is made from: the run folder, the run read and analysed, and
+    the report's data (plots drawn, sections prepared)."""
 
-    ``outcome``: the live run's own (it knows why it is incomplete; its manifest says
-    ``complete: false`` until this report is written). Offline, the outcome is read
-    from the manifest (``RunOutcome.from_manifest``: a run killed before its end is
-    incomplete). Either way a raw file torn mid-line is added to it, so the caller sees
-    it too. Raises ``FormatError`` naming the file, line and key of a raw file that
-    does not hold its format."""
-    run_dir = Path(run_dir)
-    ra = analyze_run(run_dir)
-    bundle, store, windows, hw_by_window = ra.bundle, ra.store, ra.windows, ra.hw_by_window
-    if outcome is None:
-        outcome = RunOutcome.from_manifest(bundle.manifest)
-    for torn in bundle.torn:
-        outcome.add("torn_line", torn)
-    bundle.outcome = outcome
-    ctx, analyses = ra.ctx, ra.analyses
-    sufficiency = _sufficiency(bundle, analyses)
-    case_notes: dict[str, list[str]] = {}
-    for a in analyses:
-        line = sufficiency_md.case_line(sufficiency[a.case_id])
-        if line:
-            case_notes.setdefault(a.case_id, []).append(line)
+    run_dir: Path
+    run: RunAnalysis
+    data: ReportData
 
-    plot_dir = run_dir / "plots"
-    plot_dir.mkdir(exist_ok=True)
-    # Plots of the last report that this one does not redraw go once it is written, so
-    # a report that fails part way leaves the previous one whole, its plots included.
-    earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
+
+@dataclass(frozen=True)
+class Output:
+    """One derived output of the report: its name (a file, or a family of files) and
+    its files' names and texts, made from the analysed run alone."""
+
+    name: str
+    texts: Callable[[Analysed], dict[str, str]]
+
+
+def _ledger(a: Analysed) -> dict[str, str]:
+    return {"ledger.jsonl": "".join(r.to_json() + "\n" for c in a.data.analyses
+                                    if c.ledger is not None for r in c.ledger.requests)}
+
+
+def _case_summary(a: Analysed) -> dict[str, str]:
+    header, rows = case_summary_rows(a.data.analyses)
+    return {"case_summary.csv": csv_text(header, rows)}
+
+
+def _case_hw_summary(a: Analysed) -> dict[str, str]:
+    windows, hw_by_window = a.run.windows, a.run.hw_by_window
+    window_order = {w.name: i for i, w in enumerate(windows)}
+    all_hw = [
+        s
+        for name in sorted(hw_by_window, key=lambda n: (window_order.get(n, 1 << 30), n))
+        for s in hw_by_window[name]
+    ]
+    return {"case_hw_summary.csv": csv_text(HW_COLUMNS, hw_rows(all_hw))}
+
+
+def _benchmark(a: Analysed) -> dict[str, str]:
+    analyses = a.data.analyses
+    extra = {
+        c.case_id: {
+            "verdict": c.verdict.summary(),
+            "confidence": c.verdict.confidence,
+            **(
+                {"output_tok_s": c.metrics.output_tok_s}
+                if c.metrics.output_tok_s is not None
+                else {}
+            ),
+        }
+        for c in analyses
+    }
+    return {"benchmark.json": json_text(benchmark_json(
+        a.data.bundle, [c.case_id for c in analyses if not c.partial], extra))}
+
+
+def _ci(a: Analysed) -> dict[str, str]:
+    ci_cases = [
+        CiCase(c.case_id, c.config_id, c.headline, _ci_bounds(c, a.data.sufficiency[c.case_id]))
+        for c in a.data.analyses
+        if not c.partial  # a partial case is never a number on a dashboard
+    ]
+    return ci_files(ci_cases)
+
+
+#: Every output, in the order written; report.md last (once it is there, the rest is).
+OUTPUTS: tuple[Output, ...] = (
+    Output("ledger.jsonl", _ledger),
+    Output("case_summary.csv", _case_summary),
+    Output("case_hw_summary.csv", _case_hw_summary),
+    Output("summary.json",
+           lambda a: {"summary.json": json_text(_summary_json(a.data, a.run.windows))}),
+    Output("benchmark.json", _benchmark),
+    Output("CI files (report/ci_outputs.py)", _ci),
+    Output(THRESHOLDS_FILE, lambda a: {THRESHOLDS_FILE: thresholds_md()}),
+    Output("report.md", lambda a: {"report.md": sections.render(a.data)}),
+)
+
+
+def _case_plots(ra: RunAnalysis, plot_dir: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each case's timeline, under a file name of its own; (its name, panels omitted)."""
     used: set[str] = set()
     case_plots: dict[str, tuple[str, list[str]]] = {}
-    for a in analyses:
+    for a in ra.analyses:
         if a.window is None:
             continue
         name = f"case-{_safe(a.case_id)}.png"
@@ -350,13 +406,15 @@ def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> P
             name = f"case-{_safe(a.case_id)}-{k}.png"
             k += 1
         used.add(name)
-        case_plots[a.case_id] = _case_plot(store, bundle, a, plot_dir, name)
-    run_plot = _run_plot(store, bundle, analyses, plot_dir)
-    atomic_write_text(run_dir / "ledger.jsonl", "".join(
-        r.to_json() + "\n" for a in analyses if a.ledger is not None for r in a.ledger.requests))
+        case_plots[a.case_id] = _case_plot(ra.store, ra.bundle, a, plot_dir, name)
+    return case_plots
 
+
+def _ab(ra: RunAnalysis, plot_dir: Path) -> list[AbGroup]:
+    """Each A/B group: its arms, deltas, same-output pairs, effects and picture."""
+    bundle, analyses = ra.bundle, ra.analyses
     case_metrics = {a.case_id: a.metrics for a in analyses}
-    ab = [
+    return [
         AbGroup(
             group,
             arms,
@@ -369,63 +427,67 @@ def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> P
         )
         for group, arms in ab_groups(bundle).items()
     ]
+
+
+def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Analysed:
+    """The run read and analysed, its outcome settled, its plots drawn and its sections
+    prepared: everything the outputs are made from."""
+    ra = analyze_run(run_dir)
+    bundle = ra.bundle
+    if outcome is None:
+        outcome = RunOutcome.from_manifest(bundle.manifest)
+    for torn in bundle.torn:
+        outcome.add("torn_line", torn)
+    bundle.outcome = outcome
+    sufficiency = _sufficiency(bundle, ra.analyses)
+    case_notes: dict[str, list[str]] = {}
+    for a in ra.analyses:
+        line = sufficiency_md.case_line(sufficiency[a.case_id])
+        if line:
+            case_notes.setdefault(a.case_id, []).append(line)
+    case_plots = _case_plots(ra, plot_dir)
+    run_plot = _run_plot(ra.store, bundle, ra.analyses, plot_dir)
     # The analysed run, once; then each section's own reading and drawing
     # (report/sections.py), so that rendering report.md reads nothing.
     data = sections.prepare(ReportData(
         bundle=bundle,
-        store=store,
-        ctx=ctx,
-        analyses=analyses,
-        limits=run_limits(bundle, store, ctx, analyses),
+        store=ra.store,
+        ctx=ra.ctx,
+        analyses=ra.analyses,
+        limits=run_limits(bundle, ra.store, ra.ctx, ra.analyses),
         case_plots=case_plots,
         run_plot=run_plot,
-        ab=ab,
+        ab=_ab(ra, plot_dir),
         static=run_static(run_dir),
         sufficiency=sufficiency,
         case_notes=case_notes,
     ), plot_dir)
+    return Analysed(run_dir, ra, data)
 
-    header, rows = case_summary_rows(analyses)
-    write_csv(run_dir / "case_summary.csv", header, rows)
-    window_order = {w.name: i for i, w in enumerate(windows)}
-    all_hw = [
-        s
-        for name in sorted(hw_by_window, key=lambda n: (window_order.get(n, 1 << 30), n))
-        for s in hw_by_window[name]
-    ]
-    write_csv(run_dir / "case_hw_summary.csv", HW_COLUMNS, hw_rows(all_hw))
-    atomic_write_text(run_dir / "summary.json", json_text(_summary_json(data, windows)))
-    extra = {
-        a.case_id: {
-            "verdict": a.verdict.summary(),
-            "confidence": a.verdict.confidence,
-            **(
-                {"output_tok_s": a.metrics.output_tok_s}
-                if a.metrics.output_tok_s is not None
-                else {}
-            ),
-        }
-        for a in analyses
-    }
-    atomic_write_text(
-        run_dir / "benchmark.json",
-        json_text(benchmark_json(bundle, [a.case_id for a in analyses if not a.partial],
-                                 extra)),
-    )
-    ci_cases = [
-        CiCase(a.case_id, a.config_id, a.headline, _ci_bounds(a, sufficiency[a.case_id]))
-        for a in analyses
-        if not a.partial  # a partial case is never a number on a dashboard
-    ]
-    for name, text in ci_files(ci_cases).items():
-        atomic_write_text(run_dir / name, text)
-    atomic_write_text(run_dir / THRESHOLDS_FILE, thresholds_md())
-    report = run_dir / "report.md"
-    atomic_write_text(report, sections.render(data))
+
+def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> Path:
+    """(Re)generate every derived file of ``run_dir``; returns the path of report.md.
+
+    ``outcome``: the live run's own (it knows why it is incomplete; its manifest says
+    ``complete: false`` until this report is written). Offline, the outcome is read
+    from the manifest (``RunOutcome.from_manifest``: a run killed before its end is
+    incomplete). Either way a raw file torn mid-line is added to it, so the caller sees
+    it too. Raises ``FormatError`` naming the file, line and key of a raw file that
+    does not hold its format."""
+    run_dir = Path(run_dir)
+    plot_dir = run_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    # Plots of the last report that this one does not redraw go once it is written, so
+    # a report that fails part way leaves the previous one whole, its plots included.
+    earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
+    analysed = _analysed(run_dir, outcome, plot_dir)
+    for output in OUTPUTS:
+        for name, text in output.texts(analysed).items():
+            atomic_write_text(run_dir / name, text)
     for p, was in earlier.items():
         if _file_id(p) == was:  # not rewritten (an atomic write is a new inode)
             p.unlink(missing_ok=True)
-    return report
+    return run_dir / "report.md"
 
 
 def _file_id(p: Path) -> tuple[int, int, int] | None:

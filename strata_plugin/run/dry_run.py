@@ -98,11 +98,11 @@ def collector_commands(sess: StrataSession, head: bool) -> dict[str, object]:
 def dry_run_commands(sess: StrataSession) -> dict[str, dict]:
     p = sess.cfg.profile
     port = p.server.port or DRY_RUN_PORT
-    values = sess.placeholder_values(port)
+    values = sess.deployment.placeholder_values(port)
     head = sess.fleet.head
     out: dict[str, dict] = {}
     for conf in p.server.configs:
-        spec = sess.launch_spec(conf.config_id)
+        spec = sess.deployment.launch_spec(conf.config_id)
         argv = expand_placeholders(conf.argv, values)
         env_names = sorted(k for k, _ in conf.env)
         out[f"server-{conf.config_id}"] = {
@@ -112,7 +112,8 @@ def dry_run_commands(sess: StrataSession) -> dict[str, dict]:
         if p.server.container is not None and not sess.cfg.server_url:
             # The runtime's command is what runs; the server's argv is its command inside.
             env = tuple((k, "") for k, _ in conf.env)
-            launch = sess.container_launch(argv, env, conf.config_id, port, values)
+            launch = sess.deployment.container_launch(argv, env, conf.config_id, port,
+                                                      values)
             out[f"server-{conf.config_id}"].update(
                 argv=list(launch.run_argv), env_names=list(launch.env_names),
                 container={**launch.to_json(p.server.stop_timeout_s), "command": argv,
@@ -247,7 +248,7 @@ def write_dry_run(sess: StrataSession) -> DryRunPlan:
     commands = dry_run_commands(sess)
     for name, payload in commands.items():
         write_command(sess.run_dir / "commands", name, payload)
-    plan = DryRunPlan(sess.run_dir, sess.cfg.profile.name, sess.preflight_plan(), commands,
-                      prometheus_queries(sess))
+    plan = DryRunPlan(sess.run_dir, sess.cfg.profile.name, sess.deployment.preflight_plan(),
+                      commands, prometheus_queries(sess))
     plan.write()
     return plan

@@ -47,13 +47,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strata_plugin.agent.collectors.prom import BodyRefused, read_bounded
 from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_open, atomic_write_text
 from strata_plugin.limits import PROM_API_BYTES_MAX
+
+if TYPE_CHECKING:
+    from strata_plugin.configure.profile import StrataConfig
+    from strata_plugin.run.run_folder import RunRecorder
 
 #: A range query answers with at most 11000 points per series; stay below it.
 MAX_POINTS = 10_000
@@ -631,6 +635,35 @@ def pull(
                               json.dumps(record, indent=1) + "\n")
     clock = client.clock_offset() if measure_clock else None
     return PullResult(tuple(sorted(files)), n, tuple(sorted(nodes)), clock, len(client.queries))
+
+
+def pull_run_windows(cfg: StrataConfig, recorder: RunRecorder, run_dir: Path) -> None:
+    """The run's case windows from the profile's Prometheus, as samples beside the
+    agents', at the end of a live run; the manifest says what was pulled, or why not."""
+    spec = cfg.profile.prometheus
+    if not spec.jobs or cfg.dry_run:
+        return
+    import os
+
+    from strata_plugin.configure.credentials import redact, split_credentials
+
+    url, auth = split_credentials(spec.url)
+    headers = auth.headers() if auth else {}
+    if spec.auth_env and os.environ.get(spec.auth_env):
+        headers["Authorization"] = f"Bearer {os.environ[spec.auth_env]}"
+    windows = [(m.start_wall_ns, m.end_wall_ns) for m in recorder.markers
+               if m.kind in ("case", "baseline", "cooldown")]
+    try:
+        res = pull(run_dir, PromClient(url, headers=headers),
+                   [Job(job, kind) for job, kind in spec.jobs], windows,
+                   spec.step_s or cfg.profile.telemetry.interval_s)
+        recorder.update_manifest(prometheus={
+            "url": url, "samples": res.samples, "nodes": list(res.nodes),
+            "clock_offset_ns": res.clock.offset_ns if res.clock else None,
+            "clock_uncertainty_ns": res.clock.uncertainty_ns if res.clock else None})
+    except Exception as exc:  # the agents' data stands; say what is missing
+        recorder.update_manifest(prometheus={"url": url, "error": redact(
+            f"{type(exc).__name__}: {exc}")})
 
 
 def _merge(windows: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

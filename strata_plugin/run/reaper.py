@@ -15,13 +15,14 @@ servers run in their own sessions, so dying by default would leave them running.
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
+
+from strata_plugin.process_globals import STATE, at_exit
 
 
 class Stoppable(Protocol):
@@ -32,18 +33,15 @@ class Stoppable(Protocol):
     def stop(self) -> object: ...
 
 
-INTERRUPTED = threading.Event()
-_live: dict[int, Stoppable] = {}  # by id(), in start order
-_atexit_registered = False
-_signals_seen = 0  # SIGTERM/SIGHUP caught by this run's handler, both counted together
+#: Set once the run is interrupted (process_globals.STATE.interrupted, the same Event).
+INTERRUPTED = STATE.interrupted
 
 
 def register(proc: Stoppable) -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(stop_all)
-        _atexit_registered = True
-    _live[id(proc)] = proc
+    """Stop ``proc`` at exit unless it is unregistered first (``stop_all`` is registered
+    with atexit by the first process registered)."""
+    at_exit(stop_all)
+    STATE.live_processes[id(proc)] = proc
 
 
 def die_with_parent(sig: int = signal.SIGTERM, *, main_thread_only: bool = False
@@ -82,7 +80,7 @@ def die_with_parent(sig: int = signal.SIGTERM, *, main_thread_only: bool = False
 
 
 def unregister(proc: Stoppable) -> None:
-    _live.pop(id(proc), None)
+    STATE.live_processes.pop(id(proc), None)
 
 
 def stop_all() -> None:
@@ -94,14 +92,14 @@ def stop_all() -> None:
     first error is raised at the end.
     """
     first: BaseException | None = None
-    for key, proc in reversed(list(_live.items())):
+    for key, proc in reversed(list(STATE.live_processes.items())):
         try:
             proc.stop()
         except BaseException as exc:  # re-raised below, after the rest
             _kill_group(proc)
             first = first or exc
             continue
-        _live.pop(key, None)
+        STATE.live_processes.pop(key, None)
     if first is not None:
         raise first
 
@@ -111,7 +109,7 @@ def kill_all() -> int:
     signalled. Calls no ``stop()``: it runs from a signal handler that may have interrupted
     one, so it must not wait on that process or take a lock that code holds."""
     n = 0
-    for proc in reversed(list(_live.values())):
+    for proc in reversed(list(STATE.live_processes.values())):
         n += _kill_group(proc)
     return n
 
@@ -132,9 +130,8 @@ def _on_signal(signum: int, frame: object) -> None:
     (with their grace periods, and the run is marked incomplete). Any later one: the
     teardown is being cut short, so SIGKILL every registered group and exit with the
     conventional 128 + signal status, without unwinding into the interrupted stop."""
-    global _signals_seen
-    _signals_seen += 1
-    if _signals_seen == 1:
+    STATE.signals_seen += 1
+    if STATE.signals_seen == 1:
         raise KeyboardInterrupt(f"signal {signum}")
     n = kill_all()
     try:

@@ -21,7 +21,6 @@ kernel. :func:`availability` says which of these is missing, in words.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_open
+from strata_plugin.process_globals import STATE, at_exit
 
 TRACEFS_PATHS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 PREFIX = "strata-"
@@ -152,17 +152,14 @@ def sweep_stale(root: Path) -> list[str]:
     return removed
 
 
-_LIVE: dict[str, TraceCapture] = {}
-_COUNTER = itertools.count(1)
-_PREV_SIGTERM: list[int | None] = []  # SIG_DFL, or None: not set from Python
+_COUNTER = itertools.count(1)  # (makes instance names unique; no run reads it)
 
 
 def _stop_live() -> None:
-    for cap in list(_LIVE.values()):
+    """Every live capture removed (at exit, registered by the first capture started; on
+    SIGTERM). The live ones are ``process_globals.STATE.live_traces``."""
+    for cap in list(STATE.live_traces.values()):
         cap.abort()
-
-
-atexit.register(_stop_live)
 
 
 def _sigterm(signum: int, frame: object) -> None:
@@ -175,20 +172,20 @@ def _guard_sigterm() -> None:
     """While a capture is live, SIGTERM removes it before anything else (main thread only,
     and only when SIGTERM has no handler: the run's own reaper handler raises
     KeyboardInterrupt, which reaches ``__exit__`` anyway)."""
-    if threading.current_thread() is not threading.main_thread() or _PREV_SIGTERM:
+    if threading.current_thread() is not threading.main_thread() or STATE.prev_sigterm:
         return
     prev = signal.getsignal(signal.SIGTERM)
     if prev in (signal.SIG_DFL, None):
-        _PREV_SIGTERM.append(prev)
+        STATE.prev_sigterm.append(prev)
         signal.signal(signal.SIGTERM, _sigterm)
 
 
 def _restore_sigterm() -> None:
-    if _PREV_SIGTERM and threading.current_thread() is threading.main_thread():
+    if STATE.prev_sigterm and threading.current_thread() is threading.main_thread():
         if signal.getsignal(signal.SIGTERM) is _sigterm:
             # a None (a handler not set from Python) cannot be set again: the default then
-            signal.signal(signal.SIGTERM, _PREV_SIGTERM[0] or signal.SIG_DFL)
-        _PREV_SIGTERM.clear()
+            signal.signal(signal.SIGTERM, STATE.prev_sigterm[0] or signal.SIG_DFL)
+        STATE.prev_sigterm.clear()
 
 
 @dataclass
@@ -228,7 +225,8 @@ class TraceCapture:
         sweep_stale(av.root)
         self.dir = av.root / "instances" / self.name
         self.dir.mkdir()
-        _LIVE[self.name] = self
+        at_exit(_stop_live)
+        STATE.live_traces[self.name] = self
         _guard_sigterm()
         try:
             _ctl(self.dir / "tracing_on", "0")
@@ -249,7 +247,7 @@ class TraceCapture:
 
     def stop(self) -> CaptureResult | None:
         """Tracing off, the text saved to ``out``, events off, the instance removed."""
-        if self.dir is None or self.name not in _LIVE:
+        if self.dir is None or self.name not in STATE.live_traces:
             return self.result
         errors: list[str]
         d, errors = self.dir, []
@@ -271,11 +269,11 @@ class TraceCapture:
 
     def abort(self) -> None:
         """Remove the instance without saving anything (signal, exit, failed start)."""
-        if self.dir is not None and _LIVE.pop(self.name, None) is not None:
+        if self.dir is not None and STATE.live_traces.pop(self.name, None) is not None:
             try:
                 _remove_instance(self.dir)
             finally:
-                if not _LIVE:
+                if not STATE.live_traces:
                     _restore_sigterm()
 
     def __enter__(self) -> TraceCapture:

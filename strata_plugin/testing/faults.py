@@ -34,7 +34,6 @@ Helpers run as ``python -m strata_plugin.testing.faults <mode> ...`` (argv lists
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import ctypes
 import itertools
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from strata_plugin.errors import StrataError
+from strata_plugin.process_globals import STATE, at_exit
 
 #: No helper lives longer than this, whatever the caller asks.
 MAX_HELPER_S = 600.0
@@ -83,16 +83,12 @@ class FaultFacts:
 
 # --- shared machinery ---------------------------------------------------------------------
 
-_live: set[Injector] = set()
-
-
 def _stop_all() -> None:
-    """Last line of defence at interpreter exit: no fault outlives the harness."""
-    for inj in list(_live):
+    """Last line of defence at interpreter exit: no fault outlives the harness
+    (registered by the first injector started; the live ones are
+    ``process_globals.STATE.live_faults``)."""
+    for inj in list(STATE.live_faults):
         inj.stop()
-
-
-atexit.register(_stop_all)
 
 
 class Injector:
@@ -113,7 +109,8 @@ class Injector:
     def start(self) -> Injector:
         if self._t0 is not None:
             raise RuntimeError(f"{self.name}: an injector starts once")
-        _live.add(self)
+        at_exit(_stop_all)
+        STATE.live_faults.add(self)
         try:
             self._start()
         except BaseException:
@@ -135,7 +132,7 @@ class Injector:
             active = time.monotonic() - self._t0 if self._t0 is not None else 0.0
             self._facts = FaultFacts(self.name, self.expected_class, active,
                                      tuple(sorted(facts.items())))
-            _live.discard(self)
+            STATE.live_faults.discard(self)
             return self._facts
 
     def __enter__(self) -> Injector:

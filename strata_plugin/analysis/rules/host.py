@@ -50,6 +50,7 @@ def rule_cpu_compute(s: WindowSignals) -> Outcome:
     r = RuleCheck("cpu_compute", s)
     if not r.need("server_cpu_cores", "n_cores"):
         return r.unassessable(TRACE_SCHED)
+    assert s.server_cpu_cores is not None and s.n_cores is not None  # need() checked them
     cpus = s.server_allowed_cpus if s.server_allowed_cpus else float(s.n_cores)
     usable = float(min(s.server_threads, cpus) if s.server_threads else cpus)
     # the allowance in words where it was observed (the host's cores go without saying)
@@ -161,6 +162,8 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
         margins.append(signal_margin(s, "steal_frac", "steal_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
+    assert (s.host_busy_cores is not None and s.server_cpu_cores is not None
+            and s.n_cores is not None)  # need() checked them
     if s.allowed_cpus_other_cores is not None and s.server_allowed_cpus:
         # other processes on the CPUs the server may use, as a share of them: a busy
         # process on its only allowed CPU crowds it however idle the rest of the host

@@ -124,21 +124,52 @@ def _state(prev_state: str) -> str:
     return "sleep"
 
 
-def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int]) -> SchedReport:
-    """The scheduling of the server's threads over ``window_ns`` (monotonic ns)."""
-    server_pids = {int(p) for p in meta.get("server_pids") or [meta["server_pid"]]}
-    harness_pid = int(meta.get("harness_pid") or -1)
-    server_tids = {int(t) for t in meta.get("server_threads", {})}
-    harness_tids = {int(t) for t in meta.get("harness_threads", {})}
-    cpus = tuple(int(c) for c in meta.get("cpus") or ())
-    w0, w1 = window_ns
+@dataclass
+class _Tasks:
+    """Who is who in the trace: the server's and the harness's processes and threads, and
+    each thread's process and name as the trace and the capture's meta name them."""
 
+    server_pids: set[int]
+    harness_pid: int
+    server_tids: set[int]
+    harness_tids: set[int]
+    tgid_of: dict[int, int]
+    comm_of: dict[int, str]
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> _Tasks:
+        return cls(
+            server_pids={int(p) for p in meta.get("server_pids") or [meta["server_pid"]]},
+            harness_pid=int(meta.get("harness_pid") or -1),
+            server_tids={int(t) for t in meta.get("server_threads", {})},
+            harness_tids={int(t) for t in meta.get("harness_threads", {})},
+            tgid_of={},
+            comm_of={int(k): v for k, v in meta.get("server_threads", {}).items()})
+
+    def is_server(self, tid: int) -> bool:
+        return tid in self.server_tids or self.tgid_of.get(tid) in self.server_pids
+
+    def category(self, tid: int, comm: str) -> str:
+        if tid < 0:  # a CPU that switched no task in the whole trace
+            return "unknown"
+        if tid == 0:
+            return "idle"
+        if self.is_server(tid):
+            return "server"
+        if tid in self.harness_tids or self.tgid_of.get(tid) == self.harness_pid:
+            return "harness"
+        if _KERNEL.match(comm):
+            return "kernel"
+        return "other"
+
+
+def _events(lines: Iterable[str], tasks: _Tasks) -> list[tuple[TraceEvent, re.Match]]:
+    """The scheduling events that parse, in order; each thread's process learned on the
+    way (a thread of a server process is a server thread)."""
     events: list[tuple[TraceEvent, re.Match]] = []
-    tgid_of: dict[int, int] = {}
-    comm_of: dict[int, str] = {int(k): v for k, v in meta.get("server_threads", {}).items()}
     for ev in parse(lines, EVENTS):
         if ev.tgid is not None:
-            tgid_of.setdefault(ev.tid, ev.tgid)
+            tasks.tgid_of.setdefault(ev.tid, ev.tgid)
         if ev.event == "sched_switch":
             m = _SWITCH.match(ev.body)
         elif ev.event in ("sched_wakeup", "sched_wakeup_new"):
@@ -147,140 +178,164 @@ def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int])
             continue
         if m is not None:
             events.append((ev, m))
-    for tid, tg in tgid_of.items():
-        if tg in server_pids:
-            server_tids.add(tid)
+    for tid, tg in tasks.tgid_of.items():
+        if tg in tasks.server_pids:
+            tasks.server_tids.add(tid)
+    return events
 
-    def is_server(tid: int) -> bool:
-        return tid in server_tids or tgid_of.get(tid) in server_pids
 
-    def category(tid: int, comm: str) -> str:
-        if tid < 0:  # a CPU that switched no task in the whole trace
-            return "unknown"
-        if tid == 0:
-            return "idle"
-        if is_server(tid):
-            return "server"
-        if tid in harness_tids or tgid_of.get(tid) == harness_pid:
-            return "harness"
-        if _KERNEL.match(comm):
-            return "kernel"
-        return "other"
-
-    if not cpus:
-        cpus = tuple(sorted({ev.cpu for ev, _ in events}))
-    notes: list[str] = []
-    if not events:
-        return SchedReport((w1 - w0) / 1e9, cpus, (), (), (), (), 0,
-                           ("no scheduling events in the window",))
-
-    # Initial state: each CPU's first switch names who held it since the trace began;
-    # each server thread's first event says whether it was running, runnable or asleep.
+def _initial(events: list[tuple[TraceEvent, re.Match]], tasks: _Tasks
+             ) -> tuple[dict[int, int], dict[int, str]]:
+    """Each CPU's first switch names who held it since the trace began; each server
+    thread's first event says whether it was running, runnable or asleep."""
     occupant: dict[int, int] = {}
     first: dict[int, str] = {}
     for ev, m in events:
         if ev.event == "sched_switch":
             occupant.setdefault(ev.cpu, int(m["pp"]))
-            comm_of.setdefault(int(m["pp"]), m["pc"])
-            comm_of.setdefault(int(m["np"]), m["nc"])
+            tasks.comm_of.setdefault(int(m["pp"]), m["pc"])
+            tasks.comm_of.setdefault(int(m["np"]), m["nc"])
             for tid, st in ((int(m["pp"]), "run"), (int(m["np"]), "wait")):
-                if is_server(tid):
+                if tasks.is_server(tid):
                     first.setdefault(tid, st)
         else:
             tid = int(m["p"])
-            comm_of.setdefault(tid, m["c"])
-            if is_server(tid):
+            tasks.comm_of.setdefault(tid, m["c"])
+            if tasks.is_server(tid):
                 first.setdefault(tid, "sleep")
-    t_start = min(int(meta.get("start_mono_ns") or events[0][0].t_ns), events[0][0].t_ns)
-    state: dict[int, str] = dict(first)
-    since: dict[int, int] = dict.fromkeys(first, t_start)
-    acc: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    switches_in: dict[int, int] = defaultdict(int)
-    preempted: dict[int, int] = defaultdict(int)
-    waiting = sum(1 for s in state.values() if s == "wait")
-    cpu_time: dict[int, float] = defaultdict(float)  # occupant tid -> CPU-s (server CPUs)
-    displaced: dict[int, float] = defaultdict(float)
-    cpuset = set(cpus)
-    t_prev = t_start
+    return occupant, first
 
-    def clip(a: int, b: int) -> float:
-        return max(0, min(b, w1) - max(a, w0)) / 1e9
 
-    def advance(t: int) -> None:
-        nonlocal t_prev
-        dt = clip(t_prev, t)
+class _Replay:
+    """The trace replayed in time order: each server thread's state and the time it spent
+    in each, clipped to the window, and who held the server's CPUs meanwhile."""
+
+    def __init__(self, tasks: _Tasks, cpus: tuple[int, ...], window_ns: tuple[int, int],
+                 occupant: dict[int, int], first: dict[int, str], t_start: int) -> None:
+        self.tasks, self.cpus, self.cpuset = tasks, cpus, set(cpus)
+        self.w0, self.w1 = window_ns
+        self.occupant = occupant
+        self.state: dict[int, str] = dict(first)
+        self.since: dict[int, int] = dict.fromkeys(first, t_start)
+        self.acc: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.switches_in: dict[int, int] = defaultdict(int)
+        self.preempted: dict[int, int] = defaultdict(int)
+        self.waiting = sum(1 for s in self.state.values() if s == "wait")
+        self.cpu_time: dict[int, float] = defaultdict(float)  # occupant -> CPU-s (server CPUs)
+        self.displaced: dict[int, float] = defaultdict(float)
+        self.t_prev = t_start
+
+    def clip(self, a: int, b: int) -> float:
+        return max(0, min(b, self.w1) - max(a, self.w0)) / 1e9
+
+    def advance(self, t: int) -> None:
+        dt = self.clip(self.t_prev, t)
         if dt > 0:
-            for c in cpus:
-                occ = occupant.get(c, -1)
-                cpu_time[occ] += dt
-                if waiting:
-                    displaced[occ] += dt * waiting / len(cpus)
-        t_prev = t
+            for c in self.cpus:
+                occ = self.occupant.get(c, -1)
+                self.cpu_time[occ] += dt
+                if self.waiting:
+                    self.displaced[occ] += dt * self.waiting / len(self.cpus)
+        self.t_prev = t
 
-    def move(tid: int, new: str, t: int) -> None:
-        nonlocal waiting
-        old = state.get(tid)
+    def move(self, tid: int, new: str, t: int) -> None:
+        old = self.state.get(tid)
         if old is not None:
-            acc[tid][old] += clip(since[tid], t)
-        waiting += (new == "wait") - (old == "wait")
-        state[tid], since[tid] = new, t
+            self.acc[tid][old] += self.clip(self.since[tid], t)
+        self.waiting += (new == "wait") - (old == "wait")
+        self.state[tid], self.since[tid] = new, t
 
-    for ev, m in events:
-        t = ev.t_ns
-        if t > w1 and t_prev >= w1:
-            break
-        advance(t)
-        if ev.event == "sched_switch":
-            prev, nxt = int(m["pp"]), int(m["np"])
-            if ev.cpu in cpuset:
-                occupant[ev.cpu] = nxt
-            if is_server(prev):
-                new = _state(m["ps"])
-                move(prev, new, t)
-                if new == "wait" and w0 <= t <= w1:
-                    preempted[prev] += 1
-            if is_server(nxt):
-                move(nxt, "run", t)
-                if w0 <= t <= w1:
-                    switches_in[nxt] += 1
-        else:
-            tid = int(m["p"])
-            if is_server(tid) and state.get(tid) in (None, "sleep", "blocked"):
-                move(tid, "wait", t)
-    # The capture's own end (meta) when known: a quiet CPU writes no event near the end.
-    t_end = max(int(meta.get("end_mono_ns") or 0), events[-1][0].t_ns, t_prev)
-    advance(t_end)
-    for tid in list(state):
-        move(tid, state[tid], t_end)
+    def run(self, events: list[tuple[TraceEvent, re.Match]]) -> None:
+        is_server, w0, w1 = self.tasks.is_server, self.w0, self.w1
+        for ev, m in events:
+            t = ev.t_ns
+            if t > w1 and self.t_prev >= w1:
+                break
+            self.advance(t)
+            if ev.event == "sched_switch":
+                prev, nxt = int(m["pp"]), int(m["np"])
+                if ev.cpu in self.cpuset:
+                    self.occupant[ev.cpu] = nxt
+                if is_server(prev):
+                    new = _state(m["ps"])
+                    self.move(prev, new, t)
+                    if new == "wait" and w0 <= t <= w1:
+                        self.preempted[prev] += 1
+                if is_server(nxt):
+                    self.move(nxt, "run", t)
+                    if w0 <= t <= w1:
+                        self.switches_in[nxt] += 1
+            else:
+                tid = int(m["p"])
+                if is_server(tid) and self.state.get(tid) in (None, "sleep", "blocked"):
+                    self.move(tid, "wait", t)
+
+    def end(self, t_end: int) -> None:
+        """Every thread's last state counted up to the capture's end."""
+        self.advance(t_end)
+        for tid in list(self.state):
+            self.move(tid, self.state[tid], t_end)
+
+
+def _notes(meta: dict[str, Any], t_end: int, w1: int, silent: list[int]) -> list[str]:
+    notes: list[str] = []
     if t_end < w1:
         notes.append(f"trace ends {(w1 - t_end) / 1e9:.3f} s before the window does")
     if meta.get("overruns"):
         notes.append(f"{meta['overruns']} events were lost to a full trace buffer: the "
                      "per-thread times are incomplete")
-    silent = sorted(t for t in server_tids if t not in first)
     if silent:
         notes.append(f"{len(silent)} server threads had no scheduling event in the trace "
                      "(asleep throughout)")
+    return notes
 
+
+def _report(r: _Replay, window_ns: tuple[int, int], cpus: tuple[int, ...], n_events: int,
+            notes: list[str]) -> SchedReport:
+    """The replay's sums: per thread, and the displacing and CPU time by category."""
+    tasks, (w0, w1) = r.tasks, window_ns
+    comm_of, tgid_of = tasks.comm_of, tasks.tgid_of
     threads = [ThreadSched(tid, comm_of.get(tid, "?"), a["run"], a["wait"], a["sleep"],
-                           a["blocked"], switches_in[tid], preempted[tid])
-               for tid, a in acc.items()]
+                           a["blocked"], r.switches_in[tid], r.preempted[tid])
+               for tid, a in r.acc.items()]
     threads.sort(key=lambda x: (-x.run_s, x.tid))
     by_cat: dict[str, float] = defaultdict(float)
     cpu_cat: dict[str, float] = defaultdict(float)
     top: dict[str, float] = defaultdict(float)
-    for tid, s in displaced.items():
-        cat = category(tid, comm_of.get(tid, ""))
+    for tid, s in r.displaced.items():
+        cat = tasks.category(tid, comm_of.get(tid, ""))
         by_cat[cat] += s
         if cat not in ("idle", "unknown"):
             top[f"{comm_of.get(tid, '?')} ({tgid_of.get(tid, tid)})" if cat != "server"
                 else "server threads"] += s
-    for tid, s in cpu_time.items():
-        cpu_cat[category(tid, comm_of.get(tid, ""))] += s
+    for tid, s in r.cpu_time.items():
+        cpu_cat[tasks.category(tid, comm_of.get(tid, ""))] += s
     order = {c: i for i, c in enumerate(CATEGORIES)}
     return SchedReport(
         window_s=(w1 - w0) / 1e9, cpus=cpus, threads=tuple(threads),
         displaced_by=tuple(sorted(by_cat.items(), key=lambda kv: order.get(kv[0], 9))),
         displaced_top=tuple(sorted(top.items(), key=lambda kv: -kv[1])[:8]),
         cpu_by_category=tuple(sorted(cpu_cat.items(), key=lambda kv: order.get(kv[0], 9))),
-        events=len(events), notes=tuple(notes))
+        events=n_events, notes=tuple(notes))
+
+
+def read(lines: Iterable[str], meta: dict[str, Any], window_ns: tuple[int, int]) -> SchedReport:
+    """The scheduling of the server's threads over ``window_ns`` (monotonic ns)."""
+    tasks = _Tasks.of(meta)
+    cpus = tuple(int(c) for c in meta.get("cpus") or ())
+    w0, w1 = window_ns
+    events = _events(lines, tasks)
+    if not cpus:
+        cpus = tuple(sorted({ev.cpu for ev, _ in events}))
+    if not events:
+        return SchedReport((w1 - w0) / 1e9, cpus, (), (), (), (), 0,
+                           ("no scheduling events in the window",))
+    occupant, first = _initial(events, tasks)
+    t_start = min(int(meta.get("start_mono_ns") or events[0][0].t_ns), events[0][0].t_ns)
+    replay = _Replay(tasks, cpus, window_ns, occupant, first, t_start)
+    replay.run(events)
+    # The capture's own end (meta) when known: a quiet CPU writes no event near the end.
+    t_end = max(int(meta.get("end_mono_ns") or 0), events[-1][0].t_ns, replay.t_prev)
+    replay.end(t_end)
+    silent = sorted(t for t in tasks.server_tids if t not in first)
+    return _report(replay, window_ns, cpus, len(events), _notes(meta, t_end, w1, silent))

@@ -25,17 +25,14 @@ caller's own ``gc.freeze`` is undone when the last loop goes idle.
 from __future__ import annotations
 
 import gc
-import threading
 
-_lock = threading.Lock()
-_busy = 0  # loops of this process with requests in flight
+from strata_plugin.process_globals import STATE  # gc_busy_loops: loops with requests in flight
 
 
 def hold() -> None:
     """A loop has requests in flight: freeze everything alive now."""
-    global _busy
-    with _lock:
-        _busy += 1
+    with STATE.gc_lock:
+        STATE.gc_busy_loops += 1
         gc.freeze()
 
 
@@ -46,12 +43,11 @@ def tick() -> None:
 
 def release() -> None:
     """A loop went idle; the last one hands every frozen object back to the collector."""
-    global _busy
-    with _lock:
-        _busy -= 1
-        if _busy == 0:
+    with STATE.gc_lock:
+        STATE.gc_busy_loops -= 1
+        if STATE.gc_busy_loops == 0:
             gc.unfreeze()
 
 
 def busy_loops() -> int:
-    return _busy
+    return STATE.gc_busy_loops
