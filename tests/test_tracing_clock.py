@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from strata_plugin.process_globals import STATE
 from strata_plugin.run import tracing
 
 
@@ -35,7 +36,7 @@ def test_the_end_is_read_once_tracing_is_off(tmp_path, monkeypatch):
     monkeypatch.setattr(tracing, "_remove_instance", lambda d: None)
     cap = tracing.TraceCapture(("sched/sched_switch",), tmp_path / "out" / "t.txt")
     cap.dir, cap._t0 = d, 1000
-    monkeypatch.setitem(tracing._LIVE, cap.name, cap)
+    monkeypatch.setitem(STATE.live_traces, cap.name, cap)
     res = cap.stop()
     assert seen == ["0"], "the end was read while the buffer still recorded"
     assert res is not None and (res.start_mono_ns, res.end_mono_ns) == (1000, 1001)
@@ -58,7 +59,7 @@ def test_a_failed_copy_leaves_no_partial_trace(tmp_path, monkeypatch):
     out.write_text("previous\n")
     cap = tracing.TraceCapture(("sched/sched_switch",), out)
     cap.dir = d
-    monkeypatch.setitem(tracing._LIVE, cap.name, cap)
+    monkeypatch.setitem(STATE.live_traces, cap.name, cap)
     try:
         cap.stop()
     except OSError:
