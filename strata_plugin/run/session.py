@@ -16,7 +16,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from strata_plugin.analysis.failures import RunFailures
 from strata_plugin.configure.credentials import redact_json
@@ -30,6 +29,7 @@ from strata_plugin.load.workload import TokenSpace
 from strata_plugin.run import reaper
 from strata_plugin.run.agents import AgentFleet
 from strata_plugin.run.deployment import Deployment
+from strata_plugin.run.dry_plan import DryPlan
 from strata_plugin.run.run_folder import RunRecorder, base_manifest, create_run_dir, private_umask
 from strata_plugin.run.server import Server, process_counters
 
@@ -59,15 +59,6 @@ def public_profile(cfg: StrataConfig) -> dict:
     its variable names (``Profile.recorded``), so a literal value is never written, and
     no URL's credentials (configure/credentials.py)."""
     return redact_json(dict(cfg.profile.recorded(), _path=str(cfg.profile.path)))
-
-
-class DryPlan(Protocol):
-    """What the session and the plugin ask of a dry run's plan (run/dry_run.DryRunPlan,
-    whose module imports this one)."""
-
-    def add_case(self, line: CaseLine) -> None: ...
-
-    def end_test(self, nodeid: str, block_id: str, planned: int, stopped: str) -> None: ...
 
 
 class StrataSession:
