@@ -153,7 +153,7 @@ def test_two_runnable_threads_on_one_allowed_cpu_are_cpu_limited_with_what_to_ch
     assert "a wider cpuset" in ev.detail and "at most 1 compute thread " in ev.detail
     # and the compute against the allowance, not the host's 2 cores
     comp = next(e for e in v.evidence if e.cls == "cpu_compute" and e.met)
-    assert comp.threshold_value == 0.85 and "1 cores on 1 allowed CPU" in comp.detail
+    assert comp.threshold_value == 0.85 and "1.00 cores on 1 allowed CPU" in comp.detail
 
 
 def test_a_server_whose_threads_fit_its_cpus_is_not_cpu_limited():
@@ -164,7 +164,7 @@ def test_a_server_whose_threads_fit_its_cpus_is_not_cpu_limited():
     assert "cpu_limited" not in v.past_threshold, v
     assert v.classes[0] == "cpu_compute"
     assert next(e for e in v.evidence if e.cls == "cpu_compute" and e.met).detail == (
-        "1.9 cores on 2 allowed CPUs (affinity 0-1)")
+        "1.90 cores on 2 allowed CPUs (affinity 0-1)")
 
 
 def test_the_compute_rule_measures_against_the_allowance_not_the_host():

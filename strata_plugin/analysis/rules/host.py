@@ -54,7 +54,7 @@ def rule_cpu_compute(s: WindowSignals) -> Outcome:
     cpus = s.server_allowed_cpus if s.server_allowed_cpus else float(s.n_cores)
     usable = float(min(s.server_threads, cpus) if s.server_threads else cpus)
     # the allowance in words where it was observed (the host's cores go without saying)
-    words = (f"{s.server_cpu_cores:.3g} cores on {_allowance_words(s)}"
+    words = (f"{s.server_cpu_cores:.2f} cores on {_allowance_words(s)}"
              if s.server_allowed_cpus is not None else "")
     if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable, detail=words):
         return r.fire(signal_margin(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
