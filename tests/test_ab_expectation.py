@@ -259,3 +259,13 @@ strata_reports_dir = {pytester.path / "reports"}
     by_group = {g["group"]: g["expectations"] for g in summary["ab"]}
     assert [e["outcome"] for e in by_group["noise"]] == ["not established"]
     assert by_group["noise"][0]["repetitions"] == 3
+
+
+def test_repetitions_that_do_not_define_the_metric_still_end_at_the_bound():
+    r = _Runner()
+
+    def effects(c, t):  # the added repetitions define no value: the count stays at 3
+        return [_effect(-10.0, 50.0, 3)]
+
+    e = r.expect_ab("g", "tpot_p95_ms", "increase", effects=effects, run_arm=r.run_arm)
+    assert (e.outcome, len(r.order)) == (NOT_ESTABLISHED, 6)

@@ -781,7 +781,9 @@ class CaseRunner:
         initial = min(len(arms.get(control, [])), len(arms.get(treatment, [])))
         runs, exp = judged(initial)
         added = 0
-        while not exp.decided and exp.repetitions < bound:
+        # bounded by the runs made, not the effect's count of defined values (a metric
+        # a repetition does not define would never reach the bound)
+        while not exp.decided and initial + added < bound:
             order = (treatment, control) if added % 2 == 0 else (control, treatment)
             for arm in order:
                 run_arm(arm, runs)
