@@ -268,4 +268,5 @@ def test_repetitions_that_do_not_define_the_metric_still_end_at_the_bound():
         return [_effect(-10.0, 50.0, 3)]
 
     e = r.expect_ab("g", "tpot_p95_ms", "increase", effects=effects, run_arm=r.run_arm)
-    assert (e.outcome, len(r.order)) == (NOT_ESTABLISHED, 6)
+    assert (e.outcome, len(r.order), e.repetitions) == (NOT_ESTABLISHED, 6, 6)
+    assert "3/3 repetitions; 3 repetition(s) added" in e.line()

@@ -65,8 +65,10 @@ class ABExpectation:
 
     @classmethod
     def of(cls, group: str, metric: str, direction: str, e: Effect | None, *,
-           initial: int, bound: int) -> ABExpectation:
-        reps = 0 if e is None else min(e.n_control, e.n_treatment)
+           initial: int, bound: int, runs: int | None = None) -> ABExpectation:
+        """``runs``: repetitions run per arm (default: the effect's, which counts only the
+        repetitions that define the metric)."""
+        reps = runs if runs is not None else 0 if e is None else min(e.n_control, e.n_treatment)
         return cls(group, metric, direction, judge(e, direction), reps, initial, bound,
                    None if e is None else e.change_pct, None if e is None else e.ci_lo_pct,
                    None if e is None else e.ci_hi_pct, "" if e is None else e.interval_label)

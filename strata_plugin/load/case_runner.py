@@ -775,7 +775,8 @@ class CaseRunner:
             e = (next((x for x in effects(c, t) if x.metric == metric), None)
                  if c and t else None)
             return len(c) + len(t), ABExpectation.of(group, metric, direction, e,
-                                                     initial=initial, bound=bound)
+                                                     initial=initial, bound=bound,
+                                                     runs=min(len(c), len(t)))
 
         arms = self.ab_results(group)
         initial = min(len(arms.get(control, [])), len(arms.get(treatment, [])))
