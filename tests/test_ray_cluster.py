@@ -241,6 +241,7 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
     got: list = []
     streams: dict[int, int] = {}  # node -> its open streams, when last looked
     load_done = threading.Event()
+    pressed: list[float] = []  # when Ctrl-C was pressed (monotonic)
 
     def press() -> None:
         # Ctrl-C once every node streams (bounded): on a busy host the three `ss` calls
@@ -252,6 +253,7 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
             if all(streams.values()):
                 time.sleep(1.0)
                 if not load_done.is_set():
+                    pressed.append(time.monotonic())
                     _thread.interrupt_main()
                 return
             time.sleep(0.2)
@@ -263,7 +265,11 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
     except KeyboardInterrupt:
         pass
     else:
-        pytest.fail(f"the load ended before every node streamed (open streams per node when "
+        ended = time.monotonic()
+        pytest.fail(f"Ctrl-C was pressed with every node streaming ({streams}), "
+                    f"{ended - pressed[0]:.1f} s before the load returned normally: the "
+                    "interrupt was lost" if pressed else
+                    f"the load ended before every node streamed (open streams per node when "
                     f"last looked: {streams}): no Ctrl-C was pressed")
     finally:
         load_done.set()
