@@ -39,6 +39,25 @@ _NS_RX = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(\d+)$")
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 CLIENT_PORT = 10001
 GCS_PORT = 6379
+#: How long the lab waits for a driver to connect through Ray Client once every node is
+#: alive, and between attempts (each a fresh driver process).
+CLIENT_TIMEOUT_S = 120.0
+CLIENT_RETRY_S = 2.0
+#: The driver of ``wait_client``: connects, waits (bounded) until the cluster has the
+#: CPUs of every node, disconnects; exit 0 only then.
+_CLIENT_PROBE = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+try:
+    deadline = time.monotonic() + 30
+    while ray.cluster_resources().get("CPU", 0) < float(sys.argv[2]):
+        if time.monotonic() > deadline:
+            sys.exit(f"connected, but the cluster has {ray.cluster_resources()}")
+        time.sleep(0.5)
+finally:
+    ray.shutdown()
+"""
 
 
 def _names(pid: int, n: int) -> tuple[str, str]:
@@ -149,8 +168,10 @@ class RayLab:
                 argv += [f"--address={head.addr}:{GCS_PORT}"]
             out = self.ns_run(node.k, argv, check=False, timeout=180)
             if out.returncode != 0:
-                raise RuntimeError(f"ray start on node {node.k} failed: {out.stderr[-2000:]}")
+                raise RuntimeError(f"ray start on node {node.k} failed: {out.stderr[-2000:]}"
+                                   + self.logs(node.k))
         self.wait_nodes(len(self.nodes))
+        self.wait_client()
 
     def wait_nodes(self, count: int, timeout_s: float = 90.0) -> None:
         """Until the head's GCS lists ``count`` alive nodes (``ray status`` on the head)."""
@@ -164,7 +185,48 @@ class RayLab:
             if alive >= count:
                 return
             time.sleep(1.0)
-        raise RuntimeError(f"the Ray cluster has not {count} alive nodes: {last[-1500:]}")
+        raise RuntimeError(f"the Ray cluster has not {count} alive nodes after {timeout_s:.0f} s: "
+                           f"{last[-1500:]}" + "".join(self.logs(n.k) for n in self.nodes))
+
+    def wait_client(self, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+        """Until a driver in the root namespace connects through Ray Client and sees every
+        node's CPU: what the tests need, and the step that failed one CI run in two on a
+        busy host ("Starting Ray client server failed": the head's proxy starts a server
+        process per driver). Each attempt is a fresh driver process, bounded; the error
+        names the step that did not come up and the head's Ray Client logs."""
+        deadline = time.monotonic() + timeout_s
+        attempts, last = 0, ""
+        while True:
+            attempts += 1
+            left = max(5.0, deadline - time.monotonic())
+            try:
+                out = subprocess.run([sys.executable, "-c", _CLIENT_PROBE, self.address,
+                                      str(len(self.nodes))], capture_output=True, text=True,
+                                     timeout=left)
+                if out.returncode == 0:
+                    return
+                last = (out.stdout + out.stderr).strip()[-1500:]
+            except subprocess.TimeoutExpired:
+                last = f"the driver did not connect in {left:.0f} s"
+            if time.monotonic() + CLIENT_RETRY_S >= deadline:
+                break
+            time.sleep(CLIENT_RETRY_S)
+        raise RuntimeError(f"Ray Client at {self.address} did not take a driver that sees "
+                           f"{len(self.nodes)} CPUs within {timeout_s:.0f} s ({attempts} "
+                           f"attempts); the last: {last}" + self.logs(0, "ray_client_server"))
+
+    def logs(self, k: int, stem: str = "", tail: int = 1500) -> str:
+        """The tails of node ``k``'s Ray error logs (``stem*.err``), for a failure message."""
+        files = sorted(self.nodes[k].temp.glob(f"session_latest/logs/{stem}*.err"))
+        out = ""
+        for f in files:
+            try:
+                text = f.read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                out += f"\n--- node {k}: {f.name} ---\n{text[-tail:]}"
+        return out
 
     def kill_node(self, k: int) -> list[int]:
         """Every process in node ``k``'s namespace, SIGKILL: a host lost."""

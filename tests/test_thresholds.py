@@ -169,6 +169,8 @@ CASES: tuple[Boundary, ...] = (
 
 #: Rows no classifier boundary covers, and where they are tested instead.
 NOT_A_RULE_BOUNDARY = {
+    "ab_max_repetitions": "the bound on an A/B expectation's added repetitions, never a class "
+    "(test_ab_expectation.py: decided at the bound, and one past it)",
     "roof_near_frac": "the roofline's evidence and note, never a class "
     "(test_roofline.py, just below and at the share)",
     "roof_far_frac": "the roofline's note, never a class (test_roofline.py, just below "
@@ -249,7 +251,7 @@ PINNED = {
     "ab_tail_pace_rise": 0.2, "injected_pace_factor": 1.0, "client_timing_error_ms": 5.0,
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
     "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
-    "roof_near_frac": 0.8, "roof_far_frac": 0.6,
+    "roof_near_frac": 0.8, "roof_far_frac": 0.6, "ab_max_repetitions": 6,
 }
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strata_plugin.analysis.effects import Effect, effect
+from strata_plugin.analysis.expectations import ABExpectation
 from strata_plugin.analysis.interference import Interference, analyze
 from strata_plugin.analysis.metrics import (
     AB_HEADLINE,
@@ -258,3 +259,17 @@ def _medians(bundle: RunBundle, recs: list) -> dict[str, float | None]:
         out[metric] = _median(xs)
     out["e2e_ms"] = _median(values(recs, "e2e_ms", bundle.metrics_of))
     return out
+
+
+def group_expectations(bundle: RunBundle, group: str, arms: list[Arm]) -> list[ABExpectation]:
+    """The A/B expectations judged on ``group`` (``cases.jsonl`` ``ab_expectations``, on
+    each case of the group the judging test ran): one per metric and direction, the last
+    judged."""
+    out: dict[tuple[str, str], ABExpectation] = {}
+    for _, cases in arms:
+        for cid in cases:
+            for i, d in enumerate(bundle.case_info(cid).line.ab_expectations or ()):
+                e = ABExpectation.from_json(d, f"case {cid!r}: ab_expectations[{i}]")
+                if e.group == group:
+                    out[(e.metric, e.direction)] = e
+    return list(out.values())

@@ -715,6 +715,18 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "[inferred] a loopback or same-rack TCP path has a smoothed RTT well under 1 ms; "
         "a median of 5 ms on the benchmark's connections is queueing or a distant peer",
     ),
+    # --- A/B expectations (analysis/expectations.py) ---
+    Threshold(
+        "ab_max_repetitions",
+        6,
+        "repetitions per arm",
+        "[inferred] an expected A/B effect whose interval still holds zero at the case's own "
+        "repetitions gets more, one per arm at a time, up to this many per arm, then is "
+        "reported 'not established': the mixed case's TPOT p95 rise, +203% .. +358% at 3/3 "
+        "on a quiet 2-core host, had an interval of -75% .. +19578% at 3/3 under other "
+        "jobs' load (issue 32); 6 per arm doubles the case at most (the vLLM smoke's mixed "
+        "case, 6 runs of a few seconds each)",
+    ),
     Threshold(
         "trace_retrans_per_s",
         1.0,

@@ -104,7 +104,11 @@ class CaseLine:
     traces: tuple[str, ...] | None = field(default=None, metadata=_K["strings"])
     escalated: str | None = field(default=None, metadata=_K["string"])  # why it was traced
     # written again at the test's teardown (plugin/case_teardown.py)
-    #: the test's outcome: passed / failed / ...
+    #: the A/B expectations the test judged on this case's group
+    #: (analysis/expectations.ABExpectation.to_json), on each case of the group it ran
+    ab_expectations: tuple[dict[str, Any], ...] | None = field(default=None,
+                                                              metadata=_K["objects"])
+    #: the test's outcome: passed / failed / not established / ...
     outcome: str | None = field(default=None, metadata=_K["string"])
     nodeid: str | None = field(default=None, metadata=_K["string"])
     #: the verdict computed at the case's end (dataclasses.asdict of analysis Verdict):

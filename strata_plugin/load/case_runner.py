@@ -35,6 +35,7 @@ from strata_plugin.load.generator import (
 from strata_plugin.load.workload import TokenSpace, Workload, arrival_offsets_s, prompt_tokens
 
 if TYPE_CHECKING:
+    from strata_plugin.analysis.expectations import ABExpectation
     from strata_plugin.load.chat_prompts import ChatPrompter
     from strata_plugin.load.sweep import CapacitySweep, SweepResult
     from strata_plugin.load.trace import TraceWorkload
@@ -469,6 +470,8 @@ class CaseRunner:
         self.repetitions: dict[tuple[str, str, str], int] = (
             repetitions if repetitions is not None else {})
         self._chat: ChatPrompter | None = None  # built on the first chat case
+        #: the A/B expectations this test judged (``expect_ab``), judged at its end
+        self.expectations: list[ABExpectation] = []
 
     def chat_prompter(self) -> ChatPrompter | None:
         """On the chat API: the prompter, with the server's tokenizer endpoint where it
@@ -824,6 +827,53 @@ class CaseRunner:
         """Wraps exactly the measured requests (warm-ups excluded): the diagnostic round
         (``run/diagnostic_round.py``) captures its trace here."""
         return contextlib.nullcontext()
+
+    def expect_ab(self, group: str, metric: str, direction: str, *,
+                  effects: Callable[[list[CaseResult], list[CaseResult]], list],
+                  run_arm: Callable[[str, int], object], control: str = "control",
+                  treatment: str = "treatment",
+                  max_repetitions: int | None = None) -> ABExpectation:
+        """Judge "``treatment`` moves ``metric`` in ``direction``" on the group's runs so far
+        (analysis/expectations.py); while the interval holds zero, run one more repetition
+        of each arm (``run_arm(arm, index)``, ``index`` counting the group's runs, in a
+        balanced order: treatment first, then control first, ...) up to ``max_repetitions``
+        per arm (default: the ``ab_max_repetitions`` threshold). ``effects(control_runs,
+        treatment_runs)`` gives the effects (e.g. ``mixed_effects``).
+
+        The test's end judges what this returns (plugin/case_teardown.py): a contradicted
+        expectation fails the test, one not established is the test's own outcome, "not
+        established", in JUnit, the terminal and the report, and does not fail it."""
+        from strata_plugin.analysis.expectations import DIRECTIONS, ABExpectation
+        from strata_plugin.analysis.thresholds import value
+
+        if direction not in DIRECTIONS:
+            raise ValueError(f"expect_ab: direction {direction!r}: expected one of {DIRECTIONS}")
+        bound = int(value("ab_max_repetitions")) if max_repetitions is None else max_repetitions
+
+        def judged(initial: int) -> tuple[int, ABExpectation]:
+            arms = self.ab_results(group)
+            c, t = arms.get(control, []), arms.get(treatment, [])
+            e = (next((x for x in effects(c, t) if x.metric == metric), None)
+                 if c and t else None)
+            return len(c) + len(t), ABExpectation.of(group, metric, direction, e,
+                                                     initial=initial, bound=bound,
+                                                     runs=min(len(c), len(t)))
+
+        arms = self.ab_results(group)
+        initial = min(len(arms.get(control, [])), len(arms.get(treatment, [])))
+        runs, exp = judged(initial)
+        added = 0
+        # bounded by the runs made, not the effect's count of defined values (a metric
+        # a repetition does not define would never reach the bound)
+        while not exp.decided and initial + added < bound:
+            order = (treatment, control) if added % 2 == 0 else (control, treatment)
+            for arm in order:
+                run_arm(arm, runs)
+                runs += 1
+            added += 1
+            runs, exp = judged(initial)
+        self.expectations.append(exp)
+        return exp
 
     def ab_results(self, group: str) -> dict[str, list[CaseResult]]:
         """The results of an A/B group so far in this session, by arm, in run order."""

@@ -61,6 +61,15 @@ PLACE_TIMEOUT_S = 120.0
 #: message (one RPC) reaches every one before the first arrival is due.
 LEAD_S = 0.2
 CLOCK_ROUNDS = 8
+#: Connecting through Ray Client: the head's proxy starts a server process for each
+#: driver, and on a busy head that start can fail ("Starting Ray client server failed",
+#: "Proxy failed to Connect to backend": one CI run in two on a shared 2-core host) where
+#: the next attempt succeeds. Those two answers (the head's, not the address's: a wrong
+#: address or a refused port fails at once) are retried every CONNECT_RETRY_S for up to
+#: CONNECT_TIMEOUT_S; then the error says how many attempts failed and the last answer.
+CONNECT_TIMEOUT_S = 90.0
+CONNECT_RETRY_S = 2.0
+TRANSIENT_CONNECT = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
 #: How long a Ctrl-C waits for the actors' records of their requests in flight.
 INTERRUPT_GRACE_S = 5.0
 #: The ``strata_plugin`` folder, which ``ship_package`` hands Ray's runtime_env. Found
@@ -120,6 +129,39 @@ def shift_record(rec: RequestRecord, delta_ns: int) -> RequestRecord:
                    extra=extra)
 
 
+def connect(ray: Any, spec: LoadSpec, runtime_env: dict[str, Any],
+            timeout_s: float = CONNECT_TIMEOUT_S, retry_s: float = CONNECT_RETRY_S,
+            clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> None:
+    """``ray.init`` on ``spec.address``, retrying the head's transient answers
+    (``TRANSIENT_CONNECT``) until ``timeout_s``; anything else fails at once."""
+    deadline = clock() + timeout_s
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            ray.init(address=spec.address, namespace=spec.namespace,
+                     runtime_env=runtime_env or None, log_to_driver=False,
+                     logging_level="WARNING")
+            return
+        except Exception as e:
+            transient = any(t in str(e) for t in TRANSIENT_CONNECT)
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # a half-made client connection is not reused
+            if transient and clock() + retry_s < deadline:
+                sleep(retry_s)
+                continue
+            if transient:
+                why = (f"the head's Ray Client server did not start a server for this driver "
+                       f"in {attempts} attempts over {timeout_s:.0f} s (its "
+                       f"ray_client_server_*.err, in the head's session logs, says why)")
+            else:
+                why = "not retried: not a transient answer of the head"
+            raise RayUnavailable(
+                f"[load] address = {spec.address!r}: could not connect to the Ray cluster "
+                f"({type(e).__name__}: {e}); {why}") from e
+
+
 class RayActors:
     """Connected to the cluster, a placement group and its actors; all undone on exit."""
 
@@ -139,14 +181,7 @@ class RayActors:
                 env: dict[str, Any] = {}
                 if spec.ship_package:
                     env["py_modules"] = [str(PACKAGE_DIR)]
-                try:
-                    ray.init(address=spec.address, namespace=spec.namespace,
-                             runtime_env=env or None, log_to_driver=False,
-                             logging_level="WARNING")
-                except Exception as e:
-                    raise RayUnavailable(
-                        f"[load] address = {spec.address!r}: could not connect to the Ray "
-                        f"cluster ({type(e).__name__}: {e})") from e
+                connect(ray, spec, env)
                 self.connected_here = True
             alive = [n for n in ray.nodes() if n.get("Alive")]
             self.nodes = min(spec.nodes or len(alive), len(alive))

@@ -132,6 +132,12 @@ def _kept_flags(path: str) -> int:
 
 def _confine_mounts(cfg: dict) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
+    # The mount points made below (the path back to a Python installation in a hidden
+    # home or /tmp, the scratch folder) must be traversable by the sandbox user whatever
+    # umask the harness runs under: a run folder kept private (a profile with env values)
+    # sets 077, and /root/.pyenv made 0700 here kept `nobody` from its Python. They live in
+    # this namespace's own tmpfs, so nothing of the host is loosened.
+    os.umask(0o022)
     for point in _mount_points():
         try:
             flags = _kept_flags(point)

@@ -24,6 +24,8 @@ def _outcome(item: pytest.Item) -> str:
     reports = item.stash.get(phase_reports_key, {})
     for when in ("setup", "call"):
         rep = reports.get(when)
+        if rep is not None and getattr(rep, NOT_ESTABLISHED_ATTR, False):
+            return "not established"
         if rep is not None and not rep.passed:
             return rep.outcome
     return "passed" if "call" in reports else "not run"
@@ -104,6 +106,10 @@ def case_problems(sess: StrataSession, server: Server, runner: CaseRunner) -> li
     worse = regressions(sess, runner)
     if worse:
         out.append("regression against the baseline run:\n" + "\n".join(worse))
+    contradicted = [e.line() for e in runner.expectations if e.outcome == "contradicted"]
+    if contradicted:
+        out.append("A/B expectation contradicted by the data (its whole interval on the "
+                   "other side of zero):\n" + "\n".join(contradicted))
     return out
 
 
@@ -114,16 +120,42 @@ def judge_call(item: pytest.Item, sess: StrataSession, server: Server, runner: C
     A test whose own body already failed keeps its traceback; the reasons go beside it as
     a ``strata`` section of its report (often they are why its own check failed)."""
     problems = case_problems(sess, server, runner)
+    for e in runner.expectations:
+        item.user_properties.append((f"strata_expectation.{e.group}.{e.metric}", e.outcome))
+        item.user_properties.append((f"strata_expectation.{e.group}.{e.metric}.detail",
+                                     e.line()))
     if failure is not None:
         if problems:
             item.stash[call_problems_key] = "\n".join(problems)
         raise failure
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+    undecided = [e.line() for e in runner.expectations if e.outcome == "not established"]
+    if undecided:
+        item.stash[not_established_key] = "\n".join(undecided)
 
 
 #: The reasons :func:`judge_call` found for a test whose body failed as well.
 call_problems_key = pytest.StashKey[str]()
+#: A test that passed but for an A/B expectation its data could not decide: its call
+#: report becomes the outcome "not established" (:func:`mark_not_established`).
+not_established_key = pytest.StashKey[str]()
+#: Set on such a report (``pytest_report_teststatus`` names its category).
+NOT_ESTABLISHED_ATTR = "strata_not_established"
+
+
+def mark_not_established(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A passed call whose A/B expectation was not established: its own outcome. In the
+    terminal a category of its own ("N", "1 not established"); in JUnit XML a
+    ``<skipped>`` whose message starts "not established:" (JUnit has no other outcome
+    that neither passes nor fails); in ``cases.jsonl`` ``outcome: "not established"``."""
+    lines = item.stash.get(not_established_key, "")
+    if report.when != "call" or not report.passed or not lines:
+        return
+    path, lineno, _ = item.location
+    report.outcome = "skipped"
+    report.longrepr = (str(path), (lineno or 0) + 1, f"not established: {lines}")
+    setattr(report, NOT_ESTABLISHED_ATTR, True)
 
 
 def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
@@ -145,6 +177,9 @@ def finish_case(item: pytest.Item, sess: StrataSession, server: Server,
     props, verdicts = case_properties(sess, runner)
     for cid, line in runner.case_lines.items():
         extra = {"verdict": verdicts[cid]} if cid in verdicts else {}
+        expected = [e.to_json() for e in runner.expectations if e.group == line.ab_group]
+        if expected:
+            extra["ab_expectations"] = expected
         if not flushed:
             extra["telemetry_flushed"] = False
         try:

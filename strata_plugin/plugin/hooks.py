@@ -111,11 +111,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if "strata" in getattr(item, "fixturenames", ()):
         item.stash.setdefault(phase_reports_key, {})[report.when] = report
         if report.when == "call":
-            from strata_plugin.plugin.case_teardown import call_problems_key
+            from strata_plugin.plugin.case_teardown import call_problems_key, mark_not_established
 
             problems = item.stash.get(call_problems_key, None)
             if problems:
                 report.sections.append(("strata: why the case failed", problems))
+            mark_not_established(item, report)
+    if getattr(report, "strata_not_established", False):
+        return report  # an outcome of its own, not a skip
     if report.skipped and "strata_server" in getattr(item, "fixturenames", ()):
         from strata_plugin.plugin.summary import note_skip
 
@@ -158,6 +161,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     sess.dry_plan.end_test(pyfuncitem.nodeid, runner.setup.block_id, planned, stopped)
     raise pytest.skip.Exception(f"dry run: {planned} case(s) planned, nothing started{reason}",
                                 _use_item_location=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """An A/B expectation its data could not decide: "N", counted as "not established"."""
+    if getattr(report, "strata_not_established", False):
+        return "not established", "N", ("NOT ESTABLISHED", {"yellow": True})
+    return None
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from strata_plugin.analysis.ab_groups import ArmDelta, ArmEffects, ShaPair
 from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
+from strata_plugin.analysis.expectations import ABExpectation
 from strata_plugin.analysis.metrics import (
     AB_HEADLINE,
     PERCENTILE_METHOD,
@@ -51,6 +52,8 @@ class AbGroup:
     pairs: list[ShaPair]
     effects: list[ArmEffects] = field(default_factory=list)
     plot: str = ""  # plots/<name>: request timeline, inter-token ECDF, per repetition
+    #: the expected effects the case judged (analysis/expectations.py), with outcomes
+    expectations: list[ABExpectation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -735,6 +738,13 @@ def ab_section(d: ReportData) -> str:
     for g in d.ab:
         arms = ", ".join(f"{arm} ({', '.join(f'`{c}`' for c in cases)})" for arm, cases in g.arms)
         out.append(f"\n### {g.group}: {arms}\n\n")
+        for x in g.expectations:
+            out.append(f"**Expectation: {x.outcome}.** {x.line()}\n\n")
+        if g.expectations:
+            out.append("(An expectation is established when its whole interval lies on the "
+                       "expected side of zero, contradicted (the test fails) when on the "
+                       "other; in between, repetitions are added up to the bound, then it is "
+                       "*not established*: not a failure.)\n\n")
         if not g.effects:
             out.append("Only one arm ran.\n")
         for ae in g.effects:

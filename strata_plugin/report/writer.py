@@ -21,6 +21,7 @@ from strata_plugin.analysis.ab_groups import (
     ab_groups,
     arm_deltas,
     group_effects,
+    group_expectations,
     repetition_values,
     same_output_pairs,
 )
@@ -305,6 +306,7 @@ def _summary_json(data: ReportData, windows: list[Window]) -> dict[str, Any]:
                 "effects": [dataclasses.asdict(x) for x in g.effects],
                 "deltas": [dataclasses.asdict(x) for x in g.deltas],
                 "same_output": [dataclasses.asdict(x) for x in g.pairs],
+                "expectations": [x.to_json() for x in g.expectations],
             }
             for g in data.ab
         ],
@@ -424,6 +426,7 @@ def _ab(ra: RunAnalysis, plot_dir: Path) -> list[AbGroup]:
                 group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
             ),
             _ab_plot(bundle, analyses, group, arms, plot_dir),
+            group_expectations(bundle, group, arms),
         )
         for group, arms in ab_groups(bundle).items()
     ]
