@@ -94,7 +94,8 @@ class ABExpectation:
     @classmethod
     def from_json(cls, d: dict[str, Any], where: str = "ab_expectations") -> ABExpectation:
         """As :meth:`to_json` wrote it; FormatError naming ``where`` and the key otherwise."""
-        kinds = {"group": str, "metric": str, "direction": str, "outcome": str,
+        kinds: dict[str, type | tuple[type, ...]] = {
+                 "group": str, "metric": str, "direction": str, "outcome": str,
                  "repetitions": int, "initial_repetitions": int, "max_repetitions": int,
                  "change_pct": (int, float, type(None)), "ci_lo_pct": (int, float, type(None)),
                  "ci_hi_pct": (int, float, type(None)), "interval_label": str}
