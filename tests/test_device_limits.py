@@ -156,3 +156,20 @@ def test_a_bf16_model_is_held_against_the_bf16_multiply_where_it_was_measured():
     failed = {**probe, "matmul_bf16": {"unavailable": "no torch"}}
     lim = cpu_limits(failed, "bf16")
     assert lim.flops.value == 100e9 and "no bf16 matmul measured (no torch)" in lim.notes[0]
+
+
+def test_an_emulated_bf16_multiply_below_float32_leaves_the_float32_roof():
+    """A CPU without bf16 instructions (AVX2 only) emulates it: measured here at 1.35
+    GFLOP/s against float32's ~100; a roof must bound the engine, so float32's holds.
+    At float32's rate exactly the bf16 row is kept (the boundary)."""
+    probe = {"cpus": [0], "fingerprint": {"engine_python": "/venv/bin/python"},
+             "dram": [{"kernel": "read", "bytes_s": 30e9, "array_bytes": 1, "reps": 4}],
+             "matmul": {"flops_s": 100e9, "n": 2048, "reps": 4},
+             "matmul_bf16": {"flops_s": 1.35e9, "n": 512, "reps": 4, "torch": "2.13.0+cpu"}}
+    lim = cpu_limits(probe, "bf16")
+    assert (lim.flops.what, lim.flops.value) == ("FLOPs (float32 GEMM)", 100e9)
+    assert "bf16 matmul measured 1.35 GFLOP/s, below float32's" in lim.notes[0]
+    just_below = {**probe, "matmul_bf16": {**probe["matmul_bf16"], "flops_s": 99.9e9}}
+    assert cpu_limits(just_below, "bf16").flops.value == 100e9
+    equal = {**probe, "matmul_bf16": {**probe["matmul_bf16"], "flops_s": 100e9}}
+    assert cpu_limits(equal, "bf16").flops.what == "FLOPs (bf16 GEMM)"

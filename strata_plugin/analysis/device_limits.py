@@ -121,7 +121,15 @@ def cpu_limits(probe: Mapping[str, Any], dtype: str = "fp32") -> DeviceLimits:
              if mm.get("flops_s") else
              Peak("FLOPs (float32 GEMM)", None, "FLOP/s", unavailable="no matmul probe"))
     bf = probe.get("matmul_bf16") or {}
-    if dtype == "bf16" and bf.get("flops_s"):
+    if (dtype == "bf16" and bf.get("flops_s") and flops.value is not None
+            and float(bf["flops_s"]) < flops.value):
+        # A roof must bound what the engine can do: a CPU without bf16 instructions (AVX2
+        # only) runs torch's bf16 multiply emulated, slower than float32, and an engine
+        # may compute in float32 there; the higher roof holds either way.
+        notes.append(f"the bf16 matmul measured {float(bf['flops_s']) / 1e9:.3g} GFLOP/s, "
+                     "below float32's (no bf16 in this CPU's instructions: emulated): the "
+                     "float32 roof")
+    elif dtype == "bf16" and bf.get("flops_s"):
         engine = (probe.get("fingerprint") or {}).get("engine_python") or "the engine's python"
         flops = Peak("FLOPs (bf16 GEMM)", float(bf["flops_s"]), "FLOP/s", "measured",
                      f"torch {bf.get('torch', '')} bf16 matmul {bf['n']}x{bf['n']} through "

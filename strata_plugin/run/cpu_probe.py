@@ -216,12 +216,18 @@ def child(cpus: Sequence[int]) -> dict[str, Any]:
 #: The bf16 matrix multiply, in the engine's own interpreter (its torch: vLLM's and
 #: SGLang's CPU kernels multiply bf16 weights in bf16, at up to twice float32's rate with
 #: AVX512-BF16 or AMX, which numpy has no kernel for). Self-contained: Strata is not
-#: installed there. One pinned single-threaded process per CPU, started together.
+#: installed there. One pinned single-threaded process per CPU, started together. The
+#: size is the largest of n, n/2, ... (at least 256) whose product a 256 x 256 product's
+#: time says takes at most BF16_PRODUCT_S on every CPU: without bf16 in the hardware
+#: (AVX2 only) torch emulates it, and one 2048 product took 64 s on such a vCPU, where
+#: AVX512-BF16 takes well under a second.
+BF16_PRODUCT_S = 1.0
 BF16_SCRIPT = r'''
 import json, multiprocessing as mp, os, sys, time
 cpus, n, reps, nice = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+budget = float(sys.argv[5])
 
-def work(cpu, barrier, out):
+def work(i, cpu, barrier, out, sizes):
     os.sched_setaffinity(0, {cpu})
     try:
         os.nice(nice)
@@ -230,25 +236,37 @@ def work(cpu, barrier, out):
     import torch
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(cpu)
-    x = torch.randn(n, n, generator=g).to(torch.bfloat16)
-    y = torch.randn(n, n, generator=g).to(torch.bfloat16)
+    a = torch.randn(256, 256, generator=g).to(torch.bfloat16)
+    a @ a
+    t0 = time.perf_counter()
+    a @ a
+    t = time.perf_counter() - t0
+    m = n
+    while m > 256 and t * (m / 256) ** 3 > budget:
+        m //= 2
+    sizes[i] = m
+    barrier.wait()
+    size = min(sizes[:])
+    x = torch.randn(size, size, generator=g).to(torch.bfloat16)
+    y = torch.randn(size, size, generator=g).to(torch.bfloat16)
     times = []
     for _ in range(reps + 1):
         barrier.wait()
         t0 = time.perf_counter()
         x @ y
         times.append(time.perf_counter() - t0)
-    out.put((cpu, times[1:], torch.__version__))
+    out.put((cpu, times[1:], torch.__version__, size))
 
 ctx = mp.get_context("fork")
-barrier, out = ctx.Barrier(len(cpus)), ctx.Queue()
-procs = [ctx.Process(target=work, args=(c, barrier, out)) for c in cpus]
+barrier, out, sizes = ctx.Barrier(len(cpus)), ctx.Queue(), ctx.Array("i", len(cpus))
+procs = [ctx.Process(target=work, args=(i, c, barrier, out, sizes)) for i, c in enumerate(cpus)]
 for p in procs:
     p.start()
 got = [out.get(timeout=240) for _ in procs]
 for p in procs:
     p.join()
-res = {c: t for c, t, _ in got}
+res = {c: t for c, t, _, _ in got}
+n = got[0][3]
 per_pass = [max(res[c][r] for c in cpus) for r in range(reps)]
 best = min(per_pass)
 print(json.dumps({"kernel": "matmul", "dtype": "bfloat16", "n": n, "reps": reps,
@@ -258,14 +276,25 @@ print(json.dumps({"kernel": "matmul", "dtype": "bfloat16", "n": n, "reps": reps,
 '''
 
 
+#: The bf16 probe's bound: importing torch (a few seconds) and 6 products of at most
+#: BF16_PRODUCT_S each, with room for a busy host.
+BF16_TIMEOUT_S = 120.0
+
+
 def _bf16(cpus: Sequence[int], engine_python: str) -> tuple[dict[str, Any], float]:
     """The bf16 matrix multiply through the engine's interpreter; its CPU seconds."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MKL_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run([engine_python, "-c", BF16_SCRIPT, json.dumps(list(cpus)),
-                        str(MATMUL_N), "4", str(PROBE_NICE)],
-                       capture_output=True, text=True, timeout=300, env=env)
+    try:
+        p = subprocess.run([engine_python, "-c", BF16_SCRIPT, json.dumps(list(cpus)),
+                            str(MATMUL_N), "4", str(PROBE_NICE), str(BF16_PRODUCT_S)],
+                           capture_output=True, text=True, timeout=BF16_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return {"unavailable": f"{engine_python}: the bf16 multiply took over "
+                f"{BF16_TIMEOUT_S:.0f} s"}, own
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if p.returncode != 0:
