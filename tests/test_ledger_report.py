@@ -65,8 +65,12 @@ def test_a_frozen_server_is_named_server_stalled_with_its_share(with_run_state) 
 
 
 def test_the_same_freeze_unsampled_is_unexplained_never_headroom(without_run_state) -> None:
+    """The server's clock (decode at its pace, two thirds of TPOT/ITL) is the largest
+    cause however the third no clock explains is shared out: named first, the
+    unexplained third beside it (issue 30)."""
     frozen = _verdicts(without_run_state)["decode_frozen"]
-    assert frozen["classes"] == ["unexplained"] and frozen["inconclusive"]
+    assert frozen["classes"] == ["cpu_compute", "unexplained"], frozen
+    assert frozen["lead"].startswith("decode compute, 6")
     assert any("does not close" in n and "TPOT/ITL" in n for n in frozen["notes"])
     ev = {e["metric"]: e for e in frozen["evidence"] if e["cls"] == "unexplained"}
     assert ev["ledger_residual_frac"]["value"] >= value("ledger_residual_max")
