@@ -104,6 +104,13 @@ def test_junit_properties_say_whether_the_ledger_closed(with_run_state, without_
 
     closed = dict(summarize_case(with_run_state, "decode_frozen").user_properties())
     assert closed["ledger_metric"] == "itl" and closed["ledger_closes"] == 1
+    # where the metric went, the spare capacity beside it: as the report says (issue 30)
+    clean = summarize_case(with_run_state, "decode_clean")
+    props = dict(clean.user_properties())
+    assert props["bottleneck_1"] == "cpu_compute" and "headroom" not in props["verdict"]
+    assert props["verdict_lead"] == clean.verdict.lead
+    assert props["verdict_lead"].startswith("decode compute, ")
+    assert "run-state grid" in props["spare_capacity"] and props["spare_cores"] >= 0
     opened = dict(summarize_case(without_run_state, "decode_frozen").user_properties())
     assert opened["ledger_closes"] == 0
     assert opened["ledger_residual_frac"] >= value("ledger_residual_max")
