@@ -59,6 +59,9 @@ def test_a_frozen_server_is_named_server_stalled_with_its_share(with_run_state) 
     assert 0.2 < ev["server_stalled_frac"]["value"] < 0.5  # a third of the decode time
     assert ev["server_stalled_window_frac"]["value"] == pytest.approx(1 / 3, abs=0.08)
     assert any("state seen: frozen" in n for n in frozen["notes"]), frozen["notes"]
+    # the stall names its threads and what held them (issue 30 item 4)
+    assert any("the threads while stalled: " in n and "the cgroup frozen 100%" in n
+               for n in frozen["notes"]), frozen["notes"]
     clean = v["decode_clean"]
     assert "server_stalled" not in clean["classes"] + clean["also_flagged"]
     assert "unexplained" not in clean["classes"] + clean["also_flagged"]

@@ -752,10 +752,19 @@ class CaseLedger:
         seen = ", ".join(f"{k} {v:.0%} of the window" for k, v in self.states_seen) or "none"
         win = ("" if self.stalled_window_frac is None
                else f"; stalled {self.stalled_window_frac:.1%} of the window")
+        who = ""
+        st = self.states
+        if st is not None and st.stall_threads:
+            th = dict(st.stall_threads)
+            frozen = th.pop("frozen cgroup", 0.0)
+            n = th.pop("threads", None)
+            who = ("; the threads while stalled: " + (f"{n:.3g}, " if n is not None else "")
+                   + ", ".join(f"{v:.3g} {k}" for k, v in th.items())
+                   + (f", the cgroup frozen {frozen:.0%} of that time" if frozen else ""))
         return (f"server stalled {ms / max(self.n, 1):.1f} ms per request "
                 f"({(self.share_of(('ttft_stalled', 'stall_stalled')) or 0):.1%} of "
                 f"{METRIC_LABELS[self.metric]}); {n_st} of {gaps} decode gaps were stalls"
-                f"{win}; state seen: {seen}")
+                f"{win}; state seen: {seen}{who}")
 
 
 def _rn(x: float | None) -> float | None:

@@ -64,6 +64,9 @@ class RunStates:
     throttled_cores: float | None = None
     #: samples (grid points) inside the window
     n_window: int = 0
+    #: the server's threads over the window's stalled intervals (most of the interval
+    #: stalled): (what, mean count) for all of them, stopped (T), in D, frozen cgroup
+    stall_threads: tuple[tuple[str, float], ...] = ()
 
     def over(self, a_ns: int, b_ns: int) -> tuple[dict[str, float], float]:
         """Seconds in each state over [a, b], and the seconds the samples cover."""
@@ -216,9 +219,20 @@ def classify_intervals(
             share = float((w * flag).sum() / total)
             if share > 0:
                 seen.append((name, round(share, 4)))
+    stall_threads: list[tuple[str, float]] = []
+    stuck_w = w * (stalled >= 0.5)
+    if float(stuck_w.sum()) > 0:
+        for label, series in (("threads", threads), ("stopped (T)", state_t),
+                              ("in D", state_d)):
+            if series is not None:
+                mean = float(np.nansum(stuck_w * _ends_mean(series)) / stuck_w.sum())
+                stall_threads.append((label, round(mean, 2)))
+        stall_threads.append(("frozen cgroup", round(float(
+            np.nansum(stuck_w * (_ends_mean(frozen) >= 0.5)) / stuck_w.sum()), 2)))
     cores: list[float | None] = [None, None, None]
     if total > 0:
         cores = [float(np.nansum(w * r) / total) for r in (run_rate, wait_rate, thr_rate)]
     return RunStates(t=t, cum=cum, busy_ref_cores=busy, seen=tuple(seen),
                      run_cores=cores[0], wait_cores=cores[1], throttled_cores=cores[2],
-                     n_window=int(((t >= start_ns) & (t <= end_ns)).sum()))
+                     n_window=int(((t >= start_ns) & (t <= end_ns)).sum()),
+                     stall_threads=tuple(stall_threads))
