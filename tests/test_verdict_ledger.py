@@ -130,7 +130,7 @@ def test_each_cause_has_its_level1_category() -> None:
 # --- the first class ----------------------------------------------------------------------
 
 #: a C=1 prefill case on a quiet 2-core server: TTFT 97% prefill running
-PREFILL_C1 = dict(n_cores=2, server_threads=2, server_cpu_cores=1.35, host_busy_cores=1.4,
+PREFILL_C1 = dict(n_cores=2, server_threads=2, server_cpu_cores=1.35, host_busy_cores=1.35,
                   ledger_metric="ttft", ledger_run_state=True, ledger_run_cores=1.35,
                   ledger_runnable_cores=1.37,
                   ledger_causes=(("prefill:running", 0.97), ("outside:before_server", 0.02),
@@ -143,6 +143,10 @@ def test_a_ttft_that_is_97_percent_prefill_running_is_compute_not_headroom() -> 
     assert v.lead == ("prefill compute, 97% of TTFT, on 1.35 of 2 host cores (allowance "
                       "not observed; run-state grid); spare 0.65 cores")
     assert v.spare_cores == pytest.approx(0.65)
+    # what other processes hold of the same cores is not spare
+    busy = classify(sig(**{**PREFILL_C1, "host_busy_cores": 1.95}))
+    assert busy.spare.endswith("other processes 0.6; spare 0.05 cores")
+    assert busy.spare_cores == pytest.approx(0.05)
     row = next(e for e in v.evidence if e.metric == "ledger_cause_share")
     assert row.cls == "cpu_compute" and row.met and row.value == pytest.approx(0.97)
     # the compute rule, short of its threshold, is its evidence still

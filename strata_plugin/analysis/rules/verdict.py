@@ -555,8 +555,9 @@ def _rule_led(a: _Assessed) -> Verdict:
 
 def spare_capacity(s: WindowSignals, gpu_mode: bool) -> tuple[str, float | None]:
     """(words, spare cores): the idle share of what the server may use. CPUs: its run
-    cores (the run-state grid where sampled, else its proc CPU) against its allowance
-    (else the host's cores); GPUs: NVML utilization. ("", None) where unmeasured."""
+    cores (the run-state grid where sampled, else its proc CPU) and other processes'
+    CPU on the same CPUs, against its allowance (else the host's cores); GPUs: NVML
+    utilization. ("", None) where unmeasured."""
     if gpu_mode and s.gpu_util is not None:
         n = f" of {s.n_gpus} GPUs" if s.n_gpus else ""
         return (f"GPUs busy {s.gpu_util:.0%} of the window; spare {1 - s.gpu_util:.0%}{n}"
@@ -570,10 +571,16 @@ def spare_capacity(s: WindowSignals, gpu_mode: bool) -> tuple[str, float | None]
     allowed, noun, by = _allowed_cpus(s)
     if used is None or allowed is None:
         return "", None
-    spare = max(0.0, allowed - used)
+    # what other processes held of the same CPUs is not spare either
+    others = getattr(s, "allowed_cpus_other_cores", None)
+    if others is None and noun == "host":
+        frac = _others_cores_frac(s)
+        others = None if frac is None else frac * allowed
+    spare = max(0.0, allowed - used - (others or 0.0))
     why = "; ".join(x for x in (by, src) if x)
-    return (f"on {used:.3g} of {allowed:.3g} {noun} cores ({why}); spare {spare:.3g} cores",
-            round(spare, 4))
+    held = f", other processes {others:.3g}" if others is not None and others >= 0.005 else ""
+    return (f"on {used:.3g} of {allowed:.3g} {noun} cores ({why}){held}; spare {spare:.3g} "
+            "cores", round(spare, 4))
 
 
 def _sparse_notes(a: _Assessed) -> tuple[str, ...]:
