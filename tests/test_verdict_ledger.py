@@ -277,3 +277,18 @@ def test_waiting_while_others_held_little_of_the_cpus_is_the_servers_own(others,
                      ledger_run_state=True, ledger_runnable_cores=2.0, ledger_metric="itl",
                      ledger_causes=(("decode:waiting", 0.96), ("decode:running", 0.04))))
     assert v.classes[0] == cls, v
+
+
+def test_a_pair_the_counters_cannot_tell_apart_is_settled_by_the_run_state() -> None:
+    """cpu_compute and cpu_contention both barely past threshold: inconclusive on the
+    counters alone, named by the ledger where the run-state grid split it."""
+    from tests.test_attribution import WEAK_CPU_PAIR
+
+    causes = (("decode:running", 0.7), ("decode:waiting", 0.3))
+    unsplit = classify(sig(**WEAK_CPU_PAIR, ledger_metric="itl", ledger_run_state=False,
+                           ledger_causes=causes))
+    assert unsplit.inconclusive and set(unsplit.classes) == {"cpu_compute", "cpu_contention"}
+    split = classify(sig(**WEAK_CPU_PAIR, ledger_metric="itl", ledger_run_state=True,
+                         ledger_causes=causes))
+    assert not split.inconclusive and split.classes == ("cpu_compute", "cpu_contention")
+    assert any("the run-state grid settles it, decode compute, 70%" in n for n in split.notes)

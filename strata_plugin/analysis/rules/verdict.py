@@ -95,8 +95,7 @@ class _Assessed:
 
 def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     a = _assess(s, background)
-    v = (_disagreeing(a) or _contradicted(a) or _ledger_led(a, background)
-         or _rule_led(a))
+    v = _disagreeing(a) or _contradicted(a) or _ledger_led(a) or _rule_led(a)
     return _with_capacity(v, a)
 
 
@@ -361,7 +360,7 @@ def _ledger_confidence(fc: FirstCause, backed: bool, penalty: float) -> float:
     return round_sig(max(_v("confidence_floor"), min(1.0, conf) * penalty))
 
 
-def _ledger_led(a: _Assessed, background: frozenset[str]) -> Verdict | None:
+def _ledger_led(a: _Assessed) -> Verdict | None:
     """The first class from the ledger (module docstring, step 4); None without one."""
     fc = first_cause(a)
     if fc is None:
@@ -393,21 +392,7 @@ def _ledger_led(a: _Assessed, background: frozenset[str]) -> Verdict | None:
     own = a.outcomes.get(fc.cls)
     backed = own is not None and own.fired
     modifiers = tuple(c for c in a.modifiers if c != fc.cls)
-    notes = list(a.notes)
-    if CLIENT in modifiers:
-        notes.append("client_bound beside it, not first: the client's own time is not the "
-                     "largest cause of the metric in the ledger")
-    for x, y, _, why in AMBIGUOUS:
-        if (s.ledger_run_state and frozenset((x, y)) in SETTLED_BY_RUN_STATE
-                and fc.cls in (x, y) and x in fired and y in fired):
-            notes.append(f"{x} and {y} both past threshold ({why}): the run-state grid "
-                         f"settles it, {fc.words()}")
-    if not s.ledger_run_state:
-        notes.append("no run-state samples: the server's clocks are not split by what its "
-                     "threads did (its time is the strongest resource past threshold, else "
-                     "its compute)")
-    if fc.cls == "cpu_contention":
-        notes += _actors(s)
+    notes = _ledger_notes(a, fc, modifiers, fired)
     # the time is the server's clocks', but neither the run state nor the rules that
     # would say what its threads did measured it: named, inconclusive, with the traces
     core = a.t.core_gpu if a.gpu_mode else a.t.core_cpu
@@ -442,6 +427,29 @@ def _ledger_led(a: _Assessed, background: frozenset[str]) -> Verdict | None:
         weights=_weights(s, (fc.cls, *(o.cls for o in second))),
         lead=fc.words(),
     )
+
+
+def _ledger_notes(a: _Assessed, fc: FirstCause, modifiers: tuple[str, ...],
+                  fired: set[str]) -> list[str]:
+    """What a ledger-led verdict says beside its classes: a client set beside, a pair the
+    run state settled, a ledger no run state split, the processes that held the CPUs."""
+    s = a.s
+    notes = list(a.notes)
+    if CLIENT in modifiers:
+        notes.append("client_bound beside it, not first: the client's own time is not the "
+                     "largest cause of the metric in the ledger")
+    for x, y, _, why in AMBIGUOUS:
+        if (s.ledger_run_state and frozenset((x, y)) in SETTLED_BY_RUN_STATE
+                and fc.cls in (x, y) and x in fired and y in fired):
+            notes.append(f"{x} and {y} both past threshold ({why}): the run-state grid "
+                         f"settles it, {fc.words()}")
+    if not s.ledger_run_state:
+        notes.append("no run-state samples: the server's clocks are not split by what its "
+                     "threads did (its time is the strongest resource past threshold, else "
+                     "its compute)")
+    if fc.cls == "cpu_contention":
+        notes += _actors(s)
+    return notes
 
 
 def _actors(s: WindowSignals) -> list[str]:
