@@ -403,12 +403,12 @@ def _ledger_led(a: _Assessed) -> Verdict | None:
     if unmeasured:
         notes.append(f"{fc.words()}, but what the server's threads did meanwhile is not "
                      "measured: " + ", ".join(blind))
-    evidence = [_ledger_row(fc)]
-    if own is not None and not own.fired:
-        evidence += own.evidence  # its resource rule, short of its threshold
-    evidence += _evidence(([own] if backed and own is not None else [])
-                          + [o for o in a.ordered if o.cls != fc.cls]
-                          + [a.outcomes[c] for c in modifiers])
+    # the ledger's row, its resource rule's (met or not), the classes past threshold,
+    # then every other rule's assessed rows: why nothing else was named
+    shown = [*([own] if own is not None else []), *(o for o in a.ordered if o.cls != fc.cls),
+             *(a.outcomes[c] for c in modifiers)]
+    rest = [o for o in a.outcomes.values() if o.assessable and all(o is not x for x in shown)]
+    evidence = [_ledger_row(fc), *_evidence(shown + rest)]
     named = {fc.cls, *(o.cls for o in second)}
     also = tuple(o.cls for o in others if o.cls not in named)
     return Verdict(
