@@ -7,8 +7,9 @@ the Python installation (``nobody`` cannot traverse the real ``/root`` where thi
 may live), optionally caps that namespace's ``user.max_user_namespaces`` at 0 (so no
 further user namespace can be made below it: a machine without user namespaces, as its
 kernel sees it), drops to uid/gid 65534 and runs JOB (JSON on stdin: the answer's text,
-the frozen test file, allow_unsandboxed, profile_opt_in), printing one JSON line: the
-probe's answer, and either the verdict or the refusal.
+the frozen test file, allow_unsandboxed, profile_opt_in, delegate: whether it gets a
+memory cgroup of its own, as systemd's ``Delegate=yes`` gives, default true), printing one
+JSON line: the probe's answer, and either the verdict or the refusal.
 """
 
 from __future__ import annotations
@@ -88,9 +89,38 @@ def main() -> None:
     os.read(ready_r, 1)
     Path(f"/proc/{pid}/uid_map").write_text("0 0 65536\n")
     Path(f"/proc/{pid}/gid_map").write_text("0 0 65536\n")
+    group = delegate(pid) if job.get("delegate", True) else None
     os.write(go_w, b"x")
     _, status = os.waitpid(pid, 0)
+    if group is not None:
+        for sub in group.iterdir():
+            if sub.is_dir():
+                sub.rmdir()
+        group.rmdir()
     sys.exit(os.waitstatus_to_exitcode(status))
+
+
+def delegate(pid: int) -> Path | None:
+    """What systemd's ``Delegate=yes`` does for a user's service: a memory cgroup of the
+    user's own (uid 65534 owns the folder and ``cgroup.procs``), the child moved into it,
+    so the sandbox can make its own below it. None where there is no v1 memory hierarchy
+    (the sandbox then says so)."""
+    mount = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        tail = right.split()
+        if tail[0] == "cgroup" and "memory" in tail[2].split(","):
+            mount = Path(left.split()[4])
+    own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text()
+                .splitlines() if "memory" in ln.split(":")[1].split(",")), None)
+    if mount is None or own is None:
+        return None
+    group = mount / own.lstrip("/") / f"strata-test-user-{pid}"
+    group.mkdir()
+    for p in (group, group / "cgroup.procs", group / "tasks"):
+        os.chown(p, 65534, 65534)
+    (group / "cgroup.procs").write_text(str(pid))
+    return group
 
 
 if __name__ == "__main__":

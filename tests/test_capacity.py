@@ -170,8 +170,7 @@ def test_sweep_finds_the_scripted_capacity_and_reports_it(pytester, monkeypatch)
     run = pytester.path / "reports" / "s1"
     text = (run / "report.md").read_text()
     sec = text[text.index("## Capacity"):]
-    # the section alone: the next one (the roofline) may say "not found"
-    sec = sec[:sec.index("\n## ", 3)]
+    sec = sec[:sec.index("\n## ", 3)]  # this section alone: the roofline's may say "not found"
     assert "### Sweep `cap`" in sec and "**Knee: " in sec and "not found" not in sec
     assert "SLO ttft_ms<=250" in sec
     assert "(plots/capacity-cap.png)" in sec

@@ -90,7 +90,10 @@ def test_the_run_argv_names_variables_and_puts_the_command_after_the_image():
     assert argv[argv.index("--name") + 1] == "strata-r1-default"
     assert argv[argv.index("--network") + 1] == "host" and "-p" not in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-e"] == ["TOKEN", "A"]
-    assert not any("=" in a for a in argv if a != "--ipc=host")  # no NAME=value anywhere
+    label = argv[argv.index("--label") + 1]
+    assert label == f"strata.owner={ctr.owner_label()}"
+    assert argv.index("--label") < argv.index("img")
+    assert not any("=" in a for a in argv if a not in ("--ipc=host", label))  # no NAME=value
     assert argv[-4:] == ["img", "serve", "--port", "81"]
     assert argv.index("--ipc=host") < argv.index("img")
 

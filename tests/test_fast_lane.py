@@ -1,5 +1,5 @@
 """The fast lane stays fast: a test carries the marks of what it needs (pytest.ini), so
-``pytest tests/ -m "not integration"`` never waits for a server (README, Development).
+``pytest tests/ -m "not integration"`` never waits for a server (CONTRIBUTING.md).
 
 * ``integration``: a test that starts a whole pytest run of the plugin (``pytester``'s
   runs, ``tests/test_robustness_support.PytestRun``, or ``python -m pytest`` in a

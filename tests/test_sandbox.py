@@ -26,6 +26,7 @@ from strata_plugin.load.sandbox import Limits
 from strata_plugin.load.validators import code_passes
 
 REPO = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
 FROZEN = REPO / "fixtures" / "quality" / "test_add.py"
 WRONG_ADD_FORGING = """
 import os, sys
@@ -159,16 +160,16 @@ def connect():
     out = []
     for fam, addr in ((socket.AF_INET, ("127.0.0.1", {port})), (socket.AF_INET6, ("::1", {port6})),
                       (socket.AF_UNIX, {name!r})):
-        s = socket.socket(fam)
-        s.settimeout(2)
         try:
+            s = socket.socket(fam)
+            s.settimeout(2)
             s.connect(addr)
             out.append("connected")
         except OSError as exc:
             out.append(exc.errno)
     return out, sorted(socket.if_nameindex())
 """
-    want = [errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.ECONNREFUSED]
+    want = [errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.EACCES]  # no unix socket at all
     tests = ("from solution import connect\n\ndef test_connect():\n    got, ifaces = connect()\n"
              f"    assert got == {want}, got\n"
              "    assert [n for _, n in ifaces] == ['lo'], ifaces\n")
@@ -182,6 +183,188 @@ def connect():
     finally:
         for s in (listener, listener6, abstract):
             s.close()
+
+
+def _reachable_as_nobody(path: str) -> bool:
+    """Whether uid 65534 outside the sandbox can connect to ``path`` (the control)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            c = socket.socket(socket.AF_UNIX)
+            c.settimeout(2)
+            c.connect(path)
+            c.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+SOCKET_DIRS = ("/var/lib", "/run", tempfile.gettempdir(), str(REPO))
+REACH = """
+import socket
+def reach(paths):
+    out = []
+    for p in paths:
+        for how in ("stream", "dgram", "pair"):
+            try:
+                if how == "pair":
+                    a, _b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    a.connect(p)
+                else:
+                    kind = socket.SOCK_STREAM if how == "stream" else socket.SOCK_DGRAM
+                    a = socket.socket(socket.AF_UNIX, kind)
+                    a.settimeout(2)
+                    a.connect(p) if how == "stream" else a.sendto(b"hello", p)
+                out.append(f"{p} {how}: reached")
+            except OSError as exc:
+                out.append(exc.errno)
+    a, b = socket.socketpair()  # a connected stream pair (asyncio, multiprocessing) works
+    a.sendall(b"x")
+    return out, b.recv(1)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the control connects as uid 65534")
+def test_no_pathname_unix_socket_is_reachable(confinable, tmp_path):
+    """Listeners on world-connectable pathname sockets, in directories the six hidden ones
+    do not cover (``/var/lib``, the checkout) and in hidden ones (``/run``, the temp dir):
+    ``nobody`` outside the sandbox connects to each (the control); the program inside
+    reaches none, by a stream connect, a datagram sent to the path, or a datagram
+    socketpair re-aimed at it."""
+    listeners, paths, made = [], [], []
+    try:
+        for d in SOCKET_DIRS:
+            folder = Path(d) / f"strata-sock-{uuid.uuid4().hex[:12]}"
+            folder.mkdir()
+            folder.chmod(0o755)
+            made.append(folder)
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                path = str(folder / f"{kind.name.lower()}.sock")
+                s = socket.socket(socket.AF_UNIX, kind)
+                listeners.append(s)
+                s.bind(path)
+                os.chmod(path, 0o777)
+                if kind == socket.SOCK_STREAM:
+                    s.listen()
+                    assert _reachable_as_nobody(path), path
+                    s.accept()[0].close()
+                s.setblocking(False)
+                paths.append(path)
+        tests = ("from solution import reach\n\ndef test_reach():\n"
+                 f"    got, pair = reach({paths!r})\n"
+                 "    assert [g for g in got if isinstance(g, str)] == [], got\n"
+                 f"    assert set(got) == {{{errno.EACCES}}} and pair == b'x', got\n")
+        v = judged(tmp_path, REACH, tests)
+        for s in listeners:
+            with pytest.raises(BlockingIOError):
+                s.accept() if s.type == socket.SOCK_STREAM else s.recv(16)
+        assert v.ok, v.detail
+    finally:
+        for s in listeners:
+            s.close()
+        for folder in made:
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+
+
+MEMORY_HOG = '''
+import subprocess, sys
+CHILD = """
+import os, sys
+n = int(sys.argv[1]) << 20
+if sys.argv[2] == "memfd":  # 8 MiB per memfd: each one is below the file-size limit
+    fds = [os.memfd_create("hog") for _ in range(n >> 23)]
+    for fd in fds:
+        for _ in range(8):
+            os.write(fd, b"x" * (1 << 20))
+else:
+    held = bytearray(n)
+    for i in range(0, n, 4096):
+        held[i] = 1
+print("held", flush=True)
+sys.stdin.readline()  # all four hold theirs: is this one still alive?
+print("alive", flush=True)
+sys.stdin.read()
+"""
+def use(n, kind):
+    kids = [subprocess.Popen([sys.executable, "-c", CHILD, str(n), kind],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for _ in range(4)]
+    held = [k.stdout.readline().strip() for k in kids]
+    for k in kids:
+        try:
+            k.stdin.write("check\\n")
+            k.stdin.flush()
+        except OSError:  # killed after it said "held"
+            pass
+    held += [k.stdout.readline().strip() for k in kids]
+    for k in kids:
+        k.kill()
+        k.wait()
+    if held != ["held"] * 4 + ["alive"] * 4:
+        raise MemoryError(f"held {held}")
+    return n
+'''
+
+
+@pytest.mark.parametrize("kind", ["memfd", "bytearray"])
+def test_one_memory_limit_for_the_whole_program_tree(confinable, kind):
+    """Four children of the program each hold ``n`` MiB (memfd pages are outside the
+    address-space limit; heap pages inside it, 1 GiB per process here). The tree's own
+    pages (judge, program, four idle children) peak at 35-36 MiB here, so 4 x n + 36 MiB
+    against the tree's 256 MiB: n = 48 fits (228 MiB), n = 64 does not (292 MiB), and the
+    kernel kills in the tree, nowhere else (the old per-process bound let 4 x 64 pass)."""
+    tests = (f"from solution import use\n\ndef test_1_below():\n"
+             f"    assert use(48, {kind!r}) == 48\n"
+             f"\ndef test_2_above():\n    assert use(64, {kind!r}) == 64\n")
+    out = sandbox.run_frozen_tests(MEMORY_HOG, tests, timeout_s=60.0,
+                                   limits=Limits(cpu_s=60, total_memory_bytes=256 * MIB))
+    assert out.memory_scope.startswith("tree: "), out.memory_scope
+    assert out.oom_kills >= 1, out
+    assert not Path(out.memory_scope[len("tree: "):]).exists()  # removed after the run
+    note = "memory limit (256 MiB for all its processes together) was reached"
+    if out.error:  # the kernel chose the judge: no count, and the reason says why
+        assert note in out.error, out
+    else:
+        assert (out.passed, out.total) == (1, 2), out
+        assert out.failures[0].startswith("test_2_above: "), out.failures
+        assert note in out.failures[-1], out.failures
+
+
+def test_without_a_memory_cgroup_a_confined_run_is_refused(monkeypatch):
+    """No cgroup can be made (here no memory controller in mountinfo, as on a machine
+    without one): the confined run does not start and says why; with the explicit opt-in
+    it runs with the stated per-process bound instead."""
+    monkeypatch.setattr(sandbox, "_cgroup_mounts", lambda: (None, None))
+    out = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20)
+    assert out.error.startswith(f"sandbox setup failed: {sandbox.NO_CGROUP}: no memory "
+                                "controller is mounted"), out.error
+    assert (out.passed, out.total) == (0, 1)
+    weak = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20,
+                                    tree_memory=False)
+    assert (weak.passed, weak.total, weak.error) == (1, 1, ""), weak
+    assert weak.memory_scope.startswith("process: no memory controller"), weak.memory_scope
+
+
+def test_code_passes_refuses_without_a_cgroup_and_an_opt_in_says_per_process(monkeypatch):
+    monkeypatch.setattr(sandbox, "_cgroup_mounts", lambda: (None, None))
+    sandbox.probe.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="one memory limit for its whole"):
+            code_passes(FROZEN)
+        v = code_passes(FROZEN, allow_unsandboxed=True)(
+            "```python\ndef add(a, b):\n    return a + b\n```")
+        assert v.ok and v.detail.startswith(
+            "MEMORY BOUNDED PER PROCESS ONLY (allow_unsandboxed=True): "), v.detail
+    finally:
+        sandbox.probe.cache_clear()
 
 
 def _host_writable_candidates() -> list[str]:
@@ -332,7 +515,6 @@ def test_an_endless_loop_is_stopped_by_the_cpu_limit_before_the_timeout(confinab
     assert elapsed < 15.0  # one CPU second on a shared machine, far from the 30 s timeout
 
 
-MIB = 1 << 20
 HOGS = {  # (limits, program body run by use(n)) for a value n just below / above the limit
     "memory": (Limits(memory_bytes=256 * MIB), "b = bytearray(n)", 96 * MIB, 320 * MIB),
     "file size": (Limits(file_bytes=1 * MIB),
@@ -364,10 +546,11 @@ def test_the_probe_runs_a_real_confined_program_here():
     assert sandbox.probe() is None
 
 
-def _as_user(no_userns: bool, allow_unsandboxed: bool, text: str, profile_opt_in: str = ""
-             ) -> dict:
+def _as_user(no_userns: bool, allow_unsandboxed: bool, text: str, profile_opt_in: str = "",
+             delegate: bool = True) -> dict:
     job = {"no_userns": no_userns, "allow_unsandboxed": allow_unsandboxed,
-           "test_file": str(FROZEN), "text": text, "profile_opt_in": profile_opt_in}
+           "test_file": str(FROZEN), "text": text, "profile_opt_in": profile_opt_in,
+           "delegate": delegate}
     p = subprocess.run([sys.executable, str(REPO / "tests" / "sandbox_as_user.py")],
                        input=json.dumps(job), capture_output=True, text=True, timeout=120,
                        check=False)
@@ -383,6 +566,19 @@ def test_not_root_it_confines_in_a_user_namespace():
     out = _as_user(False, False, WRONG_ADD_FORGING)
     assert (out["uid"], out["mode"], out["probe"]) == (65534, "userns", None)
     assert out["verdict"][:2] == [2, 10]
+
+
+@needs_root
+def test_not_root_without_a_delegated_cgroup_it_refuses_and_names_the_step():
+    out = _as_user(False, False, WRONG_ADD_FORGING, delegate=False)
+    assert (out["uid"], out["mode"]) == (65534, "userns")
+    assert sandbox.NO_CGROUP in out["probe"] and "Delegate=yes" in out["probe"], out
+    assert "Permission denied" in out["probe"], out
+    assert "verdict" not in out and "one memory limit for its whole" in out["refused"]
+    opted = _as_user(False, True, WRONG_ADD_FORGING, delegate=False)
+    passed, total, detail = opted["verdict"]
+    assert (passed, total) == (2, 10)  # confined all the same: only the cgroup is missing
+    assert detail.startswith("MEMORY BOUNDED PER PROCESS ONLY (allow_unsandboxed=True): ")
 
 
 @needs_root
@@ -434,3 +630,25 @@ def test_the_profile_key_reaches_the_sandbox(tmp_path):
     bad = _profile_run(tmp_path, '"yes"')
     assert bad.returncode != 0
     assert "allow_unsandboxed_code" in bad.stdout + bad.stderr
+
+
+def test_a_cgroup_a_killed_harness_left_is_removed_by_the_next_run(confinable):
+    """The harness was SIGKILLed (its sandbox died with it, its cgroup stayed, empty): the
+    next sandbox removes it; one of a live process, and anything not ours, stays."""
+    probe = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20)
+    parent = Path(probe.memory_scope[len("tree: "):]).parent
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = parent / f"strata-sandbox-{dead.pid}-3"
+    live = parent / f"strata-sandbox-{os.getppid()}-1"
+    other = parent / f"not-strata-{dead.pid}"
+    for d in (left, live, other):
+        d.mkdir()
+    try:
+        out = sandbox.run_frozen_tests(sandbox.PROBE_CODE, sandbox.PROBE_TESTS, timeout_s=20)
+        assert (out.passed, out.total) == (1, 1), out
+        assert (left.exists(), live.exists(), other.exists()) == (False, True, True)
+    finally:
+        for d in (left, live, other):
+            if d.exists():
+                d.rmdir()

@@ -42,6 +42,8 @@ def one(signal: str, **fixed) -> Callable[[float], dict]:
 
 
 GPU_BUSY = dict(gpu_util=0.99, dram_active=0.3, sm_occupancy=0.3)
+ALLOWED_1 = dict(server_allowed_cpus=1.0, server_allowance_by="cpuset 0 (1 CPU)")
+ALLOWED_2 = dict(server_allowed_cpus=2.0, server_allowance_by="affinity 0-1 (2 CPUs)")
 CROWDED = dict(host_busy_cores=6.0, server_cpu_cores=1.0, runq_delay_per_cpu_s=0.6,
                ctx_involuntary_per_cpu_s=300.0)
 
@@ -62,6 +64,15 @@ CASES: tuple[Boundary, ...] = (
              lambda x: {**CROWDED, "ctx_involuntary_per_cpu_s": x, "runq_delay_per_cpu_s": 0.01}),
     Boundary("server_cores_of_threads", "cpu_compute", CPU_CLEAN,
              lambda x: {"server_cpu_cores": x * 8, "host_busy_cores": x * 8 + 0.1}),
+    # the server's CPU allowance (issue 30): measured against its 2 allowed CPUs, not the
+    # host's 8 cores; other processes on its one allowed CPU, however idle the host
+    Boundary("server_cores_of_threads", "cpu_compute", CPU_CLEAN,
+             lambda x: {**ALLOWED_2, "server_cpu_cores": x * 2, "host_busy_cores": x * 2 + 0.1}),
+    Boundary("other_cpu_frac", "cpu_contention", CPU_CLEAN,
+             lambda x: {**CROWDED, **ALLOWED_1, "host_busy_cores": 1.2,
+                        "allowed_cpus_other_cores": x}),
+    Boundary("runnable_excess_threads", "cpu_limited", CPU_CLEAN,
+             lambda x: {**ALLOWED_1, "server_runnable_cores": 1.0 + x}),
     Boundary("cores_busy_frac", "cpu_compute", CPU_CLEAN,
              lambda x: {"host_busy_cores": x * 8, "server_cpu_cores": 4.0}),
     Boundary("cpu_compute_server_share", "cpu_compute", CPU_CLEAN,
@@ -170,8 +181,6 @@ NOT_A_RULE_BOUNDARY = {
     "ledger_cause_lead": "test_verdict_ledger.py: the first class just ahead of the next",
     "ledger_second_min_share": "test_verdict_ledger.py: a measured class just under and "
     "at it beside the first",
-    "runnable_over_allowed_cores": "test_verdict_ledger.py: waiting named cpu_limited "
-    "just past it, cpu_contention just under",
     "rule_min_samples": "test_verdict_ledger.py: two samples said, three not",
     "roof_near_frac": "the roofline's evidence and note, never a class "
     "(test_roofline.py, just below and at the share)",
@@ -233,6 +242,7 @@ PINNED = {
     "server_cores_of_threads": 0.85, "cpu_compute_server_share": 0.5,
     "other_cpu_frac": 0.25, "involuntary_ctx_per_cpu_s": 50.0, "steal_frac": 0.05,
     "cgroup_throttled_frac": 0.05, "cgroup_quota_used": 0.8, "cgroup_mem_events": 1.0,
+    "runnable_excess_threads": 0.5,
     "cpu_samples_disagree_factor": 1.1,
     "cpu_samples_disagree_slack_cores": 0.5, "major_faults_per_s": 20.0,
     "read_bytes_s": 4e6, "disk_busy_frac": 0.5, "iowait_frac": 0.10,
@@ -260,7 +270,7 @@ PINNED.update({
     "confidence_at_threshold": 0.5, "confidence_span": 0.4, "confidence_agreement": 0.1,
     "confidence_conflict_max": 0.4, "confidence_disagreeing_samples": 0.2,
     "confidence_floor": 0.1, "ledger_cause_lead": 1.0, "ledger_second_min_share": 0.1,
-    "runnable_over_allowed_cores": 0.5, "rule_min_samples": 3.0,
+    "rule_min_samples": 3.0,
 })
 
 

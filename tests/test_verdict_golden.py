@@ -60,6 +60,7 @@ def _rows(v: Verdict) -> list[str]:
     return [
         f"  ev {e.cls}: {e.metric} = {_f(e.value)} {e.unit} {e.op} {e.threshold}"
         f" {_f(e.threshold_value)} [{e.source[:40]}] {'MET' if e.met else 'not met'}"
+        + (f" | {e.detail}" if e.detail else "")
         for e in v.evidence
     ]
 

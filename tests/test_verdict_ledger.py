@@ -154,12 +154,8 @@ def test_a_ttft_that_is_97_percent_prefill_running_is_compute_not_headroom() -> 
 
 
 def test_the_spare_capacity_is_measured_against_the_allowance_where_observed() -> None:
-    allowed = dataclasses.make_dataclass(
-        "Allowed", [("server_allowed_cpus", "float | None", dataclasses.field(default=None)),
-                    ("server_allowance_by", str, dataclasses.field(default=""))],
-        bases=(WindowSignals,), frozen=True)
-    s = allowed(**{**dataclasses.asdict(sig(**PREFILL_C1)), "n_cores": 8,
-                   "server_allowed_cpus": 2.0, "server_allowance_by": "affinity 0-1 (2 CPUs)"})
+    s = sig(**{**PREFILL_C1, "n_cores": 8, "server_allowed_cpus": 2.0,
+               "server_allowance_by": "affinity 0-1 (2 CPUs)"})
     v = classify(s)
     assert v.lead.endswith("on 1.35 of 2 allowed cores (affinity 0-1 (2 CPUs); run-state "
                            "grid); spare 0.65 cores")
@@ -171,7 +167,7 @@ def test_the_spare_capacity_is_measured_against_the_allowance_where_observed() -
 
 @pytest.mark.parametrize(("excess", "cls"), [(0.49, "cpu_contention"), (0.5, "cpu_limited")])
 def test_waiting_is_its_own_threads_past_the_allowed_cpus_else_other_processes(excess, cls):
-    bound = value("runnable_over_allowed_cores")
+    bound = value("runnable_excess_threads")
     assert bound == 0.5
     v = classify(sig(n_cores=2, ledger_run_state=True, ledger_runnable_cores=2.0 + excess,
                      host_busy_cores=2.0, server_cpu_cores=1.0,  # others: half the cores

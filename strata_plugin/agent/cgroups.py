@@ -250,3 +250,105 @@ def is_frozen(v1_state: bytes | None, v2_events: bytes | None, v2_freeze: bytes 
         if i >= 0 and v2_events[i + 7 : i + 8] == b"1":
             return True
     return False
+
+
+# --- the CPUs a process may use: its cpuset, and the CFS quota up its hierarchy -----------
+
+
+def parse_cpulist(text: str | bytes | None) -> frozenset[int] | None:
+    """A kernel CPU list ("0-3,6,8-9", Linux docs admin-guide/cgroup-v2.rst, cpuset.cpus
+    format; the same as ``Cpus_allowed_list``) as a set; None when absent or malformed,
+    an empty set for an empty file."""
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            return None
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            return None
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
+def format_cpulist(cpus) -> str:
+    """A set of CPUs in the kernel's list form: {0, 1, 2, 5} -> "0-2,5"."""
+    xs = sorted(cpus)
+    parts: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def cpuset_file(cgroup_text: bytes, root: str = CGROUP_ROOT) -> str:
+    """The file holding the effective CPUs of the cpuset a process is in, from its
+    ``/proc/<pid>/cgroup`` text; "" when no cpuset controller is mounted.
+
+    v1 (Linux docs admin-guide/cgroup-v1/cpusets.rst): ``cpuset.effective_cpus`` of its
+    group in the cpuset hierarchy (``cpuset.cpus`` on kernels without it). v2
+    (admin-guide/cgroup-v2.rst, "Cpuset Interface Files"): ``cpuset.cpus.effective`` of
+    its group, or of the nearest ancestor that has the controller enabled (a group
+    without it uses its parent's CPUs)."""
+    v2_path = None
+    for line in cgroup_text.decode(errors="replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.strip().lstrip("/")
+        if "cpuset" in controllers.split(","):
+            d = os.path.join(root, "cpuset", path)
+            for name in ("cpuset.effective_cpus", "cpuset.cpus"):
+                f = os.path.join(d, name)
+                if os.path.exists(f):
+                    return f
+        elif controllers == "":
+            v2_path = path
+    if v2_path is None:
+        return ""
+    for base in (root, os.path.join(root, "unified")):
+        if not os.path.exists(os.path.join(base, "cgroup.controllers")):
+            continue
+        d = os.path.join(base, v2_path) if v2_path else base
+        while True:
+            f = os.path.join(d, "cpuset.cpus.effective")
+            if os.path.exists(f):
+                return f
+            if len(d) <= len(base.rstrip("/")):
+                break
+            d = os.path.dirname(d)
+    return ""
+
+
+def cpu_quota_limit(dirs: CgroupDirs, root: str = CGROUP_ROOT) -> float | None:
+    """The tightest CFS quota, in cores, of the process's cpu group and its ancestors (a
+    quota on a parent slice limits every group under it: Linux docs
+    scheduler/sched-bwc.rst, "Hierarchical considerations"); None when none is set."""
+    best: float | None = None
+    for d, kind in ((dirs.v1_cpu, "v1"), (dirs.v2, "v2")):
+        if not d:
+            continue
+        while d.startswith(root) and len(d) > len(root):
+            q = cpu_quota_cores(CgroupDirs(v1_cpu=d) if kind == "v1" else CgroupDirs(v2=d))
+            if q is not None and (best is None or q < best):
+                best = q
+            parent = os.path.dirname(d)
+            marker = "cpu.cfs_quota_us" if kind == "v1" else "cpu.max"
+            if parent == d or not os.path.exists(os.path.join(parent, marker)):
+                break
+            d = parent
+        if best is not None:
+            break  # the controller lives in one layout; v1 first (as cpu_stat_files)
+    return best

@@ -25,3 +25,37 @@ def redact(text: str) -> str:
     if "@" not in text or "://" not in text:
         return text
     return _USERINFO.sub(lambda m: m.group("scheme") + HIDDEN + "@", text)
+
+
+#: Options whose value is a secret as often as not (``--token X``, ``--api-key=X``,
+#: ``--password X``, ``--env {...}``): hidden in the *other* processes' command lines the
+#: agent names (collectors/allowance.py), which are not the user's to show. The server's
+#: own command line is the user's and keeps them (the report shows how it was run).
+_SECRET_WORDS = r"token|secret|passw|pwd|api[-_]?key|private[-_]?key|auth|credential|cookie|env"
+_SECRET_OPTION = re.compile(rf"^--?[\w.-]*(?:{_SECRET_WORDS})[\w.-]*$", re.I)
+_SECRET_ASSIGN = re.compile(rf"^[A-Za-z_]\w*(?:{_SECRET_WORDS})\w*=|^(?:{_SECRET_WORDS})\w*=",
+                            re.I)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """``argv`` with URL credentials hidden (:func:`redact`) and the values of options and
+    ``NAME=value`` words that look like secrets (:data:`_SECRET_OPTION`) replaced by
+    ``***``: ``--token abc`` -> ``--token ***``, ``--api-key=abc`` -> ``--api-key=***``,
+    ``HF_TOKEN=abc`` -> ``HF_TOKEN=***``."""
+    out: list[str] = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            hide_next = False
+            if not a.startswith("-"):
+                out.append(HIDDEN)
+                continue
+        name, eq, _value = a.partition("=")
+        if a.startswith("-") and _SECRET_OPTION.match(name):
+            out.append(f"{name}={HIDDEN}" if eq else a)
+            hide_next = not eq
+        elif not a.startswith("-") and eq and _SECRET_ASSIGN.match(a):
+            out.append(f"{name}={HIDDEN}")
+        else:
+            out.append(redact(a))
+    return out

@@ -14,10 +14,12 @@ and stragglers.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from strata_plugin.agent.cgroups import parse_cpulist
 from strata_plugin.analysis import rails
 from strata_plugin.analysis.rules import WindowSignals
 from strata_plugin.analysis.rules.registry import active, plugin_signals
@@ -353,6 +355,118 @@ def _host_signals(view: HwView, node: str | None) -> dict:
     )
 
 
+# --- the server's CPU allowance and the other processes (agent source ``allowance``) -------
+
+#: The allowance collector's series (agent/collectors/allowance.py): the one place the
+#: analysis names them.
+ALLOWANCE = "allowance"
+_OTHER_DEVICE = re.compile(r"^pid(\d+) (.*)$", re.S)
+#: How many other processes a window names (cpu_contention's evidence).
+OTHER_PROCESSES_NAMED = 5
+
+
+def _cpu_word(n: float) -> str:
+    return f"{n:g} CPU" + ("" if n == 1 else "s")
+
+
+def allowance(view: HwView, node: str | None) -> tuple[float | None, str, frozenset[int] | None]:
+    """The fewest CPUs the server could use in the window, what set it, and which CPUs
+    (None for a quota, which limits time, not CPUs).
+
+    ``allowed_cpus`` is sampled every tick; its least value is the window's allowance.
+    The series of the affinity masks and of the cpusets carry their CPU lists in their
+    device names ("affinity 0-1", "cpuset 1"); the one with the fewest CPUs names the
+    limit (a cpuset before the affinity it also sets, Linux docs admin-guide/
+    cgroup-v1/cpusets.rst 1.4; the quota where it is tighter than both)."""
+    counts = [r.min for r in view.select(ALLOWANCE, "allowed_cpus", node) if r.min is not None]
+    if not counts:
+        return None, "", None
+    allowed = min(counts)
+    sets: list[tuple[float, int, str, frozenset[int] | None]] = []
+    for rank, metric, word in ((0, "cpuset_cpus", "cpuset "), (1, "affinity_cpus", "affinity ")):
+        for r in view.select(ALLOWANCE, metric, node, device_prefix=word):
+            cpus = parse_cpulist(r.device[len(word):])
+            if r.min is not None and cpus:
+                sets.append((float(len(cpus)), rank, r.device, cpus))
+    quota = [r.min for r in view.select(ALLOWANCE, "quota_cores", node) if r.min is not None]
+    if quota:
+        sets.append((min(quota), 2, f"CFS quota {min(quota):g}", None))
+    if not sets:
+        return allowed, "", None
+    n, _, what, cpus = min(sets, key=lambda x: (x[0], x[1]))
+    if what.startswith("CFS quota"):
+        return allowed, f"{what} CPU", None
+    if n > allowed + 1e-9:  # the masks and the cpuset overlap on fewer CPUs than either
+        mask = min((x for x in sets if x[1] == 1), key=lambda x: x[0], default=None)
+        both = (cpus or frozenset()) & (mask[3] if mask and mask[3] else frozenset())
+        return allowed, (f"{what} and {mask[2] if mask else ''} ({_cpu_word(allowed)} "
+                         "in both)"), both or None
+    return allowed, f"{what} ({_cpu_word(n)})", cpus
+
+
+def other_processes(view: HwView, node: str | None, duration_s: float
+                    ) -> tuple[tuple[int, str, float, bool], ...]:
+    """The busiest other processes in the window: (PID, command, cores over the window,
+    Strata's own), busiest on the server's CPUs first (cores times ``allowed_share``),
+    at most ``OTHER_PROCESSES_NAMED``. The path's proxies
+    (source ``path``) are left out: they are the request's way, not other work."""
+    if duration_s <= 0:
+        return ()
+    path = {int(r.device[3:]) for r in view.rows
+            if r.source == "path" and r.device[3:].isdigit() and r.device.startswith("pid")}
+    own = {r.device: (r.max or 0.0) >= 0.5
+           for r in view.select(ALLOWANCE, "strata_own", node)}
+    share = {r.device: r.mean for r in view.select(ALLOWANCE, "allowed_share", node)
+             if r.mean is not None}
+    ranked = []
+    for r in view.select(ALLOWANCE, "cpu_s", node):
+        m = _OTHER_DEVICE.match(r.device)
+        if m is None or r.delta is None or int(m.group(1)) in path:
+            continue
+        cores = max(0.0, r.delta) / duration_s
+        if cores > 0:
+            # busiest on the server's CPUs first: its cores times the share of its CPUs
+            # the server may use too
+            ranked.append((-cores * share.get(r.device, 1.0), int(m.group(1)),
+                           (int(m.group(1)), m.group(2), round(cores, 3),
+                            own.get(r.device, False))))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    return tuple(x[2] for x in ranked[:OTHER_PROCESSES_NAMED])
+
+
+def _allowance_signals(view: HwView, node: str | None, duration_s: float,
+                       server_cpu: float | None, path_cpu: float | None) -> dict:
+    allowed, by, cpus = allowance(view, node)
+    others_on_allowed = None
+    if cpus and server_cpu is not None:
+        busy = {r.device: r.rate for r in view.select("cpu", "busy_s", node, device_prefix="cpu")
+                if r.rate is not None}
+        names = [f"cpu{c}" for c in sorted(cpus)]
+        if names and all(n in busy for n in names):
+            # the server (and its path, on these CPUs or not: counted against them, a
+            # lower bound of the others') ran only on its allowed CPUs
+            others_on_allowed = max(0.0, sum(busy[n] for n in names) - server_cpu
+                                    - (path_cpu or 0.0))
+    frozen = [r.mean for r in view.select("runstate", "frozen", node) if r.mean is not None]
+    stopped = [r.mean for r in view.select("runstate", "state_T", node) if r.mean is not None]
+    threads = [r.mean for r in view.select("runstate", "threads", node) if r.mean]
+    run = _rate(view, "runstate", "run_s", node)
+    wait = _rate(view, "runstate", "wait_s", node)
+    throttled = _rate(view, "runstate", "throttled_s", node)
+    return dict(
+        server_allowed_cpus=allowed,
+        server_allowance_by=by,
+        allowed_cpus_other_cores=others_on_allowed,
+        server_run_cores=run,
+        server_runnable_cores=None if run is None or wait is None
+        else run + wait + (throttled or 0.0),
+        other_processes=other_processes(view, node, duration_s),
+        server_frozen_frac=max(frozen) if frozen else None,
+        server_stopped_frac=min(1.0, max(stopped) / max(threads))
+        if stopped and threads else None,
+    )
+
+
 # Ethernet links (net_util, net_wire_busy): rails.RailsReport.signals, which honours the
 # run's recorded link caps (formats/telemetry.TelemetryFacts).
 
@@ -418,6 +532,8 @@ def build_signals(
     fields.update(_gpu_signals(view))
     fields.update(_rdma_signals(view))
     fields.update(_host_signals(view, node))
+    fields.update(_allowance_signals(view, node, duration_s, fields.get("server_cpu_cores"),
+                                     fields.get("path_cpu_cores")))
     fields.update(_prom_signals(view))
     if rails_report is None:
         rails_report = rails.analyze(

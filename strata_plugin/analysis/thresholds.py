@@ -268,7 +268,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "server_cores_of_threads",
         0.85,
-        "of min(threads, cores)",
+        "of min(threads, allowed CPUs)",
         "[inferred] the server uses what its threads can use: it is CPU-bound. "
         f"{VAL}, Confusion matrix: clean llama.cpp decode arms are cpu_compute",
     ),
@@ -284,7 +284,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "other_cpu_frac",
         0.25,
         "of cores",
-        "[inferred] other processes hold a quarter of the cores while the server runs. "
+        "[inferred] other processes hold a quarter of the cores while the server runs (of "
+        "the CPUs its allowance gives it, where observed: a busy process on its only CPU). "
         f"{VAL}, Fault injection: CPU-hog arms 0.56-0.60",
     ),
     Threshold(
@@ -315,6 +316,18 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "periods uses nearly all of it. Corroboration of cpu_limited (raises its score, "
         "never fires it alone: a bursty group is throttled at a low average use) "
         "[inferred 80%]",
+    ),
+    Threshold(
+        "runnable_excess_threads",
+        0.5,
+        "threads",
+        f"[inferred] {SCHEDSTAT}: the server's threads wanting a CPU (run time, run-queue "
+        "wait and CFS throttled time per second, the runstate grid) past the CPUs its "
+        "allowance gives it (affinity within the cpuset, at most the CFS quota) by half "
+        "a thread: half a thread queued for its own CPUs all the time (cpu_limited). "
+        "tests/test_allowance_faults.py: two and three spinning threads on one CPU read "
+        "1.8-2.0 runnable (excess 0.8-1.0); a server whose threads fit its CPUs cannot "
+        "exceed them by run-queue wait on other processes alone",
     ),
     Threshold(
         "cpu_samples_disagree_factor",
@@ -670,16 +683,6 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "I/O, stopped) is named beside the first only where the ledger gives it this much "
         "of the metric, the bound under which its residual counts as closed "
         "(ledger_residual_max); past threshold with less, it is 'also past threshold'",
-    ),
-    Threshold(
-        "runnable_over_allowed_cores",
-        0.5,
-        "threads",
-        "[inferred] the server's runnable threads (running or queued, run-state grid) past "
-        "the CPUs it may use by half a thread on average: its own threads wait for each "
-        "other (cpu_limited), not for other processes; the fault suite's ground truth uses "
-        "the same bound (cases/test_faults.py TRUTH, cpu_limited_excess_threads: 2 compute "
-        "threads on 1 CPU read 1.8-2.0)",
     ),
     Threshold(
         "rule_min_samples",

@@ -12,14 +12,21 @@ import os
 import re
 import string
 import tomllib
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from strata_plugin.agent.collectors import registry as collector_registry
 from strata_plugin.agent.collectors.log import parse_pattern
 from strata_plugin.configure.credentials import UrlAuth
-from strata_plugin.configure.engines import API_FLAVOURS, engine, engine_names
+from strata_plugin.configure.engines import (
+    API_FLAVOURS,
+    ENGINE_TABLE,
+    ENGINES,
+    engine,
+    engine_names,
+)
+from strata_plugin.configure.keys import Key, default_of, field_for, key, key_of
 from strata_plugin.configure.load_spec import LoadSpec, read_load
 from strata_plugin.configure.names import NAME_RULE, SSH_HOST_RULE, is_name, valid_ssh_host
 from strata_plugin.entry_points import collector_names
@@ -39,6 +46,10 @@ BUILTIN_PLACEHOLDERS = ("host", "port", "run_dir", "python", "root", "strata_cac
 #: A placeholder is a plain ``{name}``: no attribute, index, conversion or format spec
 #: (``{x.y}``, ``{x[0]}``, ``{x!r}``, ``{x:>9}`` would fail, or blow up, at launch).
 _PLACEHOLDER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: ``server.host``'s rule, as its error says it.
+_HOST_RULE = "a host name or an IPv4 or IPv6 address (or a [vars] placeholder holding one)"
+#: ``server.token_id_range``'s rule, as its error says it.
+_ID_RANGE_RULE = "[low, high] with 0 <= low < high"
 
 
 class ProfileError(StrataError, ValueError):
@@ -60,16 +71,23 @@ class ServerConfig:
     """One way of starting the server: a parameter of the session server fixture."""
 
     config_id: str
-    argv: tuple[str, ...]  # with placeholders still in it ({host}, {port}, ...)
-    env: tuple[tuple[str, str], ...] = ()
-    label: str = ""
+    #: ``server.argv`` and then the key's args, placeholders still in them ({host}, ...)
+    argv: tuple[str, ...] = key(toml="args", shown="[]", doc="Arguments appended to "
+                                "`server.argv` for this configuration.")
+    env: tuple[tuple[str, str], ...] = key((), doc="Environment variables added to "
+                                           "`server.env` for this configuration.")
+    label: str = key("", doc="What this configuration is, for the report.")
 
 
 @dataclass(frozen=True)
 class NodeSpec:
-    name: str
-    role: str = "head"  # head | worker
-    ssh_host: str = ""  # "" = this machine
+    name: str = key(rule=f"a node name: {NAME_RULE}; unique",
+                    doc="The node's name (used in `telemetry.link_caps` and the report).")
+    role: str = key("head", choices=("head", "worker"),
+                    doc="`head` runs the server (exactly one node), `worker` runs "
+                        "`server.worker_argv`.")
+    ssh_host: str = key("", rule=SSH_HOST_RULE,
+                        doc="Where the node is reached over ssh; \"\": this machine.")
 
     @property
     def is_head(self) -> bool:
@@ -81,38 +99,61 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class TelemetrySpec:
-    interval_s: float = 0.5
-    baseline_s: float = 15.0
-    cooldown_s: float = 15.0
-    collectors: tuple[str, ...] = ("proc", "cpu", "mem", "disk", "net", "nvml", "prom", "log")
-    #: the engine of a server started elsewhere, by command line: attached, it wins over
-    #: the engine the request's path leads to (run/listener.py)
-    pid_pattern: str = ""
-    log_patterns: tuple[tuple[str, str], ...] = ()
-    #: "node/iface" -> bits/s where the real limit is not the NIC's rate (shaping, a
-    #: shared uplink): the network rules measure against it.
-    link_caps: tuple[tuple[str, float], ...] = ()
-    #: Does the server run on GPUs? Unset: only when its container is given GPUs
-    #: (server.container.gpus) or the run shows one (NVML samples, the engine's log naming
-    #: a GPU device); the engine's name alone does not say (vLLM runs on CPUs too). Set
-    #: true where Strata may not see the GPUs (an attached server on another host): the
-    #: GPU rules then apply and name what they lack.
-    gpu_expected: bool | None = None
+    interval_s: float = key(0.5, lo=0.1, hi=60, doc="Seconds between samples of every "
+                            "collector.")
+    baseline_s: float = key(15.0, lo=0, hi=3600, doc="Seconds of idle baseline sampled after "
+                            "the server is up, before the first case.")
+    cooldown_s: float = key(15.0, lo=0, hi=3600, doc="Seconds sampled after the last case, "
+                            "before the server stops.")
+    collectors: tuple[str, ...] = key(
+        ("proc", "cpu", "mem", "disk", "net", "nvml", "prom", "log"),
+        rule="names the agent's registry or an installed plugin has",
+        doc="Which collectors the agent runs, by name: docs/agent.md, \"Collectors\", lists "
+            "every name the agent's registry (`agent/collectors/registry.py`) has and what "
+            "each samples; an installed plugin's too (docs/extending.md).")
+    pid_pattern: str = key(
+        "", rule="a regular expression",
+        doc="A regular expression matched against process command lines to find the "
+            "server's processes when Strata did not start it (an attached server, a "
+            "container's workers); \"\": none. Attached, it names the engine and wins over "
+            "the engine the request's path leads to (docs/attribution.md, \"The request's "
+            "path\"; run/listener.py).")
+    log_patterns: tuple[tuple[str, str], ...] = key(
+        (), rule="probe names like [A-Za-z_][A-Za-z0-9_.]*, each a regular expression",
+        doc="Named regular expressions the log collector matches in the server's log; each "
+            "named group becomes a sample.")
+    link_caps: tuple[tuple[str, float], ...] = key(
+        (), lo=1.0, hi=1e13,
+        doc="`\"<node>/<interface>\" = bits/s` where the real limit is not the NIC's rate "
+            "(shaping, a shared uplink): the network rules measure against it; <node> is "
+            "one of `[[nodes]]`.")
+    gpu_expected: bool | None = key(
+        None, doc="Does the server run on GPUs? Unset: only when its container is given GPUs "
+        "(server.container.gpus) or the run shows one (NVML samples, the engine's log naming "
+        "a GPU device); the engine's name alone does not say (vLLM runs on CPUs too). Set "
+        "true where Strata may not see the GPUs (an attached server on another host): the "
+        "GPU rules then apply and name what they lack.")
 
 
 @dataclass(frozen=True)
 class PrometheusSpec:
     """An existing Prometheus to pull each case window from (clusters without agents)."""
 
-    url: str = ""
-    jobs: tuple[tuple[str, str], ...] = ()  # (job name, kind: node | dcgm | engine)
-    auth_env: str = ""  # env var holding a bearer token; never the token
-    step_s: float = 0.0  # 0 = the telemetry interval
+    url: str = key("", doc="An existing Prometheus to pull each case window from (clusters "
+                   "without agents); \"\": none. Required when `jobs` are given.")
+    jobs: tuple[tuple[str, str], ...] = key(
+        (), choices=("node", "dcgm", "engine"), doc="`job name = kind`, the kind one of the "
+        "bounds' values.")
+    auth_env: str = key("", doc="The environment variable holding a bearer token; never the "
+                        "token.")
+    step_s: float = key(0.0, lo=0.0, hi=3600, doc="Seconds between the points pulled; 0: the "
+                        "telemetry interval.")
 
 
 #: Container runtimes Strata drives (``run/container.py`` builds their argv).
 CONTAINER_RUNTIMES = ("docker", "podman")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAMES = "environment variable names"
 
 
 @dataclass(frozen=True)
@@ -126,47 +167,86 @@ class ContainerSpec:
     same way.
     """
 
-    runtime: str
-    image: str
-    name: str = "strata"  # prefix; the run id and block make each container's name unique
-    gpus: str = ""  # "" none, "all", or device indices "0,1"
-    volumes: tuple[str, ...] = ()  # "host:container[:options]"
-    env: tuple[tuple[str, str], ...] = ()
-    env_pass: tuple[str, ...] = ()
-    args: tuple[str, ...] = ()  # extra options of `run`, before the image
-    runtime_args: tuple[str, ...] = ()  # global options, before every subcommand
-    network: str = "host"  # anything else publishes the server's port
+    runtime: str = key(choices=CONTAINER_RUNTIMES, doc="The container runtime.")
+    image: str = key(rule="an image name or id",
+                     doc="The image (name or id) the server's argv runs in.")
+    name: str = key("strata", rule="a container name ([A-Za-z0-9_.-])",
+                    doc="Prefix of the containers' names; the run id and block make each "
+                        "container's name unique.")
+    gpus: str = key("", rule='"all" or device indices such as "0,1"',
+                    doc="GPUs given to the container: \"\" none, \"all\", or device indices.")
+    volumes: tuple[str, ...] = key((), doc="Volumes, each `\"host:container[:options]\"`.")
+    env: tuple[tuple[str, str], ...] = key(
+        (), rule=_ENV_NAMES, doc="Variables set inside the container, by name (`-e NAME`; "
+        "the value never appears in an argv or the run folder).")
+    env_pass: tuple[str, ...] = key(
+        (), rule=_ENV_NAMES, doc="Names of variables of Strata's own environment (secrets) "
+        "passed into the container the same way.")
+    args: tuple[str, ...] = key((), doc="Extra options of `run`, before the image.")
+    runtime_args: tuple[str, ...] = key((), doc="Global options of the runtime, before every "
+                                        "subcommand.")
+    network: str = key("host", doc="The container's network; anything but `host` publishes "
+                       "the server's port.")
 
 
 @dataclass(frozen=True)
 class ServerSpec:
-    engine: str
-    api: str
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 = a free port picked at start
-    health_path: str = "/health"
-    health_timeout_s: float = 300.0
-    stop_timeout_s: float = 15.0
-    request_timeout_s: float = 600.0  # max silence on one stream
-    api_key_env: str = ""  # name of the env var that holds the key; never the key
-    model_name: str = ""
-    configs: tuple[ServerConfig, ...] = ()
-    worker_argv: tuple[str, ...] = ()  # multi-node: the worker's command
-    token_id_range: tuple[int, int] = (1000, 30000)  # random prompt tokens come from here
-    container: ContainerSpec | None = None
+    engine: str = key(
+        choices=engine_names, rule=", ".join(f"`{e}`" for e in ENGINES) + " or an installed "
+        "plugin's (docs/extending.md)",
+        doc="The serving engine. Decides the engine-specific readers (metrics, log, cache "
+            "flush).")
+    api: str = key(
+        choices=API_FLAVOURS,
+        shown="the engine's: " + ", ".join(f"`{e.default_api}` ({e.name})"
+                                           for e in ENGINE_TABLE if e.default_api)
+        + "; required for `other`",
+        doc="The API flavour Strata speaks (`--strata-api` replaces it; chat: "
+            "docs/writing-cases.md).")
+    host: str = key("127.0.0.1", rule=_HOST_RULE,
+                    doc="The address the server listens on and Strata connects to.")
+    port: int = key(0, lo=0, hi=65535, doc="The server's port; 0: a free port picked at start.")
+    health_path: str = key("/health", doc="Polled until it answers 200 after the server starts.")
+    health_timeout_s: float = key(300.0, lo=1, hi=7200, doc="Seconds a starting server may "
+                                  "take to answer the health path.")
+    stop_timeout_s: float = key(15.0, lo=0.1, hi=600, doc="Seconds between SIGTERM and "
+                                "SIGKILL when the server stops.")
+    request_timeout_s: float = key(600.0, lo=0.1, hi=7200, doc="Seconds of silence allowed on "
+                                   "one stream.")
+    api_key_env: str = key("", doc="The environment variable that holds the API key; never "
+                           "the key.")
+    model_name: str = key("", doc="The `model` field sent with each request (OpenAI APIs); "
+                          "\"\": the server's only model.")
+    configs: tuple[ServerConfig, ...] = ()  # [server.configs.<id>]
+    worker_argv: tuple[str, ...] = key((), doc="Multi-node: the worker's command (an argv "
+                                       "list, placeholders as in `argv`).")
+    token_id_range: tuple[int, int] = key((1000, 30000), rule=_ID_RANGE_RULE,
+                                          doc="Random prompt tokens come from here.")
+    container: ContainerSpec | None = None  # [server.container]
 
 
 @dataclass(frozen=True)
 class Profile:
     path: Path
-    name: str
-    description: str
+    name: str = key(doc="The profile's name, shown in reports and JUnit properties.")
     server: ServerSpec
     telemetry: TelemetrySpec
-    nodes: tuple[NodeSpec, ...]
-    vars: tuple[tuple[str, str], ...]  # placeholders usable in argv: {model}, ...
-    scale: tuple[tuple[str, float], ...] = ()  # workload scaling (context, concurrency, ...)
-    setup_argv: tuple[str, ...] = ()  # the command that builds what vars point at
+    description: str = key("", doc="One line about the deployment, for the report.")
+    nodes: tuple[NodeSpec, ...] = key(
+        (NodeSpec("local"),), shown='one node, `name = "local"`',
+        doc="The machines of the deployment (an array of tables, `[[nodes]]`); default one "
+            "node `local`, this machine.")
+    vars: tuple[tuple[str, str], ...] = key(
+        (), rule="values may use the built-in placeholders, not another var",
+        doc="Placeholders for argv and env values: `{name}` anywhere in `server.argv`, "
+            "`server.env`, a configuration's `args`/`env`, `setup_argv` or "
+            "`server.container`.")
+    scale: tuple[tuple[str, float], ...] = key(
+        (), lo=1e-6, hi=1e6, doc="Factors the workload matrix is scaled by "
+        "(`Workload.scaled`): " + ", ".join(f"`{k}`" for k in SCALE_KEYS) + ".")
+    setup_argv: tuple[str, ...] = key(
+        (), doc="The command that builds what `[vars]` point at (run by the dry run's "
+        "checklist, not by a run).")
     prometheus: PrometheusSpec = PrometheusSpec()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     load: LoadSpec = field(default_factory=LoadSpec)  # [load]: where the load runs
@@ -211,6 +291,29 @@ class Profile:
             expected_rails=rails, expects_rdma="rdma" in t.collectors or bool(rails))
 
 
+#: Keys the reader reads that no field holds one to one, each declared here as a field's
+#: key is: (section, TOML name, type as the reference says it, default, declaration).
+UNFIELDED_KEYS: tuple[tuple[str, str, str, Any, Key], ...] = (
+    ("", "allow_unsandboxed_code", "true/false", False, Key(
+        doc="Run model-written code (`code_passes`) without the sandbox, for every case of "
+            "the run; the verdicts name who opted in (load/sandbox.py; read by "
+            "plugin/options.py). Only where the sandbox cannot run.")),
+    ("server", "argv", "list of strings", (), Key(
+        shown="[] (a profile only used attached, with --strata-server-url)",
+        doc="The server command, an argv list with placeholders (`{host}`, `{port}`, "
+            "`{run_dir}`, `{python}`, `{root}`, `{strata_cache}` and any `[vars]` entry); "
+            "never a shell string. Each configuration starts it with its own `args`.")),
+    ("server", "env", "table of strings", (), Key(
+        doc="Environment variables of the server process (values may use placeholders); "
+            "each configuration's `env` is added.")),
+)
+
+
+def _unfielded(section: str, name: str) -> Any:
+    """The default of a key no field holds (:data:`UNFIELDED_KEYS`)."""
+    return next(d for s, n, _, d, _ in UNFIELDED_KEYS if (s, n) == (section, name))
+
+
 # --- validation helpers -------------------------------------------------------------------
 
 
@@ -220,6 +323,8 @@ class _Reader:
     ``spec`` is the dataclass the table fills: a key left out takes that field's default,
     so every default is written once, on the dataclass (issue 26). A key whose field has no
     default (``server.engine``) is required, unless the call passes a default of its own.
+    A number's bounds and a choice's values come from the field's declaration too
+    (``configure/keys.py``), unless the call gives them (a table's values).
     """
 
     def __init__(self, path: Path, table: dict[str, Any], prefix: str = "",
@@ -231,14 +336,25 @@ class _Reader:
         return f"{self.prefix}{name}"
 
     def field_default(self, name: str) -> Any:
-        """The dataclass field's default (``...`` where it has none)."""
-        for f in fields(self.spec) if self.spec is not None else ():
-            if f.name == name:
-                if f.default is not MISSING:
-                    return f.default
-                if f.default_factory is not MISSING:
-                    return f.default_factory()
-        return ...
+        """The default of the field key ``name`` fills (``...`` where it has none)."""
+        f = field_for(self.spec, name)
+        return ... if f is None else default_of(f)
+
+    def declared(self, name: str) -> Key:
+        """The declaration of the field key ``name`` fills (``configure/keys.py``)."""
+        f = field_for(self.spec, name)
+        k = key_of(f) if f is not None else None
+        if k is None:
+            raise TypeError(f"{self._key(name)}: no declared field of {self.spec} holds it")
+        return k
+
+    def _bounds(self, name: str, lo: float | None, hi: float | None) -> tuple[Any, Any]:
+        if lo is None or hi is None:
+            k = self.declared(name)
+            lo, hi = k.lo, k.hi
+        if lo is None or hi is None:
+            raise TypeError(f"{self._key(name)}: declared without bounds")
+        return lo, hi
 
     def get(self, name: str, typ: type | tuple[type, ...], default: Any = ..., *,
             expected: str = "") -> Any:
@@ -256,7 +372,9 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), expected or _tname(typ), value)
         return value
 
-    def number(self, name: str, default: Any = ..., *, lo: float, hi: float) -> float:
+    def number(self, name: str, default: Any = ..., *, lo: float | None = None,
+               hi: float | None = None) -> float:
+        lo, hi = self._bounds(name, lo, hi)
         raw = self.get(name, (int, float), default)
         try:
             value = float(raw)
@@ -267,8 +385,10 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), f"a number in [{lo}, {hi}]", value)
         return value
 
-    def integer(self, name: str, default: Any = ..., *, lo: int, hi: int) -> int:
+    def integer(self, name: str, default: Any = ..., *, lo: int | None = None,
+                hi: int | None = None) -> int:
         """A whole number: ``8080.9`` (or ``8080.0``) is refused, never truncated."""
+        lo, hi = self._bounds(name, lo, hi)
         what = f"an integer in [{lo}, {hi}]"
         value = self.get(name, int, default, expected=what)
         if not lo <= value <= hi:
@@ -284,7 +404,11 @@ class _Reader:
             raise ProfileError(self.path, self._key(name), "a list of strings", value)
         return tuple(value)
 
-    def choice(self, name: str, choices: tuple[str, ...], default: Any = ...) -> str:
+    def choice(self, name: str, choices: tuple[str, ...] | None = None,
+               default: Any = ...) -> str:
+        if choices is None:
+            declared = self.declared(name).choices
+            choices = declared() if callable(declared) else declared
         value = self.get(name, str, default, expected=f"one of {list(choices)}")
         if value not in choices:
             raise ProfileError(self.path, self._key(name), f"one of {list(choices)}", value)
@@ -313,9 +437,16 @@ def _tname(typ: type | tuple[type, ...]) -> str:
 def _str_table(r: _Reader, name: str) -> tuple[tuple[str, str], ...]:
     sub = r.sub(name)
     out = []
-    for key in list(sub.table):
-        out.append((key, sub.get(key, str)))
+    for entry in list(sub.table):
+        out.append((entry, sub.get(entry, str)))
     return tuple(out)
+
+
+def _number_table(r: _Reader, name: str) -> tuple[tuple[str, float], ...]:
+    """A table of numbers, each value within the bounds declared on the field ``name``."""
+    lo, hi = r._bounds(name, None, None)
+    sub = r.sub(name)
+    return tuple((k, sub.number(k, lo=lo, hi=hi)) for k in list(sub.table))
 
 
 def _server_configs(r: _Reader, base_argv: tuple[str, ...],
@@ -342,40 +473,33 @@ def _container(r: _Reader) -> ContainerSpec | None:
         r.seen.add("container")
         return None
     c = r.sub("container", ContainerSpec)
-    gpus = c.get("gpus", str, expected='"all" or device indices such as "0,1"')
+    gpus_rule = c.declared("gpus").rule
+    gpus = c.get("gpus", str, expected=gpus_rule)
     if gpus and gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", gpus):
-        raise ProfileError(r.path, c._key("gpus"), '"all" or device indices such as "0,1"',
-                           gpus)
+        raise ProfileError(r.path, c._key("gpus"), gpus_rule, gpus)
     env = _str_table(c, "env")
     env_pass = c.str_list("env_pass")
     for name in [k for k, _ in env] + list(env_pass):
         if not _ENV_NAME.match(name):
-            raise ProfileError(r.path, c._key("env"), "environment variable names", name)
+            raise ProfileError(r.path, c._key("env"), _ENV_NAMES, name)
     spec = ContainerSpec(
-        runtime=c.choice("runtime", CONTAINER_RUNTIMES), image=c.get("image", str),
+        runtime=c.choice("runtime"), image=c.get("image", str),
         name=c.get("name", str), gpus=gpus, volumes=c.str_list("volumes"),
         env=env, env_pass=env_pass, args=c.str_list("args"),
         runtime_args=c.str_list("runtime_args"), network=c.get("network", str))
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", spec.name):
-        raise ProfileError(r.path, c._key("name"), "a container name ([A-Za-z0-9_.-])",
-                           spec.name)
+        raise ProfileError(r.path, c._key("name"), c.declared("name").rule, spec.name)
     if not spec.image:
-        raise ProfileError(r.path, c._key("image"), "an image name or id", spec.image)
+        raise ProfileError(r.path, c._key("image"), c.declared("image").rule, spec.image)
     c.reject_unknown()
     return spec
-
-
-def _caps(r: _Reader) -> tuple[tuple[str, float], ...]:
-    sub = r.sub("link_caps")
-    return tuple((k, sub.number(k, lo=1.0, hi=1e13)) for k in list(sub.table))
 
 
 def _id_range(r: _Reader) -> tuple[int, int]:
     value = r.get("token_id_range", list, expected="[low, high] token ids")
     if (len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
             or not 0 <= value[0] < value[1]):
-        raise ProfileError(r.path, r._key("token_id_range"), "[low, high] with 0 <= low < high",
-                           value)
+        raise ProfileError(r.path, r._key("token_id_range"), _ID_RANGE_RULE, value)
     return (value[0], value[1])
 
 
@@ -401,27 +525,27 @@ def load_profile(path: Path | str) -> Profile:
     """Read and validate a profile; raise ProfileError naming the key at fault."""
     path = Path(path)
     data = _read_toml(path)
-    top = _Reader(path, data)
+    top = _Reader(path, data, spec=Profile)
     name = top.get("name", str)
-    description = top.get("description", str, "")
+    description = top.get("description", str)
     vars_ = _str_table(top, "vars")
     setup_argv = top.str_list("setup_argv")
-    top.get("allow_unsandboxed_code", bool, False)  # load/sandbox.py; read by plugin/options.py
+    top.get("allow_unsandboxed_code", bool, _unfielded("", "allow_unsandboxed_code"))
 
     s = top.sub("server", ServerSpec)
-    engine_name = s.choice("engine", engine_names())
-    api = s.choice("api", API_FLAVOURS, engine(engine_name).default_api or ...)
+    engine_name = s.choice("engine")
+    api = s.choice("api", default=engine(engine_name).default_api or ...)
     base_argv = s.str_list("argv")
     base_env = _str_table(s, "env")
     server = ServerSpec(
         engine=engine_name,
         api=api,
         host=_server_host(s, vars_),
-        port=s.integer("port", lo=0, hi=65535),
+        port=s.integer("port"),
         health_path=s.get("health_path", str),
-        health_timeout_s=s.number("health_timeout_s", lo=1, hi=7200),
-        stop_timeout_s=s.number("stop_timeout_s", lo=0.1, hi=600),
-        request_timeout_s=s.number("request_timeout_s", lo=0.1, hi=7200),
+        health_timeout_s=s.number("health_timeout_s"),
+        stop_timeout_s=s.number("stop_timeout_s"),
+        request_timeout_s=s.number("request_timeout_s"),
         api_key_env=s.get("api_key_env", str),
         model_name=s.get("model_name", str),
         configs=_server_configs(s, base_argv, base_env),
@@ -447,44 +571,46 @@ def load_profile(path: Path | str) -> Profile:
         if c not in known:
             raise ProfileError(path, "telemetry.collectors", f"names from {list(known)}", c)
     telemetry = TelemetrySpec(
-        interval_s=t.number("interval_s", lo=0.1, hi=60),
-        baseline_s=t.number("baseline_s", lo=0, hi=3600),
-        cooldown_s=t.number("cooldown_s", lo=0, hi=3600),
+        interval_s=t.number("interval_s"),
+        baseline_s=t.number("baseline_s"),
+        cooldown_s=t.number("cooldown_s"),
         collectors=collectors,
         pid_pattern=_regex(t, "pid_pattern"),
         log_patterns=_log_patterns(t),
-        link_caps=_caps(t),
+        link_caps=_number_table(t, "link_caps"),
         gpu_expected=t.get("gpu_expected", bool),
     )
     t.reject_unknown()
 
     pr = top.sub("prometheus", PrometheusSpec)
     jobs = _str_table(pr, "jobs")
+    kinds = pr.declared("jobs").choices
     for job, kind in jobs:
-        if kind not in ("node", "dcgm", "engine"):
-            raise ProfileError(path, f"prometheus.jobs.{job}", "one of node, dcgm, engine", kind)
+        if kind not in kinds:
+            raise ProfileError(path, f"prometheus.jobs.{job}", f"one of {', '.join(kinds)}",
+                               kind)
     prometheus = PrometheusSpec(url=pr.get("url", str), jobs=jobs,
                                 auth_env=pr.get("auth_env", str),
-                                step_s=pr.number("step_s", lo=0.0, hi=3600))
+                                step_s=pr.number("step_s"))
     if jobs and not prometheus.url:
         raise ProfileError(path, "prometheus.url", "a URL when prometheus.jobs are given")
     pr.reject_unknown()
 
     nodes = _nodes(top)
 
-    sc = top.sub("scale")
-    for k in sc.table:
+    for k in top.sub("scale").table:
         if k not in SCALE_KEYS:
             raise ProfileError(path, f"scale.{k}", f"one of {list(SCALE_KEYS)} (typo?)")
-    scale = tuple((k, sc.number(k, lo=1e-6, hi=1e6)) for k in list(sc.table))
+    scale = _number_table(top, "scale")
     load = read_load(top.sub("load", LoadSpec), ProfileError)
     top.reject_unknown()
     _check_link_caps(path, telemetry.link_caps, [n.name for n in nodes])
     _check_placeholders(path, data, {k for k, _ in vars_} | set(BUILTIN_PLACEHOLDERS))
     for k, v in vars_:  # a var may use the built-ins, not another var (session.py)
         _check_text(path, f"vars.{k}", v, set(BUILTIN_PLACEHOLDERS))
-    return Profile(path, name, description, server, telemetry, tuple(nodes), vars_, scale,
-                   setup_argv, prometheus, raw=data, load=load)
+    return Profile(path, name, server, telemetry, description=description, nodes=nodes,
+                   vars=vars_, scale=scale, setup_argv=setup_argv, prometheus=prometheus,
+                   raw=data, load=load)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -521,8 +647,7 @@ def _server_host(s: _Reader, vars_: tuple[tuple[str, str], ...]) -> str:
     _check_text(s.path, s._key("host"), text, set(plain))
     host = expand_value(text, plain)
     if "@" in host or not valid_ssh_host(host):
-        raise ProfileError(s.path, s._key("host"), "a host name or an IPv4 or IPv6 address "
-                           "(or a [vars] placeholder holding one)", host)
+        raise ProfileError(s.path, s._key("host"), _HOST_RULE, host)
     return host
 
 
@@ -560,7 +685,9 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
     """``[[nodes]]``: unique safe names, checked ssh hosts, exactly one head."""
     path = top.path
     nodes: list[NodeSpec] = []
-    raw_nodes = top.get("nodes", list, [{"name": "local"}], expected="an array of tables")
+    raw_nodes = top.get("nodes", list, expected="an array of tables")
+    if isinstance(raw_nodes, tuple):  # left out: the field's default nodes, each read as
+        raw_nodes = [{"name": n.name} for n in raw_nodes]  # a table naming it alone
     for i, n in enumerate(raw_nodes):
         if not isinstance(n, dict):
             raise ProfileError(path, f"nodes[{i}]", "a table", n)
@@ -570,7 +697,7 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
             raise ProfileError(path, nr._key("name"), f"a node name: {NAME_RULE}", name)
         if name in [m.name for m in nodes]:
             raise ProfileError(path, nr._key("name"), "a name no other node has", name)
-        role = nr.choice("role", ("head", "worker"))
+        role = nr.choice("role")
         host = nr.get("ssh_host", str)
         if host and not valid_ssh_host(host):
             raise ProfileError(path, nr._key("ssh_host"), SSH_HOST_RULE, host)
@@ -586,10 +713,10 @@ def _nodes(top: _Reader) -> tuple[NodeSpec, ...]:
 def _check_link_caps(path: Path, caps: tuple[tuple[str, float], ...], nodes: list[str]) -> None:
     """Each ``"node/iface"`` names a node of the profile (a typo would silently measure
     the link against its nominal speed)."""
-    for key, _ in caps:
-        node, sep, iface = key.rpartition("/")
+    for cap, _ in caps:
+        node, sep, iface = cap.rpartition("/")
         if not sep or not iface or node not in nodes:
-            raise ProfileError(path, f"telemetry.link_caps.{key}",
+            raise ProfileError(path, f"telemetry.link_caps.{cap}",
                                f'"<node>/<interface>" with <node> one of {nodes}')
 
 
@@ -608,9 +735,9 @@ def _check_placeholders(path: Path, data: dict[str, Any], known: set[str]) -> No
     for cid, c in server.get("configs", {}).items():
         where.append((f"server.configs.{cid}.args", c.get("args", [])))
         where += [(f"server.configs.{cid}.env.{k}", v) for k, v in c.get("env", {}).items()]
-    for key, value in where:
-        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(
-            value, list) else [(key, value)]
+    for at, value in where:
+        items = [(f"{at}[{i}]", v) for i, v in enumerate(value)] if isinstance(
+            value, list) else [(at, value)]
         for k, text in items:
             if isinstance(text, str):
                 _check_text(path, k, text, known)

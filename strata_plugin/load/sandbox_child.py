@@ -9,7 +9,8 @@ can import what this Python has installed, as before:
 
 ``boot`` (started by the harness, as root or as the invoking user)
     Reads its configuration (JSON) from stdin, dies with the harness (a parent-death
-    signal), enters new mount, network, PID and IPC
+    signal), joins the memory cgroup the harness made for the run (every process below
+    shares its one limit), enters new mount, network, PID and IPC
     namespaces (plus a user namespace when not root), forks the namespace's first process
     and waits for it. On SIGTERM it kills that process, which makes the kernel kill every
     process of the namespace, and exits once the namespace is empty.
@@ -20,7 +21,8 @@ can import what this Python has installed, as before:
     folder (the only writable path), mounts a fresh read-only ``/proc``, writes the
     program there, sets the resource limits, drops to the sandbox user (root: setgid and
     setuid to 65534 ``nobody``, no supplementary groups; otherwise the invoking user, with
-    every capability gone at the next exec), sets no-new-privileges and execs the judge.
+    every capability gone at the next exec), sets no-new-privileges, installs the seccomp
+    filter that leaves it no unix socket (``unix_socket_filter``) and execs the judge.
 ``judge`` (still PID 1; trusted code, unprivileged)
     Makes itself non-dumpable (no ptrace, no ``/proc/PID/mem`` or ``fd`` for the
     program, though it runs as the same user), reads the nonce from a memfd and closes it,
@@ -190,6 +192,83 @@ def _drop_privileges(cfg: dict) -> None:
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+# --- no unix socket of the host: a seccomp filter -------------------------------------
+#
+# A pathname unix socket anywhere the sandbox user can resolve (a daemon's socket in
+# /var/lib, in the checkout, created after the sandbox started) is reachable through a
+# read-only mount, and abstract ones are per network namespace already. So the sandbox
+# gets no unix socket that could connect anywhere: socket(AF_UNIX, ...) fails with
+# EACCES, socketpair(AF_UNIX) only makes connected stream or seqpacket pairs (a datagram
+# one could be re-connected to a path), io_uring (which can make sockets without the
+# socket syscall) is refused, and a system call of another ABI (x32, i386 int 0x80,
+# arm32) kills the process, so no other syscall table goes round the filter.
+
+AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
+SECCOMP_ARCH = {  # machine: (AUDIT_ARCH_*, socket, socketpair)
+    "x86_64": (0xC000003E, 41, 53),
+    "aarch64": (0xC00000B7, 198, 199),
+}
+IO_URING_SYSCALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: same on both
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+LD_W_ABS, JEQ_K, JGE_K, AND_K, RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def unix_socket_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The BPF program (code, jt, jf, k) for ``machine`` (``os.uname().machine``)."""
+    if machine not in SECCOMP_ARCH:
+        raise SetupError(f"no seccomp table for {machine} (unix sockets could not be denied)")
+    arch, sys_socket, sys_socketpair = SECCOMP_ARCH[machine]
+    deny = RET_ERRNO | errno.EACCES
+    allow, socket_, pair = 19, 11, 13  # the program's labels, by index
+    deny_at = 20
+
+    def to(here: int, there: int) -> int:  # a jump's offset: relative to the next one
+        return there - here - 1
+
+    return [
+        (LD_W_ABS, 0, 0, 4),                                    # 0: arch
+        (JEQ_K, 1, 0, arch),                                    # 1: native? -> 3
+        (RET_K, 0, 0, RET_KILL_PROCESS),                        # 2: another ABI: killed
+        (LD_W_ABS, 0, 0, 0),                                    # 3: nr
+        (JGE_K, to(4, deny_at), 0, 0x40000000),                 # 4: x32
+        (JEQ_K, to(5, socket_), 0, sys_socket),                 # 5
+        (JEQ_K, to(6, pair), 0, sys_socketpair),                # 6
+        (JEQ_K, to(7, deny_at), 0, IO_URING_SYSCALLS[0]),       # 7
+        (JEQ_K, to(8, deny_at), 0, IO_URING_SYSCALLS[1]),       # 8
+        (JEQ_K, to(9, deny_at), 0, IO_URING_SYSCALLS[2]),       # 9
+        (RET_K, 0, 0, RET_ALLOW),                               # 10
+        (LD_W_ABS, 0, 0, 16),                                   # 11: socket(domain, ...)
+        (JEQ_K, to(12, deny_at), to(12, allow), AF_UNIX),       # 12
+        (LD_W_ABS, 0, 0, 16),                                   # 13: socketpair(domain,
+        (JEQ_K, 0, to(14, allow), AF_UNIX),                     # 14
+        (LD_W_ABS, 0, 0, 24),                                   # 15:   type, ...)
+        (AND_K, 0, 0, SOCK_TYPE_MASK),                          # 16: less the flags
+        (JEQ_K, to(17, allow), 0, SOCK_STREAM),                 # 17
+        (JEQ_K, to(18, allow), to(18, deny_at), SOCK_SEQPACKET),  # 18
+        (RET_K, 0, 0, RET_ALLOW),                               # 19: allow
+        (RET_K, 0, 0, deny),                                    # 20: deny
+    ]
+
+
+def _deny_unix_sockets() -> None:
+    prog = unix_socket_filter(os.uname().machine)
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
+    fprog = _SockFprog(len(prog), arr)
+    _call("seccomp filter (no unix sockets)",
+          _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                      ctypes.byref(fprog), 0, 0))
+
+
 def _report(nonce: str, **fields) -> None:
     os.write(1, (json.dumps({"nonce": nonce, **fields}) + "\n").encode())
 
@@ -212,6 +291,14 @@ def boot() -> int:
     # sandbox (boot's death kills PID 1 by its own death signal, and PID 1 the rest).
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != cfg["parent"]:
+        return SETUP_EXIT
+    try:
+        if cfg.get("cgroup_procs"):  # one memory limit for every process started below
+            with open(cfg["cgroup_procs"], "w") as f:
+                f.write(str(os.getpid()))
+    except OSError as exc:
+        _report(nonce, setup_error=f"joining the sandbox's memory cgroup "
+                                   f"({cfg['cgroup_procs']}): {exc}")
         return SETUP_EXIT
     try:
         if confine:
@@ -261,6 +348,8 @@ def _first(cfg: dict) -> int:
         os.set_inheritable(fd, True)
         _set_limits(cfg["limits"])
         _drop_privileges(cfg)
+        if cfg["mode"] != "none":
+            _deny_unix_sockets()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
     except (SetupError, OSError, ValueError) as exc:
         _report(nonce, setup_error=str(exc))
@@ -396,7 +485,7 @@ def _death(status) -> str:
         except ValueError:
             name = str(-status)
         why = {"SIGXCPU": " (CPU limit)", "SIGXFSZ": " (file size limit)",
-               "SIGKILL": " (killed; the hard CPU limit?)"}.get(name, "")
+               "SIGKILL": " (the hard CPU limit, or the sandbox's memory limit)"}.get(name, "")
         return f"the program was killed by {name}{why}"
     return f"the program exited (status {status})"
 

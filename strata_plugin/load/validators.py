@@ -78,16 +78,23 @@ def code_passes(test_file: Path, module: str = "solution", timeout_s: float = 30
     if reason and not by:
         raise sandbox.SandboxUnavailable(
             f"{name}: model-written code is not run unconfined, and this machine cannot "
-            f"confine it: {reason}. To accept running it with only an empty environment, "
-            f"resource limits and the judge's channel, pass allow_unsandboxed=True to "
-            f"code_passes or set allow_unsandboxed_code = true in the profile.")
-    confine = reason is None
+            f"confine it: {reason}. To accept running it with "
+            + ("every confinement but one memory limit for its whole process tree (each "
+               "process's own address-space limit stays)" if sandbox.NO_CGROUP in reason
+               else "only an empty environment, resource limits and the judge's channel")
+            + ", pass allow_unsandboxed=True to code_passes or set allow_unsandboxed_code = "
+              "true in the profile.")
+    # Only the memory cgroup is missing: the opt-in keeps every other confinement and
+    # accepts the per-process memory bound, and each verdict says so.
+    per_process = bool(reason) and sandbox.NO_CGROUP in reason
+    confine = reason is None or per_process
 
     def check(text: str) -> Verdict:
         out = sandbox.run_frozen_tests(extract_code(text), tests, tests_name=test_file.name,
                                        module=module, timeout_s=timeout_s, limits=limits,
-                                       confine=confine)
-        note = "" if confine else f"UNSANDBOXED ({by}): "
+                                       confine=confine, tree_memory=not per_process)
+        note = (f"MEMORY BOUNDED PER PROCESS ONLY ({by}): " if per_process
+                else "" if confine else f"UNSANDBOXED ({by}): ")
         if out.error:
             return Verdict(0, 1, note + (out.error if not out.log.strip() else
                                          f"{out.error}; log: {out.log.strip()[-300:]}"))

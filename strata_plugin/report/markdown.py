@@ -242,7 +242,7 @@ def _deciding(v: Verdict) -> str:
         e = next((e for e in v.evidence if e.cls == cls and e.met), None)
         if e is not None:
             parts.append(f"{e.metric} {md_num(e.value)} {e.op} {md_num(e.threshold_value)} "
-                         f"{e.unit}")
+                         f"{e.unit}" + (f" ({e.detail})" if e.detail else ""))
     return "; ".join(parts) or "; ".join(
         x for x in ("no rule past its threshold", v.spare) if x)
 
@@ -456,6 +456,10 @@ def verdict_md(v: Verdict, lacks: dict[str, str] | None = None) -> str:
         lines.append(f"\n- {n}")
     if v.notes:
         lines.append("\n")
+    named = [e for e in v.evidence if e.detail and e.met]
+    if named:  # the actors behind the numbers: the allowance, the other processes
+        lines.append("\n")
+        lines.extend(f"- `{e.cls}`: {e.detail}\n" for e in named)
     if v.evidence:
         lines.append("\n")
         lines.append(

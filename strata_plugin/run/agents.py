@@ -35,6 +35,9 @@ RUNSTATE = "runstate"
 #: The proxies on the request's way (agent/collectors/path.py), enabled with it: silent
 #: until the head agent is given a proxy to follow (an attached server behind one).
 PATH = "path"
+#: The server's CPU allowance (affinity, cpuset, CFS quota) and the busiest other
+#: processes (agent/collectors/allowance.py), every tick, where a server is followed.
+ALLOWANCE = "allowance"
 
 
 def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | Sequence[int] | None,
@@ -57,8 +60,10 @@ def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | Sequence[i
     if follows:
         # The server's run state on its grid of 20 ms (docs/agent.md, "runstate"): where
         # the server runs, always; the ledger's decode gaps are classified by it. The
-        # path's proxies beside it, apart from the server and from "other processes".
-        collectors += [c for c in (RUNSTATE, PATH) if c not in collectors]
+        # path's proxies beside it, apart from the server and from "other processes". The
+        # CPUs the server may use, sampled every tick (a taskset or a cpuset written
+        # mid-case is seen), and who else used the CPUs.
+        collectors += [c for c in (RUNSTATE, PATH, ALLOWANCE) if c not in collectors]
     # Another package's collectors, by module: the agent reads no entry points itself.
     plugins = {n: m for n, m in collector_modules().items() if n in collectors}
     return agent_argv(
@@ -159,8 +164,10 @@ class AgentFleet:
             self._record_path(server.block_key, path)
             return path
         try:
+            auth = getattr(server, "auth", None)
             path = discover(server.base_url, pid_pattern=self.telemetry.pid_pattern,
-                            health_path=self.health_path)
+                            health_path=self.health_path,
+                            auth=auth.header() if auth else "")
         except Exception as exc:  # a look that failed must not stop the run: the listener
             pid = attached_server_pid(server.base_url)
             path = RequestPath(server.base_url, engine_from="path" if pid else "none",

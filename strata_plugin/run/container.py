@@ -15,15 +15,30 @@ fail: a container still there is reported, never silently left holding the GPUs.
 Environment values never reach an argv: every variable is passed as ``-e NAME`` and
 the runtime client copies the value from its own environment. ``inspect`` output is
 recorded with ``Config.Env`` cut to names for the same reason.
+
+**A harness killed with SIGKILL** (a CI job's timeout, the OOM killer) runs no stop: its
+runtime client dies, its container does not. Two things remove it. Every container is
+started with the label ``strata.owner=<host>:<pid>:<start time>`` naming the harness
+process; a *watchdog* (``start_watchdog``), started before the container in a session of
+its own, holds the read end of a pipe only the harness writes to, and when that pipe
+closes without the harness's ``done`` (the harness died, however) it runs ``rm -f``. If
+the watchdog was killed too (a whole cgroup killed), the next container start on this
+host *sweeps* (``sweep_orphans``): every container labelled ``strata.owner`` whose owner
+on this host is gone (no such PID, or a PID reused: another start time) is removed.
+Containers owned by another host or by a live harness are left alone.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from strata_plugin.agent.targets import Runner, run_tool
 from strata_plugin.configure.profile import ContainerSpec
@@ -85,13 +100,49 @@ def gpu_args(runtime: str, gpus: str) -> list[str]:
     return [a for i in ids for a in ("--device", f"nvidia.com/gpu={i}")]
 
 
+OWNER_LABEL = "strata.owner"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22):
+    with the PID, it names one process, never a later one that reused the PID."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def owner_label(pid: int | None = None) -> str:
+    """``<host>:<pid>:<start time>`` of the harness process (this one by default)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def owner_gone(label: str, host: str | None = None) -> bool:
+    """Whether the harness a label names is gone: on this host, no such PID or one with
+    another start time. A label of another host, or one that does not parse, is not ours
+    to judge (False)."""
+    parts = label.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return False
+    owner_host, pid, start = parts
+    if owner_host != (host or socket.gethostname()):
+        return False
+    now = _start_time(int(pid))
+    return now == "" or now != start
+
+
 def build_launch(spec: ContainerSpec, *, name: str, command: list[str],
                  env_names: list[str], host: str, port: int,
-                 volumes: list[str], args: list[str], image: str) -> ContainerLaunch:
+                 volumes: list[str], args: list[str], image: str,
+                 owner: str | None = None) -> ContainerLaunch:
     """The ``run`` argv: the container in the foreground, removed when it exits
-    (``--rm``), every variable by name, the server's ``command`` after the image.
-    ``volumes``, ``args`` and ``image`` come with their placeholders filled."""
-    argv = [spec.runtime, *spec.runtime_args, "run", "--rm", "--name", name]
+    (``--rm``), labelled with its owner (``owner_label``), every variable by name, the
+    server's ``command`` after the image. ``volumes``, ``args`` and ``image`` come with
+    their placeholders filled."""
+    argv = [spec.runtime, *spec.runtime_args, "run", "--rm", "--name", name,
+            "--label", f"{OWNER_LABEL}={owner or owner_label()}"]
     if spec.network == "host":
         argv += ["--network", "host"]
     else:  # the server's port published on the address the harness connects to
@@ -193,3 +244,89 @@ def remove_container(launch: ContainerLaunch, runner: Runner = run_tool) -> Remo
         return Removal(False, f"cannot check that container {launch.name} is gone "
                               f"(exit {rc2}: {err2.strip()[:200]}; {said})")
     return Removal(True, said)
+
+
+# --- a killed harness: the watchdog and the next run's sweep ---------------------------
+
+WATCHDOG = """
+import os, signal, subprocess, sys, time
+for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
+    signal.signal(sig, signal.SIG_IGN)
+argv = sys.argv[1:]
+said = sys.stdin.buffer.read()  # returns when the harness closes the pipe, or dies
+if said.strip() != b"done":
+    for attempt in range(3):
+        try:
+            if subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=120).returncode == 0:
+                break
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(2)
+"""
+
+
+class Watchdog:
+    """Removes one container if the harness dies without saying ``done``."""
+
+    def __init__(self, proc: subprocess.Popen, pipe: IO[bytes]) -> None:
+        self.proc, self.pipe = proc, pipe
+
+    def done(self) -> None:
+        """The harness removed the container itself: the watchdog exits doing nothing."""
+        self.close(b"done")
+
+    def close(self, word: bytes = b"") -> None:
+        """Close the pipe; without ``done`` the watchdog runs ``rm -f`` (one more try)."""
+        if self.pipe.closed:
+            return
+        try:
+            if word:
+                self.pipe.write(word)
+            self.pipe.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=0.5 if word else 0)
+        except subprocess.TimeoutExpired:
+            pass  # it finishes on its own (an ``rm -f`` takes a while)
+
+
+def start_watchdog(launch: ContainerLaunch) -> Watchdog | None:
+    """A process in its own session that runs ``launch.rm_argv()`` when the harness dies
+    (the pipe's only writer is this process: non-inheritable, so no other child keeps it
+    open). None if it cannot start; the next run's sweep still applies."""
+    r, w = os.pipe()  # both non-inheritable; r is passed as the watchdog's stdin only
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG,
+                                 *launch.rm_argv()], stdin=r, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                close_fds=True)
+    except OSError:
+        os.close(w)
+        return None
+    finally:
+        os.close(r)
+    return Watchdog(proc, os.fdopen(w, "wb", buffering=0))
+
+
+def sweep_orphans(runtime: str, runtime_args: tuple[str, ...] = (),
+                  runner: Runner = run_tool) -> list[str]:
+    """Remove every container labelled ``strata.owner`` whose owning harness on this
+    host is gone; returns their names. A runtime that cannot list removes nothing."""
+    base = [runtime, *runtime_args]
+    rc, out, _err = runner([*base, "ps", "-a", "--filter", f"label={OWNER_LABEL}",
+                            "--format", "{{.Names}}"], 30.0)
+    if rc != 0:
+        return []
+    removed = []
+    for name in (n.strip() for n in out.splitlines()):
+        if not name:
+            continue
+        rc, label, _ = runner([*base, "container", "inspect", "--format",
+                               f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', name], 20.0)
+        if rc == 0 and owner_gone(label.strip()):
+            rc, _, _ = runner([*base, "rm", "-f", name], 60.0)
+            if rc == 0:
+                removed.append(name)
+    return removed

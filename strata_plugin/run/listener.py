@@ -432,9 +432,12 @@ class _Walker:
 
 
 def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Event,
-           held: list[tuple[str, int]]) -> None:
+           held: list[tuple[str, int]], auth: str = "") -> None:
     """The probe requests: one held open (its body never completes), GETs of the health
-    path until ``stop``. Every error is ignored: the probe only makes traffic to watch."""
+    path until ``stop``. Every error is ignored: the probe only makes traffic to watch.
+    ``auth``: the URL's ``Authorization`` value (configure/credentials.py), sent as the
+    client sends it, so a server behind Basic auth sees a request it accepts."""
+    auth_line = f"Authorization: {auth}\r\n" if auth else ""
     parts = urlsplit(url)
     prefix = parts.path.rstrip("/")
     tls = parts.scheme == "https"
@@ -451,7 +454,7 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
 
     holds = []
     head = (f"POST {prefix}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 4096\r\n")
+            f"Content-Type: application/json\r\nContent-Length: 4096\r\n{auth_line}")
     # A head cut short (a relay forwards it at once; every server waits for its end), and
     # a whole head with a body cut short (an HTTP proxy connects on once it has the head).
     for text in (head, head + "Connection: close\r\n\r\n{"):
@@ -465,7 +468,7 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
                 s = connect()
                 try:
                     s.sendall((f"GET {prefix}{health_path} HTTP/1.1\r\nHost: {parts.netloc}"
-                               "\r\nConnection: close\r\n\r\n").encode())
+                               f"\r\n{auth_line}Connection: close\r\n\r\n").encode())
                     s.settimeout(1.0)
                     s.recv(256)
                 finally:
@@ -515,7 +518,7 @@ REMOTE_REASON = ("The engine is on another host: its CPU, run state, faults and 
 
 def discover(url: str, *, pid_pattern: str = "", health_path: str = "/health",
              window_s: float = WINDOW_S, probe: bool = True, max_depth: int = MAX_DEPTH,
-             proc: Path = Path("/proc")) -> RequestPath:
+             proc: Path = Path("/proc"), auth: str = "") -> RequestPath:
     """The path from ``url`` to the engine, with the PIDs the agent follows.
 
     ``pid_pattern`` (the profile's ``telemetry.pid_pattern``) names the engine and wins:
@@ -543,7 +546,7 @@ def discover(url: str, *, pid_pattern: str = "", health_path: str = "/health",
         path = RequestPath(url, ((Hop(where, "remote", note=REMOTE_NOTE),),), "none",
                            reason=REMOTE_REASON, how="none")
     else:
-        path = _walk(url, addr, port, own, proc, health_path=health_path,
+        path = _walk(url, addr, port, own, proc, health_path=health_path, auth=auth,
                      window_s=window_s if probe else 0.0, max_depth=max_depth)
     if not pid_pattern:
         return path
@@ -572,7 +575,7 @@ def _resolve(host: str) -> list[str]:
 
 
 def _walk(url: str, addr: str, port: int, own: _Net, proc: Path, *, health_path: str,
-          window_s: float, max_depth: int) -> RequestPath:
+          window_s: float, max_depth: int, auth: str = "") -> RequestPath:
     """Read the sockets before the probe, then over its window; follow what was seen."""
     w = _Walker(proc, own)
     w.start()
@@ -593,7 +596,7 @@ def _walk(url: str, addr: str, port: int, own: _Net, proc: Path, *, health_path:
     if window_s > 0:
         stop = threading.Event()
         held: list[tuple[str, int]] = []
-        t = threading.Thread(target=_probe, args=(url, addr, port, health_path, stop, held),
+        t = threading.Thread(target=_probe, args=(url, addr, port, health_path, stop, held, auth),
                              name="strata-path-probe", daemon=True)
         t.start()
         try:

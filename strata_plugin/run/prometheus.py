@@ -51,6 +51,7 @@ from pathlib import Path
 from strata_plugin.agent.collectors.prom import BodyRefused, read_bounded
 from strata_plugin.agent.protocol import SAMPLE_COLUMNS, Sample
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.atomic import atomic_open, atomic_write_text
 from strata_plugin.limits import PROM_API_BYTES_MAX
 
 #: A range query answers with at most 11000 points per series; stay below it.
@@ -556,15 +557,23 @@ def write_samples(
     for (node, src), rows in sorted(groups.items()):
         path = Path(run_dir) / "nodes" / node / "samples" / f"{src}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists() or path.stat().st_size == 0
+        try:
+            before = path.read_bytes()
+        except FileNotFoundError:
+            before = b""
+        if before and not before.endswith(b"\n"):  # a torn last line: never extended
+            before = before[:before.rfind(b"\n") + 1]
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        if new:
+        if not before:
             w.writerow(SAMPLE_COLUMNS)
         for s in sorted(rows, key=lambda s: s.wall_ns):
             w.writerow((s.wall_ns, node, src, s.device, s.metric, _fmt(s.value), s.kind))
-        with path.open("a") as fh:
-            fh.write(buf.getvalue())
+        # The previous rows and this pull's, as one file that replaces the old one: a
+        # kill or a full disk mid-write leaves the previous file, never part of a pull.
+        with atomic_open(path, "wb") as fh:
+            fh.write(before)
+            fh.write(buf.getvalue().encode())
         written.append(path)
     return written
 
@@ -617,7 +626,8 @@ def pull(
                 "kind": job.kind,
                 "queries": client.queries[before:],
             }
-            (cdir / f"prom_{job.job}.json").write_text(json.dumps(record, indent=1) + "\n")
+            atomic_write_text(cdir / f"prom_{job.job}.json",
+                              json.dumps(record, indent=1) + "\n")
     clock = client.clock_offset() if measure_clock else None
     return PullResult(tuple(sorted(files)), n, tuple(sorted(nodes)), clock, len(client.queries))
 

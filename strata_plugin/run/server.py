@@ -139,6 +139,8 @@ class Server:
         self.container_facts: dict | None = None
         self.container_inspect: dict | None = None
         self.container_removal = None  # run/container.Removal of the last stop
+        self._watchdog = None  # run/container.Watchdog of the running container
+        self.containers_swept: list[str] = []  # left by killed harnesses, removed at start
 
     @property
     def container(self) -> ContainerLaunch | None:
@@ -183,6 +185,8 @@ class Server:
         env.update(dict(spec.env))
         t0 = time.monotonic()
         self.container_facts = self.container_inspect = self.container_removal = None
+        if spec.container is not None:
+            self._guard_container(spec.container)
         try:
             self.proc = subprocess.Popen(
                 list(spec.argv), stdout=self._log_fh, stderr=subprocess.STDOUT,
@@ -196,6 +200,22 @@ class Server:
             self.stop()
             raise
         self.startup_s = time.monotonic() - t0
+
+    def _guard_container(self, launch: ContainerLaunch) -> None:
+        """Before the container exists: remove those killed harnesses left on this host
+        (``sweep_orphans``), and start the watchdog that removes this one if the harness
+        dies without stopping it (run/container.py)."""
+        import sys
+
+        from strata_plugin.run.container import start_watchdog, sweep_orphans
+
+        self.containers_swept = sweep_orphans(launch.runtime, launch.runtime_args)
+        for name in self.containers_swept:
+            print(f"strata: removed container {name}, left running by a harness that was "
+                  "killed", file=sys.stderr)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        self._watchdog = start_watchdog(launch)
 
     def _inspect_container(self) -> None:
         from strata_plugin.run.container import ContainerError, facts, inspect
@@ -305,6 +325,12 @@ class Server:
         finally:
             if self.container_removal is None or not self.container_removal.removed:
                 self.container_removal = remove_container(launch)
+            if self._watchdog is not None:  # removed: it has nothing to do; else one more try
+                if self.container_removal.removed:
+                    self._watchdog.done()
+                else:
+                    self._watchdog.close()
+                self._watchdog = None
         return code
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.atomic import atomic_open
 
 TRACEFS_PATHS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 PREFIX = "strata-"
@@ -116,12 +117,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _ctl(path: Path, value: str) -> None:
+    """Write one tracefs control file (a kernel switch, not a file of the run: written
+    in place, as the kernel reads it; tests/test_atomic_writes.py allows only this)."""
+    path.write_text(value)
+
+
 def _remove_instance(d: Path) -> None:
     """Events off, tracing off, then the instance removed (the kernel frees its buffer)."""
     with contextlib.suppress(OSError):
-        (d / "tracing_on").write_text("0")
+        _ctl(d / "tracing_on", "0")
     with contextlib.suppress(OSError):
-        (d / "events" / "enable").write_text("0")
+        _ctl(d / "events" / "enable", "0")
     for _ in range(3):
         try:
             d.rmdir()
@@ -223,17 +230,17 @@ class TraceCapture:
         _LIVE[self.name] = self
         _guard_sigterm()
         try:
-            (self.dir / "tracing_on").write_text("0")
-            (self.dir / "trace_clock").write_text("mono")
+            _ctl(self.dir / "tracing_on", "0")
+            _ctl(self.dir / "trace_clock", "mono")
             with contextlib.suppress(OSError):  # the TGID column: thread -> process
-                (self.dir / "options" / "record-tgid").write_text("1")
-            (self.dir / "buffer_size_kb").write_text(str(self.buffer_kb))
+                _ctl(self.dir / "options" / "record-tgid", "1")
+            _ctl(self.dir / "buffer_size_kb", str(self.buffer_kb))
             for ev in self.events:
                 if ev in self.filters:
-                    (self.dir / "events" / ev / "filter").write_text(self.filters[ev])
-                (self.dir / "events" / ev / "enable").write_text("1")
+                    _ctl(self.dir / "events" / ev / "filter", self.filters[ev])
+                _ctl(self.dir / "events" / ev / "enable", "1")
             self._t0 = _mono_ns()
-            (self.dir / "tracing_on").write_text("1")
+            _ctl(self.dir / "tracing_on", "1")
         except BaseException:
             self.abort()
             raise
@@ -244,12 +251,15 @@ class TraceCapture:
         if self.dir is None or self.name not in _LIVE:
             return self.result
         d, errors = self.dir, []
-        t1 = _mono_ns()
         try:
-            (d / "tracing_on").write_text("0")
+            # The end is read once the buffer has stopped recording, never before: an
+            # event stamped between a clock read and the switch's write (a preempted
+            # writer on a busy host: 190 ms once) would fall after the capture's end.
+            _ctl(d / "tracing_on", "0")
+            t1 = _mono_ns()
             overruns, entries = _buffer_stats(d)
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            with (d / "trace").open("rb") as src, self.out.open("wb") as dst:
+            with (d / "trace").open("rb") as src, atomic_open(self.out, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             self.result = CaptureResult(self.out, self._t0, t1, self.events, overruns, entries,
                                         errors)

@@ -46,6 +46,7 @@ COLLECTORS: dict[str, str] = {
     "numa": ".numa",
     "runstate": ".runstate",
     "path": ".path",
+    "allowance": ".allowance",
 }
 
 #: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).

@@ -3,6 +3,8 @@ page faults, memory pressure, the network, and a server starved of requests."""
 
 from __future__ import annotations
 
+import re
+
 from strata_plugin.analysis.rules.outcome import Outcome, RuleCheck, margin, signal_margin
 from strata_plugin.analysis.rules.traces import (
     TRACE_BLOCK,
@@ -27,13 +29,33 @@ def rule_input_starved(s: WindowSignals) -> Outcome:
 
 
 
+def _cpu_word(n: float) -> str:
+    return f"{n:g} CPU" + ("" if n == 1 else "s")
+
+
+def _allowance_words(s: WindowSignals) -> str:
+    """The CPUs the server may use, in words: "2 allowed CPUs (affinity 0-1)", or the
+    host's cores where the allowance was not observed."""
+    if s.server_allowed_cpus is None:
+        return f"{_cpu_word(float(s.n_cores or 0))} of the host (allowance not observed)"
+    by = re.sub(r" \(\d[^()]*\)$", "", s.server_allowance_by)  # its count is said already
+    n = s.server_allowed_cpus
+    return f"{n:g} allowed CPU{'' if n == 1 else 's'}" + (f" ({by})" if by else "")
+
+
 def rule_cpu_compute(s: WindowSignals) -> Outcome:
-    """The server's own threads use the CPU it can use (CPU-only servers)."""
+    """The server's own threads use the CPUs they may use (CPU-only servers): the fewer of
+    their threads and their allowance (affinity, cpuset, CFS quota), where observed; the
+    host's cores where not."""
     r = RuleCheck("cpu_compute", s)
     if not r.need("server_cpu_cores", "n_cores"):
         return r.unassessable(TRACE_SCHED)
-    usable = float(min(s.server_threads, s.n_cores) if s.server_threads else s.n_cores)
-    if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable):
+    cpus = s.server_allowed_cpus if s.server_allowed_cpus else float(s.n_cores)
+    usable = float(min(s.server_threads, cpus) if s.server_threads else cpus)
+    # the allowance in words where it was observed (the host's cores go without saying)
+    words = (f"{s.server_cpu_cores:.3g} cores on {_allowance_words(s)}"
+             if s.server_allowed_cpus is not None else "")
+    if r.cmp("server_cpu_cores", ">=", "server_cores_of_threads", scale=usable, detail=words):
         return r.fire(signal_margin(s, "server_cpu_cores", "server_cores_of_threads", scale=usable))
     if (
         s.host_busy_cores is not None
@@ -51,21 +73,60 @@ def rule_cpu_compute(s: WindowSignals) -> Outcome:
     return r.o
 
 
+#: What to change for each kind of allowance (rule_cpu_limited's evidence).
+_WIDEN = {
+    "cpuset": "a wider cpuset (cpuset.cpus; a pod's CPU set)",
+    "affinity": "a wider affinity mask (taskset -a -p)",
+    "CFS quota": "a higher CFS quota (cpu.max or cpu.cfs_quota_us; a pod's CPU limit)",
+}
+
+
+def _limited_words(runnable: float, allowed: float, by: str, where: str) -> str:
+    """The allowance the server's threads exceed, and what to change (threads, CPUs,
+    quota)."""
+    how = next((v for k, v in _WIDEN.items() if by.startswith(k)), "more CPUs")
+    threads = max(1, int(allowed))
+    return (f"{runnable:.1f} runnable threads on {where}: give the server {how}, or run "
+            f"it with at most {threads} compute thread{'' if threads == 1 else 's'} "
+            "(llama.cpp -t, OMP_NUM_THREADS)")
+
+
 def rule_cpu_limited(s: WindowSignals) -> Outcome:
-    """The server's own cgroup quota keeps its threads from the CPU (a container, a pod,
-    a systemd slice): CFS throttled the group in its enforcement periods, however idle
-    the host. Other processes taking the cores are ``cpu_contention``'s, not this."""
+    """The server's own allowance keeps its threads from the CPU, however idle the host:
+    more of its threads want a CPU (running, queued, throttled: the runstate grid) than
+    its affinity, cpuset or CFS quota gives it (a pod whose CPU set is smaller than the
+    engine's threads, a taskset pin), or its cgroup's quota throttled it in its
+    enforcement periods (a container, a pod, a systemd slice). Other processes taking
+    the cores are ``cpu_contention``'s, not this."""
     r = RuleCheck("cpu_limited", s)
-    if not r.need("cgroup_throttled_frac"):
+    over = s.server_runnable_cores is not None and s.server_allowed_cpus is not None
+    if s.cgroup_throttled_frac is None and not over:
+        # the quota's throttling, and the allowance where the threads' demand was measured
+        # (a run without the runstate grid lacks both, and says the first)
+        r.need("cgroup_throttled_frac")
+        if s.server_runnable_cores is not None:
+            r.need("server_allowed_cpus")
         return r.unassessable(TRACE_SCHED)
-    if not r.cmp("cgroup_throttled_frac", ">=", "cgroup_throttled_frac"):
-        return r.o
-    score = signal_margin(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
-    # Corroboration: a group throttled in most periods uses nearly all of its quota. It
-    # adds a second met row (confidence) and never lowers the score.
-    if s.cgroup_quota_used is not None and r.cmp("cgroup_quota_used", ">=", "cgroup_quota_used"):
-        score = max(score, signal_margin(s, "cgroup_quota_used", "cgroup_quota_used"))
-    return r.fire(score)
+    scores = []
+    if s.cgroup_throttled_frac is not None and r.cmp(
+        "cgroup_throttled_frac", ">=", "cgroup_throttled_frac"
+    ):
+        score = signal_margin(s, "cgroup_throttled_frac", "cgroup_throttled_frac")
+        # Corroboration: a group throttled in most periods uses nearly all of its quota.
+        # It adds a second met row (confidence) and never lowers the score.
+        if s.cgroup_quota_used is not None and r.cmp(
+            "cgroup_quota_used", ">=", "cgroup_quota_used"
+        ):
+            score = max(score, signal_margin(s, "cgroup_quota_used", "cgroup_quota_used"))
+        scores.append(score)
+    if over:
+        runnable, allowed = s.server_runnable_cores or 0.0, s.server_allowed_cpus or 0.0
+        words = _limited_words(runnable, allowed, s.server_allowance_by, _allowance_words(s))
+        if r.cmp("server_runnable_cores", ">=", "runnable_excess_threads",
+                 value=runnable - allowed, label="runnable_threads_over_allowed_cpus",
+                 detail=words):
+            scores.append(margin(runnable - allowed, _v("runnable_excess_threads"), ">="))
+    return r.fire(max(scores)) if scores else r.o
 
 
 def _at_own_quota(s: WindowSignals) -> bool:
@@ -78,6 +139,19 @@ def _at_own_quota(s: WindowSignals) -> bool:
     )
 
 
+def _others_words(others: tuple[tuple[int, str, float, bool], ...], where: str) -> str:
+    """The busiest other processes of the window, named: PID, command, cores, and
+    whether each is Strata's own (the harness, the agent, the load workers)."""
+    if not others:
+        return ""
+    return "other processes: " + "; ".join(
+        f"pid {pid} {cmd} {cores:.2f} cores ({_OWN[own]})"
+        for pid, cmd, cores, own in others) + f"; the server: {where}"
+
+
+_OWN = {True: "Strata's own", False: "not Strata's"}
+
+
 def rule_cpu_contention(s: WindowSignals) -> Outcome:
     """Other work on the same cores, or the hypervisor (steal), keeps the server's threads
     from the CPU. (Its own cgroup's quota is ``cpu_limited``.)"""
@@ -87,12 +161,18 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
         margins.append(signal_margin(s, "steal_frac", "steal_frac"))
     if not r.need("host_busy_cores", "server_cpu_cores", "n_cores"):
         return r.fire(*margins) if margins else r.unassessable(TRACE_SCHED)
-    # The proxies on the request's way are the path, not other processes (issue 31).
-    other = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
-                ) / max(s.n_cores, 1)
-    crowded = r.cmp(
-        "host_busy_cores", ">=", "other_cpu_frac", value=other, label="other_processes_cores_frac"
-    )
+    if s.allowed_cpus_other_cores is not None and s.server_allowed_cpus:
+        # other processes on the CPUs the server may use, as a share of them: a busy
+        # process on its only allowed CPU crowds it however idle the rest of the host
+        other = s.allowed_cpus_other_cores / s.server_allowed_cpus
+        label = "other_processes_allowed_cpus_frac"
+    else:
+        # The proxies on the request's way are the path, not other processes (issue 31).
+        other = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
+                    ) / max(s.n_cores, 1)
+        label = "other_processes_cores_frac"
+    crowded = r.cmp("host_busy_cores", ">=", "other_cpu_frac", value=other, label=label,
+                    detail=_others_words(s.other_processes, _allowance_words(s)))
     delayed = []
     if s.runq_delay_per_cpu_s is not None and r.cmp(
         "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"
@@ -203,6 +283,21 @@ def rule_network(s: WindowSignals) -> Outcome:
 
 
 
+def _stall_words(frozen: float | None, stopped: float | None, threads: int | None) -> str:
+    """What the stall was, from the runstate samples: the cgroup freezer, stopped
+    threads (T), or neither (no progress while not asleep: swapped in, a paused VM)."""
+    n = f" ({threads} threads)" if threads else ""
+    if frozen:
+        return f"frozen by its cgroup freezer in {frozen:.0%} of the window's samples{n}"
+    if stopped:
+        return (f"stopped (state T: SIGSTOP or a tracer) in {stopped:.0%} of its threads' "
+                f"samples{n}")
+    if frozen is None and stopped is None:
+        return ""
+    return ("neither frozen nor stopped: its threads neither ran nor waited for a CPU "
+            "while not asleep (swapped in, a paused VM)")
+
+
 def rule_server_stalled(s: WindowSignals) -> Outcome:
     """The server neither ran nor could run for part of the time the case is about:
     its cgroup frozen, its threads stopped (T), or neither run time nor run-queue wait
@@ -211,7 +306,8 @@ def rule_server_stalled(s: WindowSignals) -> Outcome:
     r = RuleCheck("server_stalled", s)
     if not r.need("server_stalled_frac"):
         return r.unassessable(TRACE_RUNSTATE)
-    if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac"):
+    words = _stall_words(s.server_frozen_frac, s.server_stopped_frac, s.server_threads)
+    if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac", detail=words):
         return r.o
     margins = [signal_margin(s, "server_stalled_frac", "server_stalled_frac")]
     # corroboration: the window itself, not only the requests' time (adds a met row)

@@ -71,6 +71,7 @@ class RuleCheck:
         scale: float = 1.0,
         value: float | None = None,
         label: str | None = None,
+        detail: str = "",
     ) -> bool:
         v = getattr(self.s, signal) if value is None else value
         if v is None:
@@ -89,6 +90,7 @@ class RuleCheck:
                 t.unit,
                 t.source,
                 met,
+                detail,
             )
         )
         return met

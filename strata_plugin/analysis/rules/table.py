@@ -66,6 +66,15 @@ THROTTLED = ("cgroup_throttled_frac",
 QUOTA_USED = ("cgroup_quota_used",
               "cpu:cgroup_usage_s (or proc:cpu_user_s+cpu_system_s)/cgroup_quota_cores")
 WAITING = ("waiting_mean", "prom:waiting_requests")
+# The server's CPU allowance (agent/collectors/allowance.py) and its threads' demand.
+ALLOWED = ("server_allowed_cpus",
+           "allowance:allowed_cpus (its threads' affinity within their cpuset, at most the "
+           "CFS quota; the window's least)")
+ALLOWED_BY = ("server_allowance_by",
+              "allowance:cpuset_cpus/affinity_cpus/quota_cores (the CPU lists in the device "
+              "names)")
+RUNNABLE = ("server_runnable_cores", "runstate:run_s+wait_s+throttled_s")
+OTHERS = ("other_processes", "allowance:cpu_s/strata_own (device pid<N> <command>)")
 STALLS = "requests: token events against dispatch..first token of prefills"
 
 #: Every rule, in the order that breaks score ties (``CLASSES``); within a group, the
@@ -98,13 +107,18 @@ RULES: tuple[Rule, ...] = (
          "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)"))),
     Rule("cpu_compute", "cpu_server", host.rule_cpu_compute, (
         SERVER_CPU, N_CORES, HOST_BUSY,
-        ("server_threads", "proc:num_threads (or thread_cpu_s devices)")), core=("cpu",)),
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"), ALLOWED, ALLOWED_BY),
+        core=("cpu",)),
     Rule("cpu_contention", "host", host.rule_cpu_contention, (
         ("steal_frac", "cpu:steal_s"), HOST_BUSY, SERVER_CPU, N_CORES, RUNQ,
         ("ctx_involuntary_per_cpu_s", "proc:ctx_involuntary"), THROTTLED, QUOTA_USED,
-        ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)")),
+        ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)"),
+        ("allowed_cpus_other_cores",
+         "cpu:busy_s (the server's allowed CPUs) - proc:cpu_user_s/cpu_system_s"),
+        ALLOWED, ALLOWED_BY, OTHERS),
         core=("cpu",)),
-    Rule("cpu_limited", "host", host.rule_cpu_limited, (THROTTLED, QUOTA_USED)),
+    Rule("cpu_limited", "host", host.rule_cpu_limited, (
+        THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES)),
     Rule("memory_pressure", "host", host.rule_memory_pressure, (
         ("cgroup_mem_events",
          "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)"),
@@ -121,7 +135,10 @@ RULES: tuple[Rule, ...] = (
     Rule("server_stalled", "host", host.rule_server_stalled, (
         ("server_stalled_frac",
          "runstate:frozen/state_T/run_s/wait_s over the ledger's decode gaps and TTFT"),
-        ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"))),
+        ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"),
+        ("server_frozen_frac", "runstate:frozen (the window's samples)"),
+        ("server_stopped_frac", "runstate:state_T/threads (the window's samples)"),
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"))),
     Rule("queueing", "serving", serving.rule_queueing, (
         WAITING,
         ("server_queue_frac",
@@ -164,6 +181,7 @@ REPORTED_SIGNALS: tuple[tuple[str, str], ...] = (
     ("prefix_cache_hit_frac", "prom:prefix_cache_hits_total/prefix_cache_queries_total"),
     ("chunk_gap_p99_p50", "requests: chunk gaps"),
     ("path_runq_delay_per_cpu_s", "path:runqueue_delay_ns (the proxies on the way)"),
+    ("server_run_cores", "runstate:run_s"),
 )
 
 

@@ -229,7 +229,7 @@ def _waiting_class(s: WindowSignals, cause: str, outcomes: dict[str, Outcome]) -
         return max(fired, key=lambda o: o.score).cls
     runnable, (allowed, _, _) = _runnable(s), _allowed_cpus(s)
     if runnable is not None and allowed is not None and (
-            runnable - allowed >= _v("runnable_over_allowed_cores")):
+            runnable - allowed >= _v("runnable_excess_threads")):
         return "cpu_limited"
     others = _others_cores_frac(s)
     if others is not None and others < _v("other_cpu_frac"):

@@ -60,6 +60,27 @@ class WindowSignals:
     path_runq_delay_per_cpu_s: float | None = None
     server_threads: int | None = None
     server_max_thread_cores: float | None = None
+    # the server's CPU allowance (agent source ``allowance``, every tick): the fewest CPUs
+    # its threads could use in the window (their affinity masks within their cpuset, no
+    # more than the CFS quota in cores), and what set it: "cpuset 0 (1 CPU)", "affinity
+    # 0-1 (2 CPUs)", "CFS quota 0.5 CPU"
+    server_allowed_cpus: float | None = None
+    server_allowance_by: str = ""
+    # other processes' CPU on the CPUs the server may use, in cores (those CPUs' busy
+    # time less the server's and its path's); None without per-core or allowance samples
+    allowed_cpus_other_cores: float | None = None
+    # the server's threads on the runstate grid: the mean number wanting a CPU (running,
+    # runnable and waiting, throttled by the quota) and the mean number running
+    server_runnable_cores: float | None = None
+    server_run_cores: float | None = None
+    # the busiest other processes in the window, busiest first: (PID, command, cores,
+    # Strata's own: the harness, the agent, the load workers)
+    other_processes: tuple[tuple[int, str, float, bool], ...] = ()
+    # what a stall was, from the runstate grid's samples in the window: the share of them
+    # with the server's cgroup frozen, and the share of its threads' samples stopped
+    # (state T: SIGSTOP or a tracer); with the thread count, server_stalled's actors
+    server_frozen_frac: float | None = None
+    server_stopped_frac: float | None = None
     runq_delay_per_cpu_s: float | None = None
     ctx_involuntary_per_cpu_s: float | None = None
     major_faults_per_s: float | None = None
@@ -160,6 +181,10 @@ class Evidence:
     unit: str
     source: str  # where the threshold comes from
     met: bool
+    #: the actors behind the number, in words, where a rule names them: the allowance
+    #: ("2.0 runnable threads on 1 allowed CPU (cpuset 0)") and what to change, the other
+    #: processes that held the CPUs (PID, command, cores, Strata's own or not)
+    detail: str = ""
 
 
 @dataclass(frozen=True)

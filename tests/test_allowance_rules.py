@@ -1,0 +1,245 @@
+"""The server's CPU allowance in the verdict (issue 30 items 2 and 4): the window's
+signals from the allowance collector's samples, every CPU rule measured against the
+allowance, ``cpu_limited`` when the server's runnable threads exceed it (the allowance
+and what to change in its evidence), and ``cpu_contention`` naming the processes.
+
+The samples are the collector's as a window summarizes them (``HwStat`` rows, the shapes
+tests/test_agent_allowance.py records from a real agent); the numbers are those of the
+fault suite's arms on the 2-core VM (two compute threads on one CPU: ~2.0 runnable, 1.0
+running; a hog on the server's only CPU: ~0.5 each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from strata_plugin.analysis import signals
+from strata_plugin.analysis.rules import classify
+from strata_plugin.analysis.timeline import HwStat
+from tests.test_attribution import CPU_CLEAN
+
+NODE = "local"
+HOG_CMD = "python -m strata_plugin.testing.faults hog --parent 41 --max-s 300"
+
+
+def gauge(device: str, metric: str, lo: float, hi: float | None = None,
+          source: str = "allowance") -> HwStat:
+    hi = lo if hi is None else hi
+    return HwStat("w", NODE, source, device, metric, "gauge", 4, 1.0, mean=(lo + hi) / 2,
+                  min=lo, max=hi)
+
+
+def counter(device: str, metric: str, rate: float, duration_s: float = 4.0,
+            source: str = "allowance") -> HwStat:
+    return HwStat("w", NODE, source, device, metric, "counter", 8, 1.0, mean=rate,
+                  delta=rate * duration_s, rate=rate)
+
+
+def server_proc(cores: float) -> list[HwStat]:
+    return [counter("", "cpu_user_s", cores, source="proc"),
+            counter("", "cpu_system_s", 0.0, source="proc")]
+
+
+def per_core(*busy: float) -> list[HwStat]:
+    return [counter(f"cpu{i}", "busy_s", b, source="cpu") for i, b in enumerate(busy)] + [
+        counter("", "busy_s", sum(busy), source="cpu")]
+
+
+def runstate(run: float, wait: float, throttled: float | None = None) -> list[HwStat]:
+    rows = [counter("", "run_s", run, source="runstate"),
+            counter("", "wait_s", wait, source="runstate")]
+    if throttled is not None:
+        rows.append(counter("", "throttled_s", throttled, source="runstate"))
+    return rows
+
+
+def sig(rows: list[HwStat], duration_s: float = 4.0) -> dict:
+    view = signals.HwView(rows)
+    proc = signals._host_signals(view, NODE)
+    return signals._allowance_signals(view, NODE, duration_s, proc["server_cpu_cores"],
+                                      proc["path_cpu_cores"])
+
+
+# --- the window's signals --------------------------------------------------------------
+
+
+def test_a_cpuset_cut_names_the_cpuset_and_counts_the_runnable_threads():
+    """A cpuset of CPU 1 (which sets the masks too): 1 allowed CPU, by the cpuset."""
+    rows = [gauge("", "allowed_cpus", 1.0), gauge("cpuset 1", "cpuset_cpus", 1),
+            gauge("affinity 1", "affinity_cpus", 1), *server_proc(1.0), *per_core(0.3, 1.0),
+            *runstate(1.0, 1.0)]
+    s = sig(rows)
+    assert s["server_allowed_cpus"] == 1.0
+    assert s["server_allowance_by"] == "cpuset 1 (1 CPU)"
+    assert s["server_runnable_cores"] == 2.0 and s["server_run_cores"] == 1.0
+    # CPU 1 was busy 1.0, all of it the server's
+    assert s["allowed_cpus_other_cores"] == 0.0
+
+
+def test_a_mask_changed_mid_window_is_the_least_and_the_affinity_names_it():
+    rows = [gauge("", "allowed_cpus", 1.0, 2.0), gauge("cpuset 0-1", "cpuset_cpus", 2),
+            gauge("affinity 0-1", "affinity_cpus", 2), gauge("affinity 1", "affinity_cpus", 1)]
+    assert signals.allowance(signals.HwView(rows), NODE) == (
+        1.0, "affinity 1 (1 CPU)", frozenset({1}))
+
+
+def test_the_quota_names_it_where_it_binds_and_throttled_time_is_runnable():
+    rows = [gauge("", "allowed_cpus", 0.5), gauge("", "quota_cores", 0.5),
+            gauge("cpuset 0-1", "cpuset_cpus", 2), gauge("affinity 0-1", "affinity_cpus", 2),
+            *server_proc(0.5), *runstate(0.5, 0.1, throttled=1.2)]
+    s = sig(rows)
+    assert (s["server_allowed_cpus"], s["server_allowance_by"]) == (0.5, "CFS quota 0.5 CPU")
+    assert abs(s["server_runnable_cores"] - 1.8) < 1e-9
+    assert s["allowed_cpus_other_cores"] is None  # a quota limits time, not CPUs
+
+
+def test_without_allowance_samples_nothing_is_made_up():
+    s = sig([*server_proc(1.0), *per_core(0.5, 0.6)])
+    assert s["server_allowed_cpus"] is None and s["server_allowance_by"] == ""
+    assert s["allowed_cpus_other_cores"] is None and s["other_processes"] == ()
+    assert s["server_runnable_cores"] is None
+
+
+def test_other_processes_are_named_busiest_first_without_the_path():
+    rows = [counter(f"pid4242 {HOG_CMD}", "cpu_s", 0.5),
+            gauge(f"pid4242 {HOG_CMD}", "strata_own", 0),
+            counter("pid77 pytest cases/test_faults.py", "cpu_s", 0.12),
+            gauge("pid77 pytest cases/test_faults.py", "strata_own", 1),
+            counter("pid90 relay --delay-ms 10", "cpu_s", 0.3),
+            counter("pid90", "cpu_user_s", 0.3, source="path"),  # a proxy on the way
+            counter("pid5 [ksoftirqd/1]", "cpu_s", 0.0)]
+    assert signals.other_processes(signals.HwView(rows), NODE, 4.0) == (
+        (4242, HOG_CMD, 0.5, False), (77, "pytest cases/test_faults.py", 0.12, True))
+
+
+def test_a_process_on_the_servers_cpus_is_named_before_a_busier_one_elsewhere():
+    rows = [counter("pid10 cc1plus big.cc", "cpu_s", 0.9),
+            gauge("pid10 cc1plus big.cc", "allowed_share", 0.0),
+            counter(f"pid4242 {HOG_CMD}", "cpu_s", 0.4),
+            gauge(f"pid4242 {HOG_CMD}", "allowed_share", 1.0),
+            counter("pid11 make -j2", "cpu_s", 0.5),
+            gauge("pid11 make -j2", "allowed_share", 0.5)]
+    assert [p[0] for p in signals.other_processes(signals.HwView(rows), NODE, 4.0)] == [
+        4242, 11, 10]
+
+
+def test_others_on_the_allowed_cpus_are_those_cpus_busy_time_less_the_servers():
+    """A hog on the server's only CPU (1): that CPU busy 1.0, the server 0.5 of it."""
+    rows = [gauge("", "allowed_cpus", 1.0), gauge("affinity 1", "affinity_cpus", 1),
+            gauge("cpuset 0-1", "cpuset_cpus", 2), *server_proc(0.5), *per_core(0.2, 1.0)]
+    assert sig(rows)["allowed_cpus_other_cores"] == 0.5
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+
+ONE_CPU = dict(server_allowed_cpus=1.0, server_allowance_by="cpuset 0 (1 CPU)",
+               server_threads=15, n_cores=2, host_busy_cores=1.1, allowed_cpus_other_cores=0.0)
+
+
+def test_two_runnable_threads_on_one_allowed_cpu_are_cpu_limited_with_what_to_change():
+    """The issue's case: 2 busy threads on 1 allowed CPU, an idle host (1 of its 2 cores
+    idle), run-queue delay past threshold: cpu_limited named first, its evidence stating
+    the allowance and what to change."""
+    s = dataclasses.replace(CPU_CLEAN, **ONE_CPU, server_cpu_cores=1.0,
+                            server_runnable_cores=2.0, server_run_cores=1.0,
+                            runq_delay_per_cpu_s=1.01, ctx_involuntary_per_cpu_s=263.0)
+    v = classify(s)
+    assert v.classes[0] == "cpu_limited", v
+    assert "headroom" not in v.classes and "cpu_contention" not in v.past_threshold
+    ev = next(e for e in v.evidence if e.cls == "cpu_limited" and e.met)
+    assert ev.metric == "runnable_threads_over_allowed_cpus" and ev.value == 1.0
+    assert ev.detail.startswith("2.0 runnable threads on 1 allowed CPU (cpuset 0)"), ev.detail
+    assert "a wider cpuset" in ev.detail and "at most 1 compute thread " in ev.detail
+    # and the compute against the allowance, not the host's 2 cores
+    comp = next(e for e in v.evidence if e.cls == "cpu_compute" and e.met)
+    assert comp.threshold_value == 0.85 and "1 cores on 1 allowed CPU" in comp.detail
+
+
+def test_a_server_whose_threads_fit_its_cpus_is_not_cpu_limited():
+    s = dataclasses.replace(CPU_CLEAN, **{**ONE_CPU, "server_allowed_cpus": 2.0,
+                                          "server_allowance_by": "affinity 0-1 (2 CPUs)"},
+                            server_cpu_cores=1.9, server_runnable_cores=2.2)
+    v = classify(s)
+    assert "cpu_limited" not in v.past_threshold, v
+    assert v.classes[0] == "cpu_compute"
+    assert next(e for e in v.evidence if e.cls == "cpu_compute" and e.met).detail == (
+        "1.9 cores on 2 allowed CPUs (affinity 0-1)")
+
+
+def test_the_compute_rule_measures_against_the_allowance_not_the_host():
+    """1.0 core used: under 0.85 x min(8 threads, 8 cores) on the host, past 0.85 x 1 on
+    an allowance of one CPU."""
+    base = dataclasses.replace(CPU_CLEAN, server_cpu_cores=1.0, host_busy_cores=1.1)
+    assert "cpu_compute" not in classify(base).past_threshold
+    cut = classify(dataclasses.replace(base, server_allowed_cpus=1.0,
+                                       server_allowance_by="affinity 7 (1 CPU)"))
+    assert "cpu_compute" in cut.past_threshold
+
+
+def test_contention_on_the_only_allowed_cpu_names_the_processes():
+    """A hog on the server's one allowed CPU of an 8-core host that is otherwise idle:
+    host-wide, others hold 0.06 of the cores (under 0.25); on the allowance, half of it."""
+    others = ((4242, HOG_CMD, 0.5, False), (77, "pytest cases/test_faults.py", 0.12, True))
+    s = dataclasses.replace(CPU_CLEAN, **{**ONE_CPU, "n_cores": 8, "host_busy_cores": 1.0,
+                                          "allowed_cpus_other_cores": 0.5},
+                            server_cpu_cores=0.5,
+                            runq_delay_per_cpu_s=1.2, ctx_involuntary_per_cpu_s=300.0,
+                            other_processes=others, server_runnable_cores=1.0)
+    v = classify(s)
+    assert "cpu_contention" in v.classes, v
+    ev = next(e for e in v.evidence if e.cls == "cpu_contention"
+              and e.threshold == "other_cpu_frac")
+    assert ev.met and ev.metric == "other_processes_allowed_cpus_frac" and ev.value == 0.5
+    assert ev.detail == (
+        f"other processes: pid 4242 {HOG_CMD} 0.50 cores (not Strata's); pid 77 pytest "
+        "cases/test_faults.py 0.12 cores (Strata's own); the server: 1 allowed CPU "
+        "(cpuset 0)")
+    # without the allowance the same host reads as not crowded (0.5 / 8 cores)
+    host = classify(dataclasses.replace(s, server_allowed_cpus=None, allowed_cpus_other_cores=None,
+                                        server_allowance_by=""))
+    assert "cpu_contention" not in host.past_threshold
+
+
+def test_the_named_actors_reach_the_report_and_the_deciding_line():
+    from strata_plugin.report.markdown import _deciding, verdict_md
+
+    s = dataclasses.replace(CPU_CLEAN, **ONE_CPU, server_cpu_cores=1.0,
+                            server_runnable_cores=2.0)
+    v = classify(s)
+    text = verdict_md(v)
+    assert "- `cpu_limited`: 2.0 runnable threads on 1 allowed CPU (cpuset 0)" in text
+    assert "(2.0 runnable threads on 1 allowed CPU (cpuset 0)" in _deciding(v)
+
+
+# --- a stall names its state and the threads ------------------------------------------------
+
+
+def test_a_stall_names_the_freezer_or_the_stopped_threads_from_the_runstate_samples():
+    frozen = sig([gauge("", "frozen", 0.0, 1.0, source="runstate"),
+                  gauge("", "threads", 15.0, source="runstate"),
+                  gauge("", "state_T", 0.0, source="runstate")])
+    # the gauge's mean over the window's samples: a third of them frozen
+    frozen_rows = [HwStat("w", NODE, "runstate", "", "frozen", "gauge", 30, 1.0, mean=1 / 3,
+                          min=0.0, max=1.0),
+                   HwStat("w", NODE, "runstate", "", "threads", "gauge", 30, 1.0, mean=15.0,
+                          min=15.0, max=15.0),
+                   HwStat("w", NODE, "runstate", "", "state_T", "gauge", 30, 1.0, mean=5.0,
+                          min=0.0, max=15.0)]
+    s = sig(frozen_rows)
+    assert abs(s["server_frozen_frac"] - 1 / 3) < 1e-9
+    assert abs(s["server_stopped_frac"] - 1 / 3) < 1e-9
+    assert frozen["server_frozen_frac"] == 0.5
+    base = dataclasses.replace(CPU_CLEAN, server_stalled_frac=0.3, server_threads=15)
+    v = classify(dataclasses.replace(base, server_frozen_frac=1 / 3, server_stopped_frac=0.0))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail == "frozen by its cgroup freezer in 33% of the window's samples (15 threads)"
+    v = classify(dataclasses.replace(base, server_frozen_frac=0.0, server_stopped_frac=0.31))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail == ("stopped (state T: SIGSTOP or a tracer) in 31% of its threads' samples "
+                         "(15 threads)")
+    v = classify(dataclasses.replace(base, server_frozen_frac=0.0, server_stopped_frac=0.0))
+    ev = next(e for e in v.evidence if e.cls == "server_stalled" and e.met)
+    assert ev.detail.startswith("neither frozen nor stopped")
+    # without the runstate samples, nothing is made up
+    assert next(e for e in classify(base).evidence if e.cls == "server_stalled").detail == ""
