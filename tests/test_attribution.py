@@ -133,10 +133,14 @@ def test_every_evidence_names_a_threshold_of_the_table():
 
 
 @pytest.mark.parametrize("base", [CPU_CLEAN, GPU_CLEAN, GPU_2NODE], ids=["cpu", "gpu", "2node"])
-def test_clean_window_is_headroom(base):
+def test_clean_window_without_a_ledger_names_no_class_and_states_its_spare_capacity(base):
+    """No rule past threshold and no ledger by cause to name where the time went: no
+    class (there is no "headroom" class, issue 30), conclusively, with the spare capacity
+    stated."""
     verdict = classify(base)
-    assert_only_headroom = verdict.classes == ("headroom",) and not verdict.inconclusive
-    assert assert_only_headroom, verdict
+    assert verdict.classes == () and not verdict.inconclusive, verdict
+    assert "headroom" not in verdict.summary()
+    assert "spare" in verdict.spare
     # Every rule was assessed and left unmet (a gate like "requests in flight" may hold).
     unmet = {e.cls for e in verdict.evidence if not e.met}
     assert {"io_page_faults", "memory_pressure", "queueing"} <= unmet
@@ -216,10 +220,10 @@ def test_each_class_alone(cls, base, kw):
     assert verdict.modifiers == ()
 
 
-def test_a_ledger_that_does_not_close_is_unexplained_not_headroom():
+def test_a_ledger_that_does_not_close_is_unexplained_not_clear():
     """Nothing past threshold but a fifth of the metric explained by no clock: the
     verdict names ``unexplained`` with its size, is inconclusive (the escalation round
-    takes it) and asks for the ledger's finer trace; just under the bound it is headroom."""
+    takes it) and asks for the ledger's finer trace; just under the bound it is clear."""
     verdict = v(CPU_CLEAN, ledger_metric="itl", ledger_residual_frac=0.2,
                 ledger_residual_ms=6.0, ledger_residual_part="decode gaps, no run state")
     assert verdict.classes == ("unexplained",) and verdict.inconclusive
@@ -232,7 +236,7 @@ def test_a_ledger_that_does_not_close_is_unexplained_not_headroom():
     assert settle.needs_diagnosis(verdict)  # --strata-escalate auto takes it
     assert settle.traces_for(verdict) == ("sched", "block")
     closed = v(CPU_CLEAN, ledger_metric="itl", ledger_residual_frac=0.09)
-    assert closed.classes == ("headroom",) and not closed.inconclusive
+    assert closed.classes == () and not closed.inconclusive
     assert any("closes: residual 9.0% of TPOT/ITL" in n for n in closed.notes)
 
 
@@ -280,7 +284,7 @@ def test_a_short_ttfts_front_end_is_not_a_path():
 
 
 def test_every_class_is_reachable():
-    tested = {a[0] for a in ALONE} | {"throttling", "headroom", "unexplained"}
+    tested = {a[0] for a in ALONE} | {"throttling", "unexplained"}
     assert tested == set(CLASSES)
 
 
@@ -351,10 +355,11 @@ def test_more_than_two_keeps_the_rest_as_also_flagged():
         client_bound=True,
     )
     assert len(verdict.classes) == 2
-    assert set(verdict.also_flagged) >= {"kv_cache_capacity", "client_bound"} - set(verdict.classes)
+    assert set(verdict.also_flagged) >= {"kv_cache_capacity"} - set(verdict.classes)
+    assert verdict.modifiers == ("client_bound",)  # beside them, never ranked (issue 30)
 
 
-def test_a_late_client_leads_and_its_request_signals_are_not_trusted():
+def test_a_late_client_alone_is_named_and_its_request_signals_are_not_trusted():
     """A starved load generator inflates client-side TTFT (queueing), leaves the server
     idle (input_starved) and delays its reads of the stream (chunk gaps): none of that
     is the server's doing, and a contradiction between the first two must not hide it."""
@@ -424,8 +429,9 @@ def test_a_late_client_still_sees_a_server_side_queue_and_resources():
         server_cpu_cores=7.9,
         host_busy_cores=8.0,
     )
-    assert verdict.classes == ("client_bound", "cpu_compute")
-    assert "queueing" in verdict.also_flagged
+    # the client beside the server's classes, not first (issue 30)
+    assert verdict.classes == ("cpu_compute", "queueing")
+    assert verdict.modifiers == ("client_bound",)
     queue = [e for e in verdict.evidence if e.cls == "queueing"]
     assert all(e.metric != "server_queue_frac" for e in queue)
 
@@ -623,11 +629,10 @@ def test_random_windows_keep_the_promises(data):
     assert len(verdict.classes) <= 2
     for e in verdict.evidence:
         assert math.isfinite(e.value)
-    if not verdict.inconclusive and verdict.classes and verdict.classes != ("headroom",):
+    assert "headroom" not in verdict.classes
+    if not verdict.inconclusive and verdict.classes:
         for cls in verdict.classes:
             assert any(e.cls == cls and e.met for e in verdict.evidence), (cls, verdict)
-    if verdict.classes == ("headroom",):
-        assert not verdict.inconclusive
     if verdict.inconclusive:
         assert verdict.finer_trace or verdict.notes
 
@@ -648,7 +653,7 @@ GPU_2NODE_RAILS = dataclasses.replace(
 
 def test_clean_two_node_window_names_neither_network_nor_a_peer():
     verdict = classify(GPU_2NODE_RAILS)
-    assert verdict.classes == ("headroom",) and not verdict.inconclusive, verdict
+    assert verdict.classes == () and not verdict.inconclusive, verdict
     assert not verdict.also_flagged
     assessed = {(e.cls, e.metric) for e in verdict.evidence if not e.met}
     assert {

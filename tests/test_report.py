@@ -73,11 +73,17 @@ def test_cpu_run_states_its_limits(cpu_report):
 
 def test_cpu_run_verdicts(cpu_report):
     got = verdicts(cpu_report)
-    assert got["light"]["classes"] == ["headroom"]
+    # nothing past threshold: the ledger's largest cause (the server's clocks, no run
+    # state: its compute) is first, never "headroom" (issue 30); spare capacity beside it
+    assert got["light"]["classes"] == ["cpu_compute"]
+    assert "headroom" not in {c for v in got.values() for c in v["classes"]}
+    assert got["light"]["lead"].startswith("decode compute, ")
+    assert "spare" in got["light"]["spare"] and got["light"]["spare_cores"] > 0
     assert got["cpu_bound"]["classes"][0] == "cpu_compute"
     assert "queueing" in got["cpu_bound"]["classes"]
+    # the server's clocks, no run state: the resource past threshold says what they held
     assert got["ab_control"]["classes"] == ["io_page_faults"]
-    assert got["ab_treatment"]["classes"] == ["headroom"]
+    assert got["ab_treatment"]["classes"] == ["cpu_compute"]
     ev = [e for e in got["ab_control"]["evidence"] if e["met"]]
     assert {"major_faults_per_s", "read_bytes_s"} <= {e["metric"] for e in ev}
     assert all(e["source"] for e in got["ab_control"]["evidence"])
@@ -380,13 +386,17 @@ ssh_host = "w.example"
     assert not plain.expects_rdma  # recorded, not re-derived
 
 
-def test_a_late_client_leads_the_case_and_the_report_says_why(tmp_path):
+def test_a_late_client_is_beside_the_first_class_and_the_report_says_why(tmp_path):
+    """A client that fell behind is first only where its own time is the ledger's largest
+    cause (issue 30); here the server's decode is, and the client is a modifier."""
     run = make_run(tmp_path, RunSpec(cases=[CaseSpec(
         "starved", concurrency=2, client_bound=True,
         behaviour=dict(server_cores=0.4, running=1))]))
     write_report(run)
     got = verdicts(run)["starved"]
-    assert got["classes"][0] == "client_bound" and not got["inconclusive"]
+    assert got["classes"][0] == "cpu_compute" and not got["inconclusive"]
+    assert "client_bound" in got["modifiers"] and "client_bound" not in got["classes"]
+    assert any(n.startswith("client_bound beside it") for n in got["notes"])
     assert any("not trusted" in m for m in got["missing_signals"])
     text = (run / "report.md").read_text()
     assert "(18% of the requests' time)" in text

@@ -48,7 +48,8 @@ def test_a_recorded_verdict_is_the_one_reported(tmp_path):
               json.loads((run / "summary.json").read_text())["cases"]}
     lines = [json.loads(x) for x in (run / "cases.jsonl").read_text().splitlines()]
     light = next(c for c in lines if c["case_id"] == "light")
-    recorded = dict(before["light"], classes=["cpu_compute"], confidence=0.9, inconclusive=False)
+    recorded = dict(before["light"], classes=["memory_pressure"], confidence=0.9,
+                    inconclusive=False)
     for k in ("summary", "confidence_label"):
         recorded.pop(k)
     with (run / "cases.jsonl").open("a") as fh:
@@ -56,12 +57,12 @@ def test_a_recorded_verdict_is_the_one_reported(tmp_path):
     write_report(run)
     after = {c["case_id"]: c for c in json.loads((run / "summary.json").read_text())["cases"]}
     v = after["light"]["verdict"]
-    assert v["summary"] == "cpu_compute"
-    assert any(n.startswith("recomputed from the files now: headroom") for n in v["notes"])
+    assert v["summary"] == "memory_pressure"
+    assert any(n.startswith("recomputed from the files now: cpu_compute") for n in v["notes"])
     csv_row = next(x for x in (run / "case_summary.csv").read_text().splitlines()
                    if x.startswith("light,"))
-    assert ",cpu_compute," in csv_row
-    assert "| [`light`](#case-light) | cpu_compute |" in (run / "report.md").read_text()
+    assert ",memory_pressure," in csv_row
+    assert "| [`light`](#case-light) | memory_pressure |" in (run / "report.md").read_text()
 
 
 def test_no_network_trace_for_a_one_node_window():

@@ -171,6 +171,19 @@ CASES: tuple[Boundary, ...] = (
 NOT_A_RULE_BOUNDARY = {
     "ab_max_repetitions": "the bound on an A/B expectation's added repetitions, never a class "
     "(test_ab_expectation.py: decided at the bound, and one past it)",
+    # the verdict's confidences and its ledger-led first class (issue 30)
+    "confidence_at_threshold": "test_verdict_ledger.py: the confidence at a tie and a "
+    "full lead; test_attribution.py, each class alone",
+    "confidence_span": "test_verdict_ledger.py: the confidence at a tie and a full lead",
+    "confidence_agreement": "test_verdict_ledger.py: the first cause's rule past threshold",
+    "confidence_conflict_max": "test_attribution.py, the ambiguous pairs; verdicts.txt",
+    "confidence_disagreeing_samples": "test_proc_and_cpu_samples_that_disagree_make_the_"
+    "verdict_inconclusive; verdicts.txt",
+    "confidence_floor": "verdicts.txt (every collector missing)",
+    "ledger_cause_lead": "test_verdict_ledger.py: the first class just ahead of the next",
+    "ledger_second_min_share": "test_verdict_ledger.py: a measured class just under and "
+    "at it beside the first",
+    "rule_min_samples": "test_verdict_ledger.py: two samples said, three not",
     "roof_near_frac": "the roofline's evidence and note, never a class "
     "(test_roofline.py, just below and at the share)",
     "roof_far_frac": "the roofline's note, never a class (test_roofline.py, just below "
@@ -253,6 +266,14 @@ PINNED = {
     "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
     "roof_near_frac": 0.8, "roof_far_frac": 0.6, "ab_max_repetitions": 6,
 }
+
+
+PINNED.update({
+    "confidence_at_threshold": 0.5, "confidence_span": 0.4, "confidence_agreement": 0.1,
+    "confidence_conflict_max": 0.4, "confidence_disagreeing_samples": 0.2,
+    "confidence_floor": 0.1, "ledger_cause_lead": 1.0, "ledger_second_min_share": 0.1,
+    "rule_min_samples": 3.0,
+})
 
 
 def named(v: Verdict) -> set[str]:
@@ -395,7 +416,8 @@ def test_cpu_rules_without_their_host_signals_say_what_would_settle_them() -> No
     from strata_plugin.analysis.rules import TRACE_SCHED
 
     no_cgroup = classify(dataclasses.replace(CPU_CLEAN, cgroup_throttled_frac=None))
-    assert no_cgroup.classes == ("headroom",) and no_cgroup.finer_trace == (TRACE_SCHED,)
+    assert no_cgroup.classes == () and not no_cgroup.inconclusive
+    assert no_cgroup.finer_trace == (TRACE_SCHED,)
     no_host = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None))
     assert no_host.inconclusive and no_host.finer_trace == (TRACE_SCHED,), no_host
     stolen = classify(dataclasses.replace(CPU_CLEAN, host_busy_cores=None, steal_frac=0.2))
@@ -482,13 +504,14 @@ def test_each_class_past_threshold_is_ranked_once() -> None:
     assert len(v.past_threshold) == len(set(v.past_threshold)) == 4, v
 
 
-def test_headroom_confidence_is_the_closest_comparisons_distance_from_firing() -> None:
-    """Headroom's confidence is 0.5 + 0.4 x the closest not-met row's margin: a window
-    2% short of any threshold, above or below type, is barely headroom. A count at its
-    zero threshold (no preemptions) has no relative distance and does not pin it to 0.5."""
+def test_a_clear_windows_confidence_is_the_closest_comparisons_distance_from_firing() -> None:
+    """A clear window's (nothing past threshold, no ledger) confidence is 0.5 + 0.4 x the
+    closest not-met row's margin: a window 2% short of any threshold, above or below
+    type, is barely clear. A count at its zero threshold (no preemptions) has no relative
+    distance and does not pin it to 0.5."""
     def conf(**kw) -> float:
         v = classify(dataclasses.replace(CPU_CLEAN, **kw))
-        assert v.classes == ("headroom",), v
+        assert v.classes == () and not v.inconclusive, v
         return v.confidence
 
     step = STEP / value("full_margin")  # a 2% distance, as a share of the full margin

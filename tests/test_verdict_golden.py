@@ -49,6 +49,8 @@ def _head(v: Verdict) -> list[str]:
         f" | confidence {v.confidence:.4f} {v.confidence_label}"
         f" | also {','.join(v.also_flagged) or '-'} | modifiers {','.join(v.modifiers) or '-'}",
         f"  missing: {', '.join(v.missing_signals) or '-'}",
+        *([f"  lead: {v.lead}"] if v.lead else []),
+        *([f"  spare: {v.spare} ({v.spare_cores})"] if v.spare else []),
         *(f"  trace: {t}" for t in v.finer_trace),
         *(f"  note: {n}" for n in v.notes),
     ]
@@ -188,6 +190,30 @@ SCENARIOS: dict[str, tuple[WindowSignals, dict]] = {
         CPU_CLEAN, dict(steal_frac=0.2, server_cpu_cores=None)),
     "nothing measured": (
         WindowSignals(window="w", duration_s=60.0), {}),
+    # the ledger by cause leads (issue 30): its largest cause is the first class
+    "a C=1 prefill: TTFT 97% prefill running, one proc sample": (
+        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.35,
+                        host_busy_cores=1.4, ledger_metric="ttft", ledger_run_state=True,
+                        ledger_run_cores=1.35, ledger_runnable_cores=1.37,
+                        collector_samples=(("cpu", 1), ("proc", 1), ("runstate", 21)),
+                        ledger_causes=(("prefill:running", 0.97),
+                                       ("outside:before_server", 0.02),
+                                       ("queue:running", 0.01)))),
+    "a decode 40x slower, two threads waiting for one CPU": (
+        CPU_CLEAN, dict(n_cores=2, server_threads=2, server_cpu_cores=1.0, host_busy_cores=1.05,
+                        runq_delay_per_cpu_s=1.01, ctx_involuntary_per_cpu_s=263.0,
+                        ledger_metric="itl", ledger_run_state=True, ledger_run_cores=1.0,
+                        ledger_runnable_cores=2.0,
+                        ledger_causes=(("decode:waiting", 0.96), ("decode:running", 0.04)))),
+    "a late client beside a queue that is the ledger's largest cause": (
+        CPU_CLEAN, dict(client_bound=True, waiting_mean=5.0, ledger_metric="e2e",
+                        ledger_run_state=True,
+                        ledger_causes=(("queue:running", 0.6), ("decode:running", 0.3),
+                                       ("outside:client_send", 0.1)))),
+    "a ledger whose residual could hold a larger cause than its first": (
+        CPU_CLEAN, dict(ledger_metric="itl", ledger_run_state=True, ledger_residual_frac=0.3,
+                        ledger_causes=(("decode:running", 0.4), ("stall:stopped", 0.3),
+                                       ("unexplained:residual_decode", 0.3)))),
 }
 
 

@@ -140,6 +140,12 @@ class CaseAnalysis:
         props["verdict_inconclusive"] = int(v.inconclusive)
         for i, cls in enumerate(v.classes[:2], 1):
             props[f"bottleneck_{i}"] = cls
+        if v.lead:  # where the metric's time went, the spare capacity beside it
+            props["verdict_lead"] = v.lead
+        if v.spare:
+            props["spare_capacity"] = v.spare
+        if v.spare_cores is not None:
+            props["spare_cores"] = v.spare_cores
         if v.finer_trace:
             props["finer_trace"] = " | ".join(v.finer_trace)
         led = self.ledger
@@ -421,6 +427,17 @@ def ledger_of(
     )
 
 
+def collector_samples(hw: Sequence[HwStat]) -> tuple[tuple[str, int], ...]:
+    """(collector, samples in the window) on the server's node: the most of any of its
+    series (a rule resting on fewer than ``rule_min_samples`` is said so)."""
+    node = _server_node(hw)
+    out: dict[str, int] = {}
+    for r in hw:
+        if node is None or r.node == node:
+            out[r.source] = max(out.get(r.source, 0), int(r.n))
+    return tuple(sorted(out.items()))
+
+
 def _server_node(hw: Sequence[HwStat]) -> str | None:
     return server_node(HwView(hw))
 
@@ -466,7 +483,7 @@ def analyze_case(
     inter = interference.analyze(case_id, records, delivered=ledger.delivered_gaps())
     if window is not None:
         sig = replace(sig, **interference_signals(bundle, case_id, inter, cm))
-    sig = replace(sig, **ledger.signals())
+    sig = replace(sig, **ledger.signals(), collector_samples=collector_samples(hw))
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
         idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))

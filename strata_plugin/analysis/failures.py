@@ -3,7 +3,7 @@
 Why first: the rules read a window's hardware and its requests' timing as the load the
 case asked for. When most requests failed (HTTP 500, refused, a reply that was not a
 stream), the server never had that load; a window of error replies looks idle, and the
-rules then name ``input_starved`` or ``headroom`` for a server that did not serve. The
+rules then name ``input_starved`` or nothing at all for a server that did not serve. The
 failures are the finding: their share, their error classes with counts, and the first
 message the server sent, so the reader sees the cause without opening requests.jsonl.
 

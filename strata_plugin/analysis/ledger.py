@@ -33,6 +33,22 @@ and each segment into parts, on the client's monotonic clock:
   stall no run-state sample covers is ``residual_decode``: no clock explains it.
 * **Tail** (last token -> last byte): ``tail``.
 
+**By cause** (issue 30): each server-side part is split again by what the server's threads
+did during it, from the run-state grid (analysis/run_states.py): the queue, prefill and
+decode at its pace are the server's clocks, so their time is ``running`` except where the
+threads were held back from a CPU (``waiting`` in the run queue, ``throttled`` by the
+quota) or blocked in I/O (``io``); a stall keeps its own state (``stopped`` for the
+frozen/stopped time, ``sleeping`` for a stall its threads slept through). A token that
+took 40x its clean time because its threads queued for one CPU is at its pace, but its
+time is ``waiting``, not compute. Each such cause is ``group:state`` (groups ``queue``,
+``prefill``, ``decode``, ``stall``; the parts outside the server are ``outside:<part>``,
+the residual ``unexplained:<part>``), and the causes of a request sum to its parts. The
+level-1 split (:data:`LEVEL1`: running, waiting, blocked, stopped, outside, and the
+residual as ``unexplained``) of a case's metric sums to 100% the way top-down analysis
+accounts every pipeline slot (Ahmad Yasin, "A Top-Down Method for Performance Analysis
+and Counters Architecture", ISPASS 2014). Without run-state samples a server clock's
+time is ``running``: its own clock's word, and the case says so.
+
 ``residual = residual_ttft + residual_decode``; the parts sum to the wall time exactly,
 and the ledger states its clock error (the client's loop lag p99 from its self-check, at
 least ``ledger_clock_error_ms``). Per case, each part's share of TTFT, of the decode
@@ -58,7 +74,7 @@ from strata_plugin.analysis.delivery import (
     request_delivery,
 )
 from strata_plugin.analysis.metrics import first_token_ns
-from strata_plugin.analysis.run_states import STATES, RunStates
+from strata_plugin.analysis.run_states import STATES, WAITING_STATES, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
 
@@ -81,6 +97,7 @@ WEIGHT_OF = {
     "decode_compute": "compute",
     "stall_running": "compute",
     "stall_waiting": "cpu_wait",
+    "stall_throttled": "cpu_throttled",
     "stall_io": "io_page_faults",
     "stall_sleeping": "server_sleeping",
     "ttft_stalled": "server_stalled",
@@ -95,6 +112,74 @@ WEIGHT_OF = {
 }
 #: The metric a case is about, and its parts.
 METRICS = {"ttft": TTFT_PARTS, "itl": DECODE_PARTS, "e2e": PARTS}
+#: The level-1 split of a case's metric by cause (module docstring): it sums to 100%.
+LEVEL1 = ("running", "waiting", "blocked", "stopped", "outside", "unexplained")
+#: The server's parts by cause: where each group's time is (module docstring).
+CAUSE_GROUPS = ("queue", "prefill", "decode", "stall")
+#: The states a server clock's time is split into (the rest of it is ``running``).
+_IMPEDED = (*WAITING_STATES, "io")
+#: Each part outside the server, and the residual, as a cause of its own.
+_OUTSIDE = ("client_send", "before_server", "ttft_delivery", "delivery", "tail")
+#: The segment each cause's time belongs to: ``ttft``, ``itl`` (decode) or ``tail``.
+SEGMENTS = {"ttft": ("ttft",), "itl": ("itl",), "e2e": ("ttft", "itl", "tail")}
+
+
+def level1_of(cause: str) -> str:
+    """The level-1 category of a ``group:state`` cause (``LEVEL1``)."""
+    group, _, state = cause.partition(":")
+    if group == "outside":
+        return "outside"
+    if group == "unexplained":
+        return "unexplained"
+    if state in WAITING_STATES:
+        return "waiting"
+    if state == "io" or (group == "stall" and state == "sleeping"):
+        return "blocked"
+    if state == "stopped":
+        return "stopped"
+    return "running"
+
+
+_GROUP_WORDS = {"queue": "the server's queue", "prefill": "prefill", "decode": "decode",
+                "stall": "decode stalls"}
+_OUTSIDE_WORDS = {"client_send": "the client's send", "before_server": "before the server",
+                  "ttft_delivery": "the first token's delivery", "delivery": "delivery",
+                  "tail": "the tail", "residual_ttft": "what no clock explains in TTFT",
+                  "residual_decode": "decode stalls no clock explains"}
+
+
+def cause_words(cause: str) -> str:
+    """A ``group:state`` cause of the ledger in words."""
+    group, _, state = cause.partition(":")
+    if group in ("outside", "unexplained"):
+        return _OUTSIDE_WORDS.get(state, state)
+    where = _GROUP_WORDS.get(group, group)
+    return {
+        "running": ("the server's queue (its threads busy with other work)"
+                    if group == "queue" else
+                    "decode stalls, the server running" if group == "stall" else
+                    f"{where} compute"),
+        "waiting": f"{where}, its threads waiting for a CPU (run queue)",
+        "throttled": f"{where}, its threads held by the CPU quota",
+        "io": f"{where}, its threads blocked in I/O",
+        "sleeping": f"{where}, its threads asleep",
+        "stopped": "the server stopped (frozen or stopped threads)",
+    }.get(state, f"{where} {state}")
+
+
+def _impeded(states_ms: Mapping[str, float] | None) -> dict[str, float]:
+    """A server clock's span by cause: the share its threads were held back from a CPU
+    or blocked in I/O (of the time they were not stalled, counted apart), the rest
+    ``running`` (on a CPU, or asleep while the clock ran: a GPU's kernels, its own
+    wait). No samples: all ``running``, the clock's word."""
+    if not states_ms:
+        return {"running": 1.0}
+    tot = sum(v for k, v in states_ms.items() if k != "stalled")
+    if tot <= 0:
+        return {"running": 1.0}
+    out = {k: max(0.0, states_ms[k]) / tot for k in _IMPEDED}
+    out["running"] = max(0.0, 1.0 - sum(out.values()))
+    return out
 METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
 _NS_MS = 1e6
 #: why a response carries no per-request engine clocks, where Strata knows
@@ -132,6 +217,9 @@ class RequestLedger:
     n_gaps: int
     n_stalls: int
     merged: tuple[str, ...] = ()
+    #: the parts by cause (module docstring): (segment, ``group:state``, ms); they sum
+    #: to the parts (``ttft``: TTFT's, ``itl``: the decode's, ``tail``: the tail)
+    causes: tuple[tuple[str, str, float], ...] = ()
     #: the delivery split the decode parts were taken with (analysis/delivery.py)
     delivery: RequestDelivery | None = field(default=None, compare=False, repr=False)
     _by_name: dict[str, float] = field(init=False, repr=False, compare=False)
@@ -156,6 +244,7 @@ class RequestLedger:
             "pace_ms": None if self.pace_ms is None else _r(self.pace_ms),
             "server_pace_ms": None if self.server_pace_ms is None else _r(self.server_pace_ms),
             "n_gaps": self.n_gaps, "n_stalls": self.n_stalls, "merged": list(self.merged),
+            "causes": {f"{seg}/{c}": _r(ms) for seg, c, ms in self.causes if ms},
         }
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
@@ -342,6 +431,8 @@ def request_ledger(
                       f"beyond the case's least ({clocks.path_floor_ms:.3g} ms, which stays "
                       "before_server: the way there, alike for every request)")
     stalled_ttft = waiting_ttft = io_ttft = 0.0
+    in_pf: dict[str, float] | None = None
+    pre_states: dict[str, float] | None = None
     if states is not None and anchor is not None:
         a = anchor.to_wall_ns(disp + int(send * _NS_MS))
         b = anchor.to_wall_ns(first)
@@ -364,20 +455,47 @@ def request_ledger(
                 before -= got
         stalled_ttft += take_pf
         # The server's own wait, by what it did meanwhile: runnable without a CPU, in I/O.
-        waiting_ttft = min(pre_states["waiting"], front)
+        waiting_ttft = min(sum(pre_states[k] for k in WAITING_STATES), front)
         front -= waiting_ttft
         io_ttft = min(pre_states["io"], front)
         front -= io_ttft
     parts.update(client_send=send, before_server=before, server_queue=q + front, prefill=pf,
                  ttft_waiting=waiting_ttft, ttft_io=io_ttft, ttft_stalled=stalled_ttft,
                  ttft_delivery=held_first, residual_ttft=residual_ttft)
+    causes: dict[tuple[str, str], float] = {}
+
+    def add(seg: str, cause: str, ms: float) -> None:
+        causes[seg, cause] = causes.get((seg, cause), 0.0) + ms
+
+    for name in ("client_send", "before_server", "ttft_delivery"):
+        add("ttft", f"outside:{name}", parts[name])
+    add("ttft", "unexplained:residual_ttft", residual_ttft)
+    add("ttft", "stall:stopped", stalled_ttft)
+    if pre_states is not None:  # the front-end wait: the quota's share of it apart
+        held = sum(pre_states[k] for k in WAITING_STATES)
+        for k in WAITING_STATES:
+            add("ttft", f"queue:{k}", waiting_ttft * (pre_states[k] / held if held > 0 else
+                                                       float(k == "waiting")))
+    else:
+        add("ttft", "queue:waiting", waiting_ttft)
+    add("ttft", "queue:io", io_ttft)
+    if pre_states is not None:  # what the wait above took is not the queue's again
+        pre_states = dict(pre_states, waiting=max(0.0, pre_states["waiting"] - waiting_ttft),
+                          io=max(0.0, pre_states["io"] - io_ttft))
+    for group, ms, st in (("queue", q + front, pre_states), ("prefill", pf, in_pf)):
+        for k, share in _impeded(st).items():
+            add("ttft", f"{group}:{k}", ms * share)
 
     # --- decode ---------------------------------------------------------------------
     gaps, pace = _gaps(toks, states, anchor, dv)
+    fracs = _gap_fractions(gaps, states, anchor)
     n_stalls = 0
-    for g in gaps:
+    for i, g in enumerate(gaps):
         parts["stall_stalled"] += g.stalled_ms
         parts["delivery"] += g.delivery_ms
+        compute = g.ms - g.stalled_ms - g.delivery_ms - max(0.0, g.excess_ms)
+        for k, share in fracs[i].items():
+            add("itl", f"decode:{k}", compute * share)
         if g.excess_ms <= 0:
             parts["decode_compute"] += g.ms - g.stalled_ms - g.delivery_ms
             # a stall when more than its pace's worth of it was stalled (a sampling
@@ -394,6 +512,12 @@ def request_ledger(
     if dv.note:
         merged.append(f"delivery: {dv.note}")
     parts["tail"] = (end - last) / _NS_MS
+    add("itl", "outside:delivery", parts["delivery"])
+    add("itl", "unexplained:residual_decode", parts["residual_decode"])
+    for state in STATES:
+        add("itl", f"stall:{'stopped' if state == 'stalled' else state}",
+            parts[f"stall_{state}"])
+    add("tail", "outside:tail", parts["tail"])
 
     server_pace = None
     if t is not None and t.predicted_ms is not None and (n_pred := t.predicted_n or 0) >= 2:
@@ -405,7 +529,28 @@ def request_ledger(
         n_tokens=max(0, n_out - toks[0].n_tokens), parts=tuple((p, parts[p]) for p in PARTS),
         clock_error_ms=err, pace_ms=pace, server_pace_ms=server_pace, n_gaps=len(gaps),
         n_stalls=n_stalls, merged=tuple(merged), delivery=dv,
+        causes=tuple((seg, c, ms) for (seg, c), ms in causes.items()),
     )
+
+
+def _gap_fractions(gaps: Sequence[_Gap], states: RunStates | None,
+                   anchor: ClockAnchor | None) -> list[dict[str, float]]:
+    """Each gap's compute by cause (:func:`_impeded`): the run state over the gap, where
+    the samples cover at least half of it (else the clock's word: running)."""
+    if not gaps or states is None or anchor is None:
+        return [{"running": 1.0}] * len(gaps)
+    a = np.array([anchor.to_wall_ns(g.a) for g in gaps], np.int64)
+    b = np.array([anchor.to_wall_ns(g.b) for g in gaps], np.int64)
+    secs = {k: states.seconds_between(a, b, k) for k in STATES}
+    covered = sum(secs.values(), np.zeros(len(gaps)))
+    span = (b - a) / 1e9
+    out = []
+    for i in range(len(gaps)):
+        if span[i] <= 0 or covered[i] < 0.5 * span[i]:
+            out.append({"running": 1.0})
+        else:
+            out.append(_impeded({k: float(v[i]) for k, v in secs.items()}))
+    return out
 
 
 # --- the case -----------------------------------------------------------------------------
@@ -508,6 +653,32 @@ class CaseLedger:
             return None
         return sum(sh.get(p, 0.0) for p in parts)
 
+    def cause_shares(self, seg: str | None = None) -> tuple[tuple[str, float], ...]:
+        """Each ``group:state`` cause's share of the segment's time over the case (ratio
+        of sums, like :meth:`shares`; they sum to 100%), largest first."""
+        seg = seg or self.metric
+        total = self._total(seg)
+        if total <= 0:
+            return ()
+        keep = SEGMENTS[seg]
+        out: dict[str, float] = {}
+        for r in self.requests:
+            for sg, c, ms in r.causes:
+                if sg in keep:
+                    out[c] = out.get(c, 0.0) + ms
+        return tuple(sorted(((c, v / total) for c, v in out.items() if v),
+                            key=lambda kv: (-kv[1], kv[0])))
+
+    def level1(self, seg: str | None = None) -> tuple[tuple[str, float], ...]:
+        """The level-1 split of the segment's time (``LEVEL1`` order): sums to 100%."""
+        shares = self.cause_shares(seg)
+        if not shares:
+            return ()
+        out = dict.fromkeys(LEVEL1, 0.0)
+        for c, v in shares:
+            out[level1_of(c)] += v
+        return tuple(out.items())
+
     def weights(self) -> tuple[tuple[str, float], ...]:
         """Class-like names and their share of the case's metric (WEIGHT_OF)."""
         out: dict[str, float] = {}
@@ -556,6 +727,17 @@ class CaseLedger:
             out["before_server_ms"] = _rn(self.median_ms("before_server"))
             out["server_queue_frac"] = _rn(self.median_share(
                 "server_queue" if self.queue_split() else "before_server"))
+        causes = self.cause_shares()
+        if causes:
+            out["ledger_causes"] = tuple((c, round(v, 4)) for c, v in causes)
+            out["ledger_level1"] = tuple((c, round(v, 4)) for c, v in self.level1())
+            out["ledger_run_state"] = self.has_run_state
+        st = self.states
+        if st is not None and st.run_cores is not None:
+            out["ledger_run_cores"] = _rn(st.run_cores)
+            out["ledger_runnable_cores"] = _rn(st.run_cores + (st.wait_cores or 0.0)
+                                               + (st.throttled_cores or 0.0))
+            out["ledger_runstate_samples"] = st.n_window
         if self.has_run_state:
             out["server_stalled_frac"] = _rn(self.share_of(("ttft_stalled", "stall_stalled")))
             out["server_stalled_window_frac"] = _rn(self.stalled_window_frac)
@@ -575,10 +757,19 @@ class CaseLedger:
         seen = ", ".join(f"{k} {v:.0%} of the window" for k, v in self.states_seen) or "none"
         win = ("" if self.stalled_window_frac is None
                else f"; stalled {self.stalled_window_frac:.1%} of the window")
+        who = ""
+        st = self.states
+        if st is not None and st.stall_threads:
+            th = dict(st.stall_threads)
+            frozen = th.pop("frozen cgroup", 0.0)
+            n = th.pop("threads", None)
+            who = ("; the threads while stalled: " + (f"{n:.3g}, " if n is not None else "")
+                   + ", ".join(f"{v:.3g} {k}" for k, v in th.items())
+                   + (f", the cgroup frozen {frozen:.0%} of that time" if frozen else ""))
         return (f"server stalled {ms / max(self.n, 1):.1f} ms per request "
                 f"({(self.share_of(('ttft_stalled', 'stall_stalled')) or 0):.1%} of "
                 f"{METRIC_LABELS[self.metric]}); {n_st} of {gaps} decode gaps were stalls"
-                f"{win}; state seen: {seen}")
+                f"{win}; state seen: {seen}{who}")
 
 
 def _rn(x: float | None) -> float | None:

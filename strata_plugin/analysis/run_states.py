@@ -10,13 +10,21 @@ split into five states, shares summing to 1:
 * ``stalled``: neither running nor able to run: the cgroup freezer FROZEN/FREEZING
   (``frozen``), every thread stopped (``state_T``), or neither run time nor run-queue
   wait advancing while the threads were not asleep;
-* ``running``: run time over the busy reference (the cores the server's threads use
-  when it runs: the 90th percentile of its run rate over the case window: "wall x busy
-  threads");
-* ``waiting``: runnable but not on a CPU (``wait_s`` + ``throttled_s``: contention,
-  quota), in the same unit;
+* ``waiting``: runnable but not on a CPU, in the run queue (``wait_s``: other threads on
+  the same CPUs, the server's own or other processes'), over the busy reference (the
+  cores the server's threads use when it runs: the 90th percentile of its run rate over
+  the case window: "wall x busy threads");
+* ``throttled``: runnable but held by the cgroup's CPU quota (``throttled_s``), in the
+  same unit;
+* ``running``: run time, in the same unit;
 * ``io``: threads in uninterruptible sleep (``state_D``), in the same unit;
 * ``sleeping``: the rest (threads in S: waiting on the network, a peer, a lock).
+
+A thread that waits for a CPU holds back the threads that wait for it (a forward pass
+ends at a barrier all threads reach), so the wait is counted before the run time: two
+compute threads sharing one CPU run 1.0 core and wait 1.0 core, and the whole interval
+is ``waiting``, not compute (its busy reference is the 1.0 core it could run), as a
+token that took 40x its clean time because its threads queued for the CPU is.
 
 Shares are kept as running totals per state, so the seconds in each state over any span
 (a decode gap, a TTFT) are two interpolations (uniform within a sampling interval).
@@ -31,7 +39,9 @@ import numpy as np
 from strata_plugin.analysis.timeline import SampleStore
 
 SOURCE = "runstate"
-STATES = ("stalled", "waiting", "io", "sleeping", "running")
+STATES = ("stalled", "waiting", "throttled", "io", "sleeping", "running")
+#: The states in which the server's threads were held back from a CPU they wanted.
+WAITING_STATES = ("waiting", "throttled")
 #: Below this share of the busy reference, run time and run-queue wait did not advance.
 NO_PROGRESS = 0.02
 #: A span whose samples cover less than this share of it is not classified.
@@ -47,6 +57,16 @@ class RunStates:
     busy_ref_cores: float
     #: what was seen in the window: share of the window each raw signal was set
     seen: tuple[tuple[str, float], ...] = ()
+    #: over the window: mean cores on a CPU, runnable without one (run queue) and held by
+    #: the quota, in cores (thread-seconds per second); None without samples in it
+    run_cores: float | None = None
+    wait_cores: float | None = None
+    throttled_cores: float | None = None
+    #: samples (grid points) inside the window
+    n_window: int = 0
+    #: the server's threads over the window's stalled intervals (most of the interval
+    #: stalled): (what, mean count) for all of them, stopped (T), in D, frozen cgroup
+    stall_threads: tuple[tuple[str, float], ...] = ()
 
     def over(self, a_ns: int, b_ns: int) -> tuple[dict[str, float], float]:
         """Seconds in each state over [a, b], and the seconds the samples cover."""
@@ -128,8 +148,8 @@ def from_store(store: SampleStore, start_ns: int, end_ns: int, node: str | None 
     frozen = at("frozen")
     assert run_s is not None and wait is not None and throttled is not None
     assert state_d is not None and state_t is not None and frozen is not None
-    return classify_intervals(t, run_s, wait + throttled, state_d, state_t, frozen,
-                              threads, state_s, start_ns, end_ns)
+    return classify_intervals(t, run_s, wait, state_d, state_t, frozen,
+                              threads, state_s, start_ns, end_ns, throttled_s=throttled)
 
 
 def _ends_mean(x: np.ndarray) -> np.ndarray:
@@ -147,12 +167,16 @@ def classify_intervals(
     state_s: np.ndarray | None,
     start_ns: int,
     end_ns: int,
+    throttled_s: np.ndarray | None = None,
 ) -> RunStates:
-    """Each interval split into STATES (see the module's docstring); cumulative seconds."""
+    """Each interval split into STATES (see the module's docstring); cumulative seconds.
+    ``throttled_s``: the quota's hold, apart from the run-queue wait (None: none)."""
     dt = np.diff(t) / 1e9
     dt = np.where(dt > 0, dt, np.nan)
     run_rate = np.clip(np.diff(run_s), 0.0, None) / dt
     wait_rate = np.clip(np.diff(wait_s), 0.0, None) / dt
+    thr_rate = (np.zeros(len(dt)) if throttled_s is None
+                else np.clip(np.diff(throttled_s), 0.0, None) / dt)
     inside = (t[1:] > start_ns) & (t[:-1] < end_ns)
     rates = run_rate[inside & np.isfinite(run_rate)]
     busy = float(np.percentile(rates, 90)) if len(rates) else 0.0
@@ -163,10 +187,13 @@ def classify_intervals(
         all_t = np.where(n_threads > 0, _ends_mean(state_t) / n_threads, 0.0)
     stopped = np.maximum(stopped, np.where(np.nan_to_num(all_t) >= 1.0, 1.0, 0.0))
     rest = 1.0 - stopped
-    running = np.minimum(rest, np.nan_to_num(run_rate / busy))
-    rest = rest - running
+    # held back from a CPU first (module docstring): the quota's hold, the run queue
+    throttled = np.minimum(rest, np.nan_to_num(thr_rate / busy))
+    rest = rest - throttled
     waiting = np.minimum(rest, np.nan_to_num(wait_rate / busy))
     rest = rest - waiting
+    running = np.minimum(rest, np.nan_to_num(run_rate / busy))
+    rest = rest - running
     io = np.minimum(rest, _ends_mean(state_d) / busy)
     rest = rest - io
     if state_s is not None:
@@ -174,11 +201,11 @@ def classify_intervals(
             asleep = np.where(n_threads > 0, _ends_mean(state_s) / n_threads, 1.0) >= 0.5
     else:
         asleep = np.ones(len(dt), bool)
-    no_progress = np.nan_to_num(run_rate + wait_rate) < NO_PROGRESS * busy
+    no_progress = np.nan_to_num(run_rate + wait_rate + thr_rate) < NO_PROGRESS * busy
     stuck = no_progress & ~asleep
     stalled = stopped + np.where(stuck, rest, 0.0)
     sleeping = np.where(stuck, 0.0, rest)
-    shares = np.stack([stalled, waiting, io, sleeping, running], axis=1)
+    shares = np.stack([stalled, waiting, throttled, io, sleeping, running], axis=1)
     secs = shares * np.nan_to_num(dt)[:, None]
     cum = np.vstack([np.zeros((1, len(STATES))), np.cumsum(secs, axis=0)])
     w = np.where(inside, np.nan_to_num(dt), 0.0)
@@ -192,4 +219,20 @@ def classify_intervals(
             share = float((w * flag).sum() / total)
             if share > 0:
                 seen.append((name, round(share, 4)))
-    return RunStates(t=t, cum=cum, busy_ref_cores=busy, seen=tuple(seen))
+    stall_threads: list[tuple[str, float]] = []
+    stuck_w = w * (stalled >= 0.5)
+    if float(stuck_w.sum()) > 0:
+        for label, series in (("threads", threads), ("stopped (T)", state_t),
+                              ("in D", state_d)):
+            if series is not None:
+                mean = float(np.nansum(stuck_w * _ends_mean(series)) / stuck_w.sum())
+                stall_threads.append((label, round(mean, 2)))
+        stall_threads.append(("frozen cgroup", round(float(
+            np.nansum(stuck_w * (_ends_mean(frozen) >= 0.5)) / stuck_w.sum()), 2)))
+    cores: list[float | None] = [None, None, None]
+    if total > 0:
+        cores = [float(np.nansum(w * r) / total) for r in (run_rate, wait_rate, thr_rate)]
+    return RunStates(t=t, cum=cum, busy_ref_cores=busy, seen=tuple(seen),
+                     run_cores=cores[0], wait_cores=cores[1], throttled_cores=cores[2],
+                     n_window=int(((t >= start_ns) & (t <= end_ns)).sum()),
+                     stall_threads=tuple(stall_threads))

@@ -621,6 +621,77 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "factor",
         "[inferred] confidence multiplier per unmeasured collector a rule needed",
     ),
+    # --- the verdict's confidence, and its first class from the time ledger (issue 30:
+    # verdict.py reads these; before, they were literals in its code)
+    Threshold(
+        "confidence_at_threshold",
+        0.5,
+        "confidence",
+        "[inferred] a class just past its threshold (score 0), or a ledger cause that only "
+        "just leads the next, is as likely named right as not",
+    ),
+    Threshold(
+        "confidence_span",
+        0.4,
+        "confidence",
+        "[inferred] what a full score (rules: full_margin past; the ledger: the first cause "
+        "twice the next) adds to confidence_at_threshold; 0.9 at most before agreement",
+    ),
+    Threshold(
+        "confidence_agreement",
+        0.1,
+        "confidence",
+        "[inferred] added when two measurements agree (two met rows of a rule; the ledger's "
+        "first cause and its resource rule past threshold)",
+    ),
+    Threshold(
+        "confidence_conflict_max",
+        0.4,
+        "confidence",
+        "[inferred] the most a verdict of two classes the counters cannot tell apart (or "
+        "whose signals contradict each other, or that no clock explains) may claim: under "
+        "'medium' (0.5), so it reads as low",
+    ),
+    Threshold(
+        "confidence_disagreeing_samples",
+        0.2,
+        "confidence",
+        "[inferred] proc and cpu samples that contradict each other (the server used more "
+        "CPU than the node): the classes are named, and barely trusted",
+    ),
+    Threshold(
+        "confidence_floor",
+        0.1,
+        "confidence",
+        "[inferred] a verdict that names a class past threshold never reads 0, however "
+        "many collectors were missing",
+    ),
+    Threshold(
+        "ledger_cause_lead",
+        1.0,
+        "x the next cause's share",
+        "[inferred] the first class is the largest cause of the case's metric in the time "
+        "ledger (each millisecond to one cause, as top-down analysis gives each pipeline "
+        "slot one: Ahmad Yasin, 'A Top-Down Method for Performance Analysis and Counters "
+        "Architecture', ISPASS 2014): at least the next cause's share",
+    ),
+    Threshold(
+        "ledger_second_min_share",
+        0.1,
+        "of the case's metric",
+        "[inferred] a class the run-state grid measures in the ledger (compute, waiting, "
+        "I/O, stopped) is named beside the first only where the ledger gives it this much "
+        "of the metric, the bound under which its residual counts as closed "
+        "(ledger_residual_max); past threshold with less, it is 'also past threshold'",
+    ),
+    Threshold(
+        "rule_min_samples",
+        3.0,
+        "samples",
+        "[inferred] a collector's mean over a window rests on at least three samples (two "
+        "intervals of a counter); fewer, and the rule reading it is said to rest on too "
+        "few (issue 30: a 0.43 s window held one sample of the 0.5 s collectors)",
+    ),
     # --- prefill-decode interference from the token stream (analysis/interference.py) ---
     Threshold(
         "prefill_stall_frac",

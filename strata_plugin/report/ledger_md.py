@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
-from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger
+from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, cause_words
 from strata_plugin.analysis.stats import mean_ci
 from strata_plugin.analysis.thresholds import value
 from strata_plugin.report import ledger_plots
@@ -141,6 +141,16 @@ def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, boo
         out.append(f"\n### {a.name} (`{a.case_id}`)\n\n![ledger](plots/{name}.png)\n")
         if timeline:
             out.append(f"\n![stalls by server state](plots/{name}-timeline.png)\n")
+        lv = [(k, x) for k, x in led.level1() if abs(x) >= 0.005]
+        if lv:
+            by = ("" if led.has_run_state else " (no run-state samples: the server's clocks "
+                  "count as running)")
+            out.append(f"\nBy cause, its share of {METRIC_LABELS[led.metric]}{by}: "
+                       + ", ".join(f"{k} {x:.0%}" for k, x in lv) + "; largest causes: "
+                       + ", ".join(f"{cause_words(c)} {x:.0%}"
+                                   for c, x in led.cause_shares()[:3]) + ".\n")
+        if a.verdict.lead:
+            out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`: {a.verdict.lead}.\n")
         w = [(k, x) for k, x in a.verdict.weights if abs(x) >= 0.005]
         if w:
             out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`; each class's weight, "

@@ -37,6 +37,7 @@ COLOURS = {
     "decode_compute": "#98df8a",
     "stall_stalled": "#d62728",
     "stall_waiting": "#ff7f0e",
+    "stall_throttled": "#ffbb78",
     "stall_io": "#8c564b",
     "stall_sleeping": "#17becf",
     "stall_running": "#bcbd22",
@@ -47,6 +48,7 @@ COLOURS = {
 STATE_COLOURS = {
     "stalled": COLOURS["stall_stalled"],
     "waiting": COLOURS["stall_waiting"],
+    "throttled": COLOURS["stall_throttled"],
     "io": COLOURS["stall_io"],
     "sleeping": COLOURS["stall_sleeping"],
     "running": COLOURS["stall_running"],

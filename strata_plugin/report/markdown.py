@@ -240,13 +240,14 @@ def _deciding(v: Verdict) -> str:
         return (v.notes[-1] if v.notes else "inconclusive")[:160]
     if v.classes == ("requests_failed",) and v.notes:  # analysis/failures.py: its counts
         return v.notes[0][:300]
-    parts = []
-    for cls in v.classes:
+    parts = [v.lead] if v.lead else []
+    for cls in v.classes[len(parts):]:
         e = next((e for e in v.evidence if e.cls == cls and e.met), None)
-        if e is not None and cls != "headroom":
+        if e is not None:
             parts.append(f"{e.metric} {md_num(e.value)} {e.op} {md_num(e.threshold_value)} "
                          f"{e.unit}" + (f" ({e.detail})" if e.detail else ""))
-    return "; ".join(parts) or "no rule past its threshold"
+    return "; ".join(parts) or "; ".join(
+        x for x in ("no rule past its threshold", v.spare) if x)
 
 
 def _geo(xs: list[float]) -> float | None:
@@ -440,6 +441,10 @@ def verdict_md(v: Verdict, lacks: dict[str, str] | None = None) -> str:
     head = " + ".join(v.classes) if v.classes else "no class"
     tag = "inconclusive: " if v.inconclusive else ""
     lines.append(f"**{tag}{head}** (confidence {md_num(v.confidence)}, {v.confidence_label})\n")
+    if v.lead:
+        lines.append(f"\nWhere the time went: {v.lead}.\n")
+    elif v.spare:
+        lines.append(f"\nSpare capacity: {v.spare}.\n")
     if v.modifiers:
         lines.append(f"\nModifier: {', '.join(v.modifiers)}.\n")
     if v.also_flagged:

@@ -9,7 +9,8 @@ client itself) sit beside. A server without a GPU (llama.cpp on the CPU) gets th
 host classes from proc/cpu/mem/disk/net samples alone. The time ledger
 (``analysis/ledger.py``) adds what the counters cannot: the server stalled
 (``server_stalled``), time before the server (``outside_server``), and what no clock
-explains (``unexplained``); ``headroom`` only when that residual is small.
+explains (``unexplained``); and, split by cause with the run state, it names the
+first class: the largest cause of the case's metric (``verdict.py``; no ``headroom``).
 
 The package: ``table.py`` declares every rule once (class, group, signals with their
 sources) and derives ``CLASSES``, the groups and ``SIGNAL_SOURCES``; ``gpu.py``,

@@ -148,8 +148,8 @@ def rule_client_bound(s: WindowSignals) -> Outcome:
 
 def rule_unexplained(s: WindowSignals) -> Outcome:
     """The time ledger does not close: the residual (what no clock or server state
-    explains) is a large share of the case's metric. ``headroom`` needs it measured and
-    under its bound."""
+    explains) is a large share of the case's metric. A window with nothing past
+    threshold is clear only with it measured and under its bound."""
     r = RuleCheck("unexplained", s)
     if not r.need("ledger_residual_frac"):
         return r.unassessable(TRACE_LEDGER)

@@ -41,7 +41,8 @@ class Rule:
     group: str
     fn: Callable[[WindowSignals], Outcome]
     signals: tuple[tuple[str, str], ...]
-    #: must be assessable before a window can be called clean ("headroom"), per server kind
+    #: must be assessable before a window with nothing past threshold is called clear,
+    #: per server kind
     core: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -197,7 +198,8 @@ def _group(*groups: str) -> tuple[Rule, ...]:
 
 
 #: Every class the rules can name, in the order used to break score ties.
-CLASSES: tuple[str, ...] = (*(r.cls for r in RULES), "headroom")
+#: (``headroom`` is none: spare capacity is a modifier beside the first class, issue 30)
+CLASSES: tuple[str, ...] = tuple(r.cls for r in RULES)
 MODIFIERS: tuple[str, ...] = tuple(r.cls for r in _group("modifier"))
 #: Classes that describe a symptom of load rather than a resource; they accompany
 #: a resource class and never make a window "contradictory" on their own.
@@ -209,7 +211,7 @@ GPU_RULES = tuple(r.fn for r in _group("gpu", "modifier"))
 HOST_RULES = tuple(r.fn for r in _group("host"))
 CPU_SERVER_RULES = tuple(r.fn for r in _group("cpu_server"))
 SERVING_RULES = tuple(r.fn for r in _group("serving"))
-#: Rules that must be assessable before a window can be called clean ("headroom").
+#: Rules that must be assessable before a window with nothing past threshold is clear.
 CORE_GPU = tuple(r.cls for r in RULES if "gpu" in r.core)
 CORE_CPU = tuple(r.cls for r in RULES if "cpu" in r.core)
 

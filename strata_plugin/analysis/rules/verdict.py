@@ -1,19 +1,38 @@
-"""The machinery: every rule over a window, then ranking, conflicts and confidence.
+"""The machinery: every rule over a window, then the first class, ranking, conflicts and
+confidence.
 
 The rules themselves are in the family modules (``gpu.py``, ``host.py``, ``serving.py``)
-and are declared, with their classes, groups and signals, in ``table.py``. This module
-knows nothing about any one class except the few the verdict treats apart: the client
-(it leads), the modifiers, ``unexplained`` (the time ledger did not close: it is named
-last, and alone it makes the verdict inconclusive) and ``headroom`` (what is left when
-nothing fired, everything core was measured and the ledger closed).
+and are declared, with their classes, groups and signals, in ``table.py``. The verdict
+is put together in steps (:func:`_classify`), each a function of its own:
+
+1. :func:`_assess`: every rule over the window (a client that fell behind its schedule
+   makes the request-side signals untrusted first), what was missing and the penalty;
+2. :func:`_disagreeing`: proc and cpu samples that contradict each other;
+3. :func:`_contradicted`: two classes that cannot both hold;
+4. :func:`_ledger_led`: where the case has a time ledger by cause (analysis/ledger.py),
+   the first class is its largest cause of the case's metric mapped to the resource
+   behind it (:func:`first_cause`: running -> the device's compute, waiting for a CPU
+   -> ``cpu_limited`` or ``cpu_contention``, blocked -> I/O, stopped -> the stall,
+   outside -> the path or the client, the queue -> ``queueing``), with the resource
+   rules as its evidence and the strongest other class past threshold second;
+5. :func:`_rule_led`: without a ledger, the classes past threshold by rank, as before.
+
+There is always a largest cause, so there is no "headroom" class: the spare capacity
+(the idle share of the CPUs the server may use, or of its GPUs) is stated beside the first
+class (:func:`spare_capacity`), and where a rule's collector had too few samples in the
+window the verdict says so (:func:`_sparse_notes`). ``client_bound`` is the first class
+only where the client's own time is the ledger's largest cause; otherwise a modifier.
+``unexplained`` (the ledger did not close) is named last, and alone it makes the verdict
+inconclusive.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from strata_plugin.analysis.ledger import cause_words
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
-from strata_plugin.analysis.rules.registry import active
+from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
 from strata_plugin.analysis.rules.traces import TRACE_CLOCK, TRACE_LEDGER, TRACE_SCHED
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
@@ -57,7 +76,30 @@ def classify(s: WindowSignals, background: frozenset[str] | set[str] = frozenset
     return replace(v, background=tuple(c for c in v.past_threshold if c in background))
 
 
+@dataclass(frozen=True)
+class _Assessed:
+    """Every rule over one window, and what the verdict's steps share."""
+
+    s: WindowSignals  # with untrusted request-side signals cleared
+    t: ActiveRules
+    gpu_mode: bool
+    notes: tuple[str, ...]
+    outcomes: dict[str, Outcome]
+    modifiers: tuple[str, ...]  # modifier classes past threshold (client_bound apart)
+    ordered: list[Outcome]  # classes past threshold, ranked (_rank), no modifier
+    missing_text: tuple[str, ...]
+    missing_any: bool
+    unassessed: list[Outcome]
+    penalty: float
+
+
 def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
+    a = _assess(s, background)
+    v = _disagreeing(a) or _contradicted(a) or _ledger_led(a) or _rule_led(a)
+    return _with_capacity(v, a)
+
+
+def _assess(s: WindowSignals, background: frozenset[str]) -> _Assessed:
     gpu_mode = s.gpu_present or s.gpu_expected
     notes: list[str] = []
     distrusted: tuple[str, ...] = ()
@@ -76,105 +118,418 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
     outcomes = {o.cls: o for o in (rule(s) for rule in rules)}
     if not gpu_mode:
         notes.append("no GPU telemetry and none expected: GPU classes not assessed")
-
     fired = [o for o in outcomes.values() if o.fired]
-    modifiers = tuple(o.cls for o in fired if o.cls in t.modifiers)
-    ordered = _rank([o for o in fired if o.cls not in t.modifiers], background)
-
+    # a client that fell behind is beside the classes (first only where the ledger's
+    # largest cause is its own time: _ledger_led)
+    modifiers = tuple(o.cls for o in fired if o.cls in t.modifiers or o.cls == CLIENT)
+    ordered = _rank([o for o in fired if o.cls not in modifiers], background)
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
-    unassessed = [o for o in outcomes.values() if not o.assessable]
-    missing_text = tuple(_missing_text(m, s, distrusted) for m in missing_signals)
     penalty = threshold("missing_penalty").value ** len(
         {t.signal_sources.get(m, m).split(":", 1)[0] for m in missing_signals}
     )
+    return _Assessed(
+        s=s, t=t, gpu_mode=gpu_mode, notes=tuple(notes), outcomes=outcomes,
+        modifiers=modifiers, ordered=ordered,
+        missing_text=tuple(_missing_text(m, s, distrusted) for m in missing_signals),
+        missing_any=bool(missing_signals),
+        unassessed=[o for o in outcomes.values() if not o.assessable], penalty=penalty,
+    )
 
-    # Signals that contradict each other: the server used more CPU than the whole node.
+
+def _disagreeing(a: _Assessed) -> Verdict | None:
+    """Signals that contradict each other: the server used more CPU than the whole node."""
+    s = a.s
     if (
-        s.server_cpu_cores is not None
-        and s.host_busy_cores is not None
-        and s.server_cpu_cores
-        > _v("cpu_samples_disagree_factor") * s.host_busy_cores
+        s.server_cpu_cores is None
+        or s.host_busy_cores is None
+        or s.server_cpu_cores <= _v("cpu_samples_disagree_factor") * s.host_busy_cores
         + _v("cpu_samples_disagree_slack_cores")
     ):
-        return Verdict(
-            classes=tuple(o.cls for o in ordered[:2]),
-            evidence=_evidence(ordered[:2]),
-            confidence=0.2,
-            inconclusive=True,
-            finer_trace=(TRACE_SCHED, TRACE_CLOCK),
-            missing_signals=missing_text,
-            modifiers=modifiers,
-            notes=(
-                *notes,
-                f"server CPU {s.server_cpu_cores:.3g} cores exceeds the node's busy "
-                f"{s.host_busy_cores:.3g} cores: proc and cpu samples disagree",
-            ),
-        )
+        return None
+    return Verdict(
+        classes=tuple(o.cls for o in a.ordered[:2]),
+        evidence=_evidence(a.ordered[:2]),
+        confidence=_v("confidence_disagreeing_samples"),
+        inconclusive=True,
+        finer_trace=(TRACE_SCHED, TRACE_CLOCK),
+        missing_signals=a.missing_text,
+        modifiers=a.modifiers,
+        notes=(
+            *a.notes,
+            f"server CPU {s.server_cpu_cores:.3g} cores exceeds the node's busy "
+            f"{s.host_busy_cores:.3g} cores: proc and cpu samples disagree",
+        ),
+    )
 
-    conflict = _conflict(ordered)
-    if conflict is not None:
-        a, b, trace, why = conflict
-        pair = [outcomes[a], outcomes[b]]
-        return Verdict(
-            classes=(a, b),
-            evidence=_evidence(pair + [o for o in ordered if o.cls not in (a, b)]),
-            confidence=round_sig(min(0.4, 0.4 * penalty)),
-            inconclusive=True,
-            finer_trace=(trace,),
-            missing_signals=missing_text,
-            modifiers=modifiers,
-            also_flagged=tuple(o.cls for o in ordered if o.cls not in (a, b)),
-            notes=(*notes, f"{a} and {b} both past threshold: {why}"),
-        )
 
+def _conflict_verdict(a: _Assessed, pair: tuple[str, str, str, str]) -> Verdict:
+    x, y, trace, why = pair
+    ordered = a.ordered
+    return Verdict(
+        classes=(x, y),
+        evidence=_evidence([a.outcomes[x], a.outcomes[y]]
+                           + [o for o in ordered if o.cls not in (x, y)]),
+        confidence=round_sig(min(_v("confidence_conflict_max"),
+                                 _v("confidence_conflict_max") * a.penalty)),
+        inconclusive=True,
+        finer_trace=(trace,),
+        missing_signals=a.missing_text,
+        modifiers=a.modifiers,
+        also_flagged=tuple(o.cls for o in ordered if o.cls not in (x, y)),
+        notes=(*a.notes, f"{x} and {y} both past threshold: {why}"),
+    )
+
+
+def _contradicted(a: _Assessed) -> Verdict | None:
+    """Two classes past threshold that cannot both hold (``CONTRADICTIONS``)."""
+    names = {o.cls for o in a.ordered}
+    for x, y, trace, why in CONTRADICTIONS:
+        if x in names and y in names:
+            return _conflict_verdict(a, (x, y, trace, f"contradictory signals: {why}"))
+    return None
+
+
+# --- the first class: the ledger's largest cause of the case's metric ---------------------
+
+#: The metric each ledger share is a share of, as the report names it.
+METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
+#: Pairs the counters cannot tell apart that the run-state grid does: on a CPU or held
+#: back from one, on a CPU or blocked in I/O (the ledger by cause measured which).
+SETTLED_BY_RUN_STATE = (frozenset(("cpu_compute", "cpu_contention")),
+                        frozenset(("cpu_compute", "io_page_faults")))
+#: The resource classes a GPU server's time on the device may be named by, the first
+#: past threshold of them; ``gpu_compute`` where none is.
+GPU_COMPUTE_CLASSES = ("gpu_compute", "gpu_memory_bandwidth", "gpu_latency_low_occupancy",
+                       "host_cpu_launch", "gpu_communication", "gpu_pcie_copy",
+                       "waiting_on_peer")
+def _allowed_cpus(s: WindowSignals) -> tuple[float | None, str, str]:
+    """(CPUs, "allowed" | "host", what says so): the server's allowance where observed
+    (affinity, cpuset, quota: ``server_allowed_cpus``), else the host's cores."""
+    allowed = getattr(s, "server_allowed_cpus", None)
+    if allowed is not None:
+        return float(allowed), "allowed", getattr(s, "server_allowance_by", "") or ""
+    if s.n_cores:
+        return float(s.n_cores), "host", "allowance not observed"
+    return None, "", ""
+
+
+def _runnable(s: WindowSignals) -> float | None:
+    x = getattr(s, "server_runnable_cores", None)
+    return x if x is not None else s.ledger_runnable_cores
+
+
+def _waiting_class(s: WindowSignals, cause: str, outcomes: dict[str, Outcome]) -> str:
+    """Who the server's threads waited for: its own quota or its own threads on too few
+    CPUs (``cpu_limited``), or other processes (``cpu_contention``)."""
+    if cause.endswith(":throttled"):
+        return "cpu_limited"
+    fired = [outcomes[c] for c in ("cpu_limited", "cpu_contention")
+             if c in outcomes and outcomes[c].fired]
+    if fired:
+        return max(fired, key=lambda o: o.score).cls
+    runnable, (allowed, _, _) = _runnable(s), _allowed_cpus(s)
+    if runnable is not None and allowed is not None and (
+            runnable - allowed >= _v("runnable_excess_threads")):
+        return "cpu_limited"
+    others = _others_cores_frac(s)
+    if others is not None and others < _v("other_cpu_frac"):
+        # the threads waited while other processes held little of the CPUs: for the
+        # server's own threads, on fewer CPUs than they (an allowance, observed or not)
+        return "cpu_limited"
+    return "cpu_contention"
+
+
+def _others_cores_frac(s: WindowSignals) -> float | None:
+    """Other processes' CPU over the host's cores (the path's proxies left out), as
+    ``cpu_contention`` reads it; None where unmeasured."""
+    if s.host_busy_cores is None or s.server_cpu_cores is None or not s.n_cores:
+        return None
+    return max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
+               ) / s.n_cores
+
+
+def _class_of(cause: str, a: _Assessed) -> str:
+    """The resource (class) behind a ``group:state`` cause of the ledger."""
+    group, _, state = cause.partition(":")
+    s, outcomes = a.s, a.outcomes
+    if group == "unexplained":
+        return "unexplained"
+    if group == "outside":
+        if state == "client_send" or (s.client_bound and state in ("delivery",
+                                                                  "ttft_delivery", "tail")):
+            return "client_bound"
+        return "outside_server"
+    if state in ("waiting", "throttled"):
+        return _waiting_class(s, cause, outcomes)
+    if state == "io":
+        return "io_page_faults"
+    if state in ("stopped", "sleeping"):
+        return "server_stalled"
+    if group == "queue":
+        return "queueing"
+    if a.gpu_mode:
+        fired = [o for o in a.ordered if o.cls in GPU_COMPUTE_CLASSES]
+        return fired[0].cls if fired else "gpu_compute"
+    if not s.ledger_run_state:
+        # no run state: the server's clock ran, doing what it is not measured; a resource
+        # past threshold says what (the strongest), else its compute
+        fired = [o for o in a.ordered if o.cls not in a.t.serving]
+        return fired[0].cls if fired else "cpu_compute"
+    return "cpu_compute"
+
+
+#: Classes the run-state grid measures in the ledger: where it split the ledger, one of
+#: them is named beside the first only with ``ledger_second_min_share`` of the metric.
+MEASURED_BY_RUN_STATE = ("cpu_compute", "cpu_contention", "cpu_limited", "io_page_faults",
+                         "server_stalled")
+
+
+@dataclass(frozen=True)
+class FirstCause:
+    """The ledger's largest cause of the case's metric, as a class."""
+
+    cls: str
+    share: float  # the class's causes' share of the metric
+    next_share: float  # the next class's
+    causes: tuple[tuple[str, float], ...]  # its causes, largest first
+    metric: str  # "TTFT", ...
+    #: the largest other class's share but ``unexplained``, and the residual's (what no
+    #: clock explains could belong to it)
+    rival_share: float = 0.0
+    residual_share: float = 0.0
+    by_class: tuple[tuple[str, float], ...] = ()  # every class's share, largest first
+
+    def share_of(self, cls: str) -> float:
+        return dict(self.by_class).get(cls, 0.0)
+
+    @property
+    def robust(self) -> bool:
+        """First however the residual is shared out."""
+        return self.share >= self.rival_share + self.residual_share
+
+    def words(self) -> str:
+        top, top_share = self.causes[0]
+        if top_share >= 2 / 3 * self.share or len(self.causes) == 1:
+            what = cause_words(top)
+        else:
+            what = "; ".join(f"{cause_words(c)} {x:.0%}" for c, x in self.causes[:2])
+            what = f"{self.cls} ({what})"
+        return f"{what}, {self.share:.0%} of {self.metric}"
+
+
+def first_cause(a: _Assessed) -> FirstCause | None:
+    """The largest cause of the case's metric in the ledger, summed by the class each
+    cause maps to; None without a ledger by cause. Ties break by the order the causes
+    are listed in (largest single cause first)."""
+    s = a.s
+    if not s.ledger_causes:
+        return None
+    by_class: dict[str, list[tuple[str, float]]] = {}
+    for cause, share in s.ledger_causes:
+        by_class.setdefault(_class_of(cause, a), []).append((cause, share))
+    totals = sorted(((sum(x for _, x in cs), -i, c) for i, (c, cs) in
+                     enumerate(by_class.items())), reverse=True)
+    share, _, cls = totals[0]
+    metric = METRIC_LABELS.get(s.ledger_metric or "", s.ledger_metric or "the metric")
+    rivals = [x for x, _, c in totals[1:] if c != "unexplained"]
+    residual = sum(abs(x) for _, x in by_class.get("unexplained", ()))
+    return FirstCause(cls=cls, share=share, next_share=totals[1][0] if len(totals) > 1 else 0.0,
+                      causes=tuple(sorted(by_class[cls], key=lambda kv: -kv[1])),
+                      metric=metric, rival_share=rivals[0] if rivals else 0.0,
+                      residual_share=0.0 if cls == "unexplained" else residual,
+                      by_class=tuple((c, x) for x, _, c in totals))
+
+
+def _ledger_row(fc: FirstCause) -> Evidence:
+    """The first class's evidence from the ledger: its share of the metric, at least the
+    next class's (``ledger_cause_lead`` x)."""
+    t = threshold("ledger_cause_lead")
+    bound = t.value * fc.next_share
+    return Evidence(cls=fc.cls, metric="ledger_cause_share", value=round(fc.share, 4),
+                    op=">=", threshold=t.name, threshold_value=round(bound, 4),
+                    unit=f"of {fc.metric}", source=t.source, met=fc.share >= bound)
+
+
+def _ledger_confidence(fc: FirstCause, backed: bool, penalty: float) -> float:
+    """``confidence_at_threshold`` at a tie with the next cause, ``confidence_span`` more
+    when the first is twice the next or more; ``confidence_agreement`` more where its
+    resource rule is past threshold too; the missing collectors' penalty."""
+    lead = 1.0 if fc.share <= 0 else min(1.0, max(0.0, fc.share - fc.next_share) / fc.share * 2)
+    conf = (_v("confidence_at_threshold") + _v("confidence_span") * lead
+            + (_v("confidence_agreement") if backed else 0.0))
+    return round_sig(max(_v("confidence_floor"), min(1.0, conf) * penalty))
+
+
+def _ledger_led(a: _Assessed) -> Verdict | None:
+    """The first class from the ledger (module docstring, step 4); None without one."""
+    fc = first_cause(a)
+    if fc is None:
+        return None
+    s = a.s
+    if fc.cls == "unexplained" or (not fc.robust and "unexplained" in
+                                   {o.cls for o in a.ordered}):
+        # what no clock explains is the largest cause, or could hold a larger one than
+        # the first: the escalation round takes it
+        return _unexplained(a)
+    others = [o for o in a.ordered if o.cls != fc.cls]
+    # a pair the counters cannot tell apart is settled by the run state where it split
+    # the ledger; otherwise it puts the first class in doubt, as before
+    fired = {o.cls for o in a.ordered}
+    for x, y, trace, why in AMBIGUOUS:
+        if fc.cls in (x, y) and x in fired and y in fired:
+            if s.ledger_run_state and frozenset((x, y)) in SETTLED_BY_RUN_STATE:
+                continue
+            ox, oy = a.outcomes[x], a.outcomes[y]
+            if abs(ox.score - oy.score) < _v("dominance_margin"):
+                return _conflict_verdict(a, (x, y, trace, why))
+    # beside it: the strongest other class past threshold, but not one the run state
+    # measured small in the ledger (a second class the time did not go to)
+    small = _v("ledger_second_min_share")
+    eligible = [o for o in others if not (s.ledger_run_state and o.cls in MEASURED_BY_RUN_STATE
+                                          and fc.share_of(o.cls) < small)]
+    second = [o for o in eligible if o.cls != "unexplained"][:1] or [
+        o for o in eligible if o.cls == "unexplained"][:1]
+    own = a.outcomes.get(fc.cls)
+    backed = own is not None and own.fired
+    modifiers = tuple(c for c in a.modifiers if c != fc.cls)
+    notes = _ledger_notes(a, fc, modifiers, fired)
+    # the time is the server's clocks', but neither the run state nor the rules that
+    # would say what its threads did measured it: named, inconclusive, with the traces
+    core = a.t.core_gpu if a.gpu_mode else a.t.core_cpu
+    blind = [c for c in core if c in a.outcomes and not a.outcomes[c].assessable
+             and c != "unexplained"]
+    unmeasured = bool(blind) and not s.ledger_run_state and all(
+        c.endswith(":running") and not c.startswith("stall:") for c, x in fc.causes if x)
+    if unmeasured:
+        notes.append(f"{fc.words()}, but what the server's threads did meanwhile is not "
+                     "measured: " + ", ".join(blind))
+    # the ledger's row, its resource rule's (met or not), the classes past threshold,
+    # then every other rule's assessed rows: why nothing else was named
+    shown = [*([own] if own is not None else []), *(o for o in a.ordered if o.cls != fc.cls),
+             *(a.outcomes[c] for c in modifiers)]
+    rest = [o for o in a.outcomes.values() if o.assessable and all(o is not x for x in shown)]
+    evidence = [_ledger_row(fc), *_evidence(shown + rest)]
+    named = {fc.cls, *(o.cls for o in second)}
+    also = tuple(o.cls for o in others if o.cls not in named)
+    return Verdict(
+        classes=(fc.cls, *(o.cls for o in second)),
+        evidence=tuple(evidence),
+        confidence=(min(_v("confidence_conflict_max"),
+                        _ledger_confidence(fc, backed, a.penalty)) if unmeasured
+                    else _ledger_confidence(fc, backed, a.penalty)),
+        inconclusive=unmeasured,
+        finer_trace=_in_question(a.unassessed, s) if a.missing_any else (),
+        missing_signals=a.missing_text,
+        modifiers=modifiers,
+        also_flagged=also,
+        notes=(*notes, *_second_slot_notes([*second, *others]),
+               *((_unexplained_note(s),) if "unexplained" in fired else ())),
+        weights=_weights(s, (fc.cls, *(o.cls for o in second))),
+        lead=fc.words(),
+    )
+
+
+def _ledger_notes(a: _Assessed, fc: FirstCause, modifiers: tuple[str, ...],
+                  fired: set[str]) -> list[str]:
+    """What a ledger-led verdict says beside its classes: a client set beside, a pair the
+    run state settled, a ledger no run state split, the processes that held the CPUs."""
+    s = a.s
+    notes = list(a.notes)
+    if CLIENT in modifiers:
+        notes.append("client_bound beside it, not first: the client's own time is not the "
+                     "largest cause of the metric in the ledger")
+    for x, y, _, why in AMBIGUOUS:
+        if (s.ledger_run_state and frozenset((x, y)) in SETTLED_BY_RUN_STATE
+                and fc.cls in (x, y) and x in fired and y in fired):
+            notes.append(f"{x} and {y} both past threshold ({why}): the run-state grid "
+                         f"settles it, {fc.words()}")
+    if not s.ledger_run_state:
+        notes.append("no run-state samples: the server's clocks are not split by what its "
+                     "threads did (its time is the strongest resource past threshold, else "
+                     "its compute)")
+    if fc.cls == "cpu_contention":
+        notes += _actors(s)
+    return notes
+
+
+def _actors(s: WindowSignals) -> list[str]:
+    """The other processes that held the CPUs (``other_processes``, where observed)."""
+    procs = getattr(s, "other_processes", None) or ()
+    if not procs:
+        return []
+    return ["other processes on the CPUs: " + ", ".join(
+        f"PID {pid} `{cmd}` {cores:.2g} cores{' (Strata)' if own else ''}"
+        for pid, cmd, cores, own in procs)]
+
+
+def _unexplained(a: _Assessed) -> Verdict:
+    """Part of the metric went where no clock or state looks: the escalation round takes
+    it, and the verdict is inconclusive."""
+    present = [o for o in a.ordered if o.cls == "unexplained"]
+    return Verdict(
+        classes=("unexplained",),
+        evidence=_evidence(present + [o for o in a.ordered if o.cls != "unexplained"]
+                           + [a.outcomes[c] for c in a.modifiers]),
+        confidence=round_sig(min(_v("confidence_conflict_max"),
+                                 _v("confidence_conflict_max") * a.penalty)),
+        inconclusive=True,
+        finer_trace=(TRACE_LEDGER, *_in_question(a.unassessed, a.s)),
+        missing_signals=a.missing_text,
+        modifiers=a.modifiers,
+        also_flagged=tuple(o.cls for o in a.ordered if o.cls != "unexplained"),
+        notes=(*a.notes, _unexplained_note(a.s)),
+        weights=_weights(a.s, ("unexplained",)),
+    )
+
+
+# --- without a ledger: the classes past threshold, ranked ------------------------------
+
+
+def _rule_led(a: _Assessed) -> Verdict:
+    """No ledger by cause (an idle baseline, a window of no request): the classes past
+    threshold by rank; none past it is a clear window, said with what was measured."""
+    s, ordered, outcomes = a.s, a.ordered, a.outcomes
+    if ordered:
+        conflict = next(_close_pairs(ordered, ordered[0].cls), None)
+        if conflict is not None:
+            return _conflict_verdict(a, conflict)
     if [o.cls for o in ordered] == ["unexplained"]:
-        # Nothing past threshold, but the ledger does not close: part of the metric went
-        # where no clock or state looks. Not "headroom": the escalation round takes it.
-        return Verdict(
-            classes=("unexplained",),
-            evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
-            confidence=round_sig(min(0.4, 0.4 * penalty)),
-            inconclusive=True,
-            finer_trace=(TRACE_LEDGER, *_in_question(unassessed, s)),
-            missing_signals=missing_text,
-            modifiers=modifiers,
-            notes=(*notes, _unexplained_note(s)),
-            weights=_weights(s, ("unexplained",)),
-        )
-
+        return _unexplained(a)
     if ordered:
         names_fired = {o.cls for o in ordered}
         top = ordered[:2]
-        conf = max(_class_confidence(o) for o in top[:1]) * penalty
-        traces = _in_question(unassessed, s)
+        notes = a.notes + ((f"{CLIENT} beside them, not first: the load generator fell "
+                            "behind, the classes past threshold are the server's",)
+                           if CLIENT in a.modifiers else ())
+        conf = max(_class_confidence(o) for o in top[:1]) * a.penalty
         return Verdict(
             classes=tuple(o.cls for o in top),
-            evidence=_evidence(ordered + [outcomes[c] for c in modifiers]),
-            confidence=round_sig(max(0.1, conf)),
+            evidence=_evidence(ordered + [outcomes[c] for c in a.modifiers]),
+            confidence=round_sig(max(_v("confidence_floor"), conf)),
             inconclusive=False,
-            finer_trace=traces if missing_signals else (),
-            missing_signals=missing_text,
-            modifiers=modifiers,
+            finer_trace=_in_question(a.unassessed, s) if a.missing_any else (),
+            missing_signals=a.missing_text,
+            modifiers=a.modifiers,
             also_flagged=tuple(o.cls for o in ordered[2:]),
             notes=(*notes, *_second_slot_notes(ordered),
                    *((_unexplained_note(s),) if "unexplained" in names_fired else ())),
             weights=_weights(s, tuple(o.cls for o in ordered)),
         )
-
-    if modifiers:
-        mod = outcomes[modifiers[0]]
+    if a.modifiers:  # a modifier alone (throttled GPUs, a late client) is named
+        mod = outcomes[a.modifiers[0]]
         return Verdict(
-            classes=modifiers,
+            classes=a.modifiers,
             evidence=_evidence([mod]),
-            confidence=round_sig(_class_confidence(mod) * penalty),
+            confidence=round_sig(_class_confidence(mod) * a.penalty),
             inconclusive=False,
-            finer_trace=(),
-            missing_signals=missing_text,
+            # a late client alone: what it left unmeasured is still in question
+            finer_trace=(_in_question(a.unassessed, s) if mod.cls == CLIENT and a.missing_any
+                         else ()),
+            missing_signals=a.missing_text,
             modifiers=(),
-            notes=tuple(notes),
+            notes=a.notes,
         )
-
-    core = t.core_gpu if gpu_mode else t.core_cpu
+    core = a.t.core_gpu if a.gpu_mode else a.t.core_cpu
     blind = [c for c in core if c in outcomes and not outcomes[c].assessable]
     if blind:
         traces = tuple(sorted({outcomes[c].trace for c in blind if outcomes[c].trace}))
@@ -184,24 +539,92 @@ def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
             confidence=0.0,
             inconclusive=True,
             finer_trace=traces,
-            missing_signals=missing_text,
-            notes=(*notes, "nothing past threshold, but not measured: " + ", ".join(blind)),
+            missing_signals=a.missing_text,
+            notes=(*a.notes, "nothing past threshold, but not measured: " + ", ".join(blind)),
         )
-
     clear = [o for o in outcomes.values() if o.assessable and o.evidence]
-    headroom_margin = _headroom_margin(clear)
-    conf = (0.5 + 0.4 * headroom_margin) * penalty
+    conf = (_v("confidence_at_threshold") + _v("confidence_span") * _clear_margin(clear)
+            ) * a.penalty
     return Verdict(
-        classes=("headroom",),
+        classes=(),
         evidence=_evidence(clear),
         confidence=round_sig(conf),
         inconclusive=False,
-        finer_trace=_in_question(unassessed, s),
-        missing_signals=missing_text,
-        notes=(*notes, "no dominant bottleneck: no rule had all its conditions met",
-               *_closed_note(s)),
+        finer_trace=_in_question(a.unassessed, s),
+        missing_signals=a.missing_text,
+        notes=(*a.notes, "no rule had all its conditions met, and no time ledger names "
+               "where the time went", *_closed_note(s)),
         weights=_weights(s, ()),
     )
+
+
+# --- beside the first class: spare capacity, and rules resting on too few samples --------
+
+
+def spare_capacity(s: WindowSignals, gpu_mode: bool) -> tuple[str, float | None]:
+    """(words, spare cores): the idle share of what the server may use. CPUs: its run
+    cores (the run-state grid where sampled, else its proc CPU) and other processes'
+    CPU on the same CPUs, against its allowance (else the host's cores); GPUs: NVML
+    utilization. ("", None) where unmeasured."""
+    if gpu_mode and s.gpu_util is not None:
+        n = f" of {s.n_gpus} GPUs" if s.n_gpus else ""
+        return (f"GPUs busy {s.gpu_util:.0%} of the window; spare {1 - s.gpu_util:.0%}{n}"
+                "' time (NVML utilization)", None)
+    used = getattr(s, "server_run_cores", None)
+    src = "run-state grid"
+    if used is None:
+        used = s.ledger_run_cores
+    if used is None:
+        used, src = s.server_cpu_cores, "proc samples"
+    allowed, noun, by = _allowed_cpus(s)
+    if used is None or allowed is None:
+        return "", None
+    # what other processes held of the same CPUs is not spare either
+    others = getattr(s, "allowed_cpus_other_cores", None)
+    if others is None and noun == "host":
+        frac = _others_cores_frac(s)
+        others = None if frac is None else frac * allowed
+    spare = max(0.0, allowed - used - (others or 0.0))
+    why = "; ".join(x for x in (by, src) if x)
+    held = f", other processes {others:.3g}" if others is not None and others >= 0.005 else ""
+    return (f"on {used:.3g} of {allowed:.3g} {noun} cores ({why}){held}; spare {spare:.3g} "
+            "cores", round(spare, 4))
+
+
+def _sparse_notes(a: _Assessed) -> tuple[str, ...]:
+    """The rules that rest on a collector with fewer than ``rule_min_samples`` samples in
+    the window: said, not left to fail silently."""
+    counts = dict(a.s.collector_samples)
+    if not counts:
+        return ()
+    least = _v("rule_min_samples")
+    by_rule = {r.cls: r for r in a.t.rules}
+    rules: list[str] = []
+    thin: set[str] = set()
+    for cls, o in a.outcomes.items():
+        rule = by_rule.get(cls)
+        if rule is None or not o.assessable:
+            continue
+        few = {src.split(":", 1)[0] for _, src in rule.signals
+               if counts.get(src.split(":", 1)[0], least) < least}
+        if few:
+            rules.append(cls)
+            thin |= few
+    if not rules:
+        return ()
+    what = ", ".join(f"{c} {counts[c]}" for c in sorted(thin))
+    return (f"too few samples in the {a.s.duration_s:.3g} s window ({what}; fewer than "
+            f"{least:.0f}) to support {', '.join(rules)}: their rows rest on them",)
+
+
+def _with_capacity(v: Verdict, a: _Assessed) -> Verdict:
+    words, spare = spare_capacity(a.s, a.gpu_mode)
+    lead = f"{v.lead}, {words}" if v.lead and words else v.lead
+    return replace(v, lead=lead, spare=words, spare_cores=spare,
+                   notes=(*v.notes, *_sparse_notes(a)))
+
+
+# --- ranking and confidence --------------------------------------------------------------
 
 
 def _in_question(unassessed: list[Outcome], s: WindowSignals) -> tuple[str, ...]:
@@ -215,25 +638,25 @@ def _in_question(unassessed: list[Outcome], s: WindowSignals) -> tuple[str, ...]
 
 def _rank(fired: list[Outcome], background: frozenset[str] | set[str] = frozenset()
           ) -> list[Outcome]:
-    """The order classes are named in: the client, a resource, a serving symptom, the rest.
+    """The order classes are named in: a resource, a serving symptom, the rest.
 
-    A client that fell behind leads: nothing below it was measured under the load asked
-    for. Then the strongest resource class (what the hardware waited on), then the
-    strongest serving symptom (what a user of the server saw), so a queue or a full KV
-    cache is not pushed out by a second resource class; then the rest, by kind and
-    score; ``unexplained`` (what no clock explains) last, since any class that fired
-    explains part of it. Score ties break by ``CLASSES`` order. Within each kind,
-    classes already past threshold in the idle baseline (``background``) come after
-    those that appeared with the load.
+    The strongest resource class (what the hardware waited on), then the strongest
+    serving symptom (what a user of the server saw), so a queue or a full KV cache is
+    not pushed out by a second resource class; then the rest, by kind and score;
+    ``unexplained`` (what no clock explains) last, since any class that fired explains
+    part of it. A client that fell behind is not ranked: it is a modifier (first only
+    where the ledger's largest cause is the client's own time). Score ties break by
+    ``CLASSES`` order. Within each kind, classes already
+    past threshold in the idle baseline (``background``) come after those that appeared
+    with the load.
     """
     t = active()
     ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score,
                                           t.classes.index(o.cls)))
-    client = [o for o in ranked if o.cls == "client_bound"]
     resource = [o for o in ranked if o.cls not in t.serving]
     serving = [o for o in ranked if o.cls in t.serving and o.cls not in LAST]
     last = [o for o in ranked if o.cls == "unexplained"]
-    return client + resource[:1] + serving[:1] + resource[1:] + serving[1:] + last
+    return resource[:1] + serving[:1] + resource[1:] + serving[1:] + last
 
 
 def _close_pairs(ordered: list[Outcome], cls: str):
@@ -246,22 +669,6 @@ def _close_pairs(ordered: list[Outcome], cls: str):
                 yield a, b, trace, why
 
 
-def _conflict(ordered: list[Outcome]) -> tuple[str, str, str, str] | None:
-    """A contradiction anywhere, or an ambiguous pair that puts the leading class in doubt.
-
-    An ambiguous pair further down (two weak classes the counters cannot separate,
-    beside a clear leader) does not make the verdict inconclusive: see
-    :func:`_second_slot_notes`.
-    """
-    names = {o.cls for o in ordered}
-    for a, b, trace, why in CONTRADICTIONS:
-        if a in names and b in names:
-            return a, b, trace, f"contradictory signals: {why}"
-    if ordered:
-        return next(_close_pairs(ordered, ordered[0].cls), None)
-    return None
-
-
 def _second_slot_notes(ordered: list[Outcome]) -> list[str]:
     if len(ordered) < 2:
         return []
@@ -272,12 +679,14 @@ def _second_slot_notes(ordered: list[Outcome]) -> list[str]:
 
 
 def _class_confidence(o: Outcome) -> float:
-    """0.5 at the threshold, up to 0.9 far past it; +0.1 when two signals agree."""
+    """``confidence_at_threshold`` at the threshold, ``confidence_span`` more far past
+    it; ``confidence_agreement`` more when two signals agree."""
     met = sum(1 for e in o.evidence if e.met)
-    return min(1.0, 0.5 + 0.4 * o.score + (0.1 if met >= 2 else 0.0))
+    return min(1.0, _v("confidence_at_threshold") + _v("confidence_span") * o.score
+               + (_v("confidence_agreement") if met >= 2 else 0.0))
 
 
-def _headroom_margin(clear: list[Outcome]) -> float:
+def _clear_margin(clear: list[Outcome]) -> float:
     """How far the assessed comparisons stayed from firing (0..1, the closest).
 
     Each row not met is measured on the other side of its threshold: a ">=" row by how
@@ -298,10 +707,9 @@ def _evidence(outcomes: list[Outcome]) -> tuple[Evidence, ...]:
     return tuple(e for o in outcomes for e in o.evidence)
 
 
-#: Classes ranked apart: the client first, the ledger's residual last.
-LAST = ("client_bound", "unexplained")
-#: The metric each ledger weight is a share of, as the report names it.
-METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
+#: Classes ranked apart: the ledger's residual last (the client is a modifier).
+LAST = ("unexplained",)
+CLIENT = "client_bound"
 
 
 def _weights(s: WindowSignals, classes: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

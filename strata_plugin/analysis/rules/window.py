@@ -128,6 +128,22 @@ class WindowSignals:
     ledger_residual_frac: float | None = None  # |residual| / the metric
     ledger_residual_ms: float | None = None  # the same, ms per request (per token: itl)
     ledger_residual_part: str = ""  # where most of it is ("decode gaps, no run state")
+    # the ledger by cause (issue 30): each ``group:state`` cause's share of the metric,
+    # largest first, and the level-1 split (running, waiting, blocked, stopped, outside,
+    # unexplained) that sums to 1; whether run-state samples split it (else the server's
+    # clocks count as running)
+    ledger_causes: tuple[tuple[str, float], ...] = ()
+    ledger_level1: tuple[tuple[str, float], ...] = ()
+    ledger_run_state: bool | None = None
+    # the server's mean cores on a CPU, and wanting one (running, run queue, quota), over
+    # the window from the run-state grid (~20 ms: a short window is measured), and how
+    # many grid samples the window held
+    ledger_run_cores: float | None = None
+    ledger_runnable_cores: float | None = None
+    ledger_runstate_samples: int | None = None
+    # (collector, samples in the window) on the server's node: a rule resting on fewer
+    # than ``rule_min_samples`` is said so in the verdict
+    collector_samples: tuple[tuple[str, int], ...] = ()
     # the server neither running nor able to run (frozen, stopped, no progress) during
     # the metric's time (its share of the ledger) and during the window
     server_stalled_frac: float | None = None
@@ -173,7 +189,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Verdict:
-    classes: tuple[str, ...]  # one or two; ("headroom",) when nothing binds
+    classes: tuple[str, ...]  # one or two: the ledger's largest cause first, if any
     evidence: tuple[Evidence, ...]
     confidence: float  # 0..1
     inconclusive: bool
@@ -188,6 +204,12 @@ class Verdict:
     # the time ledger's parts as shares of the case's metric, named classes first
     # (class-like part name, share 0..1): each class's weight in the time the case is about
     weights: tuple[tuple[str, float], ...] = ()
+    # where the case's metric went (issue 30): the first class as the ledger's largest
+    # cause with its share ("prefill compute, 98% of TTFT"), and the spare capacity beside
+    # it, a modifier ("on 1.35 of 2 allowed cores; spare 0.65 cores"); "" where unmeasured
+    lead: str = ""
+    spare: str = ""
+    spare_cores: float | None = None  # idle allowed CPUs (cores); None: not measured
 
     @property
     def past_threshold(self) -> tuple[str, ...]:

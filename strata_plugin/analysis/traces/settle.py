@@ -184,10 +184,10 @@ def settle(before: Verdict, decisions: tuple[TraceDecision, ...], *, case_id: st
         if present or d.decided is not None:
             settled.append(d.trace)
         notes.append(f"{d.trace} trace: {d.decided or 'none of ' + '/'.join(covered)}: {d.why}")
-    named = [c for c in named if c != "headroom"] or ["headroom"]
+    named = [c for c in named if c != "headroom"]  # a class of older verdicts, no more
     pair_open = before.inconclusive and any(
         c not in {x for d in decisions for x in COVERS[d.trace]}
-        for c in before.classes if c not in ("headroom",))
+        for c in before.classes if c != "headroom")
     inconclusive = before.inconclusive and (pair_open or not settled)
     met = [e for d in decisions if d.trace in settled for e in d.evidence if e.met]
     margin = (sum(min(1.0, (e.value - e.threshold_value) / (0.25 * e.threshold_value))
