@@ -288,3 +288,21 @@ def test_a_pair_the_counters_cannot_tell_apart_is_settled_by_the_run_state() -> 
                          ledger_causes=causes))
     assert not split.inconclusive and split.classes == ("cpu_compute", "cpu_contention")
     assert any("the run-state grid settles it, decode compute, 70%" in n for n in split.notes)
+
+
+@pytest.mark.parametrize(("others", "beside"), [(0.24, False), (0.25, True)])
+def test_a_foreign_loop_on_the_only_allowed_cpu_stands_beside_its_own_threads(others, beside):
+    """Two threads pinned to one CPU that a foreign loop also runs on (the fault suite's
+    ``pinned_hog``): the threads' waiting is both their own (cpu_limited) and the loop's
+    (cpu_contention), so the other waiting class is named beside the first once its rule
+    fires (``other_cpu_frac`` of the allowed CPU), though the ledger booked the waiting
+    to one of them."""
+    assert value("other_cpu_frac") == 0.25
+    v = classify(sig(n_cores=2, server_allowed_cpus=1.0, server_allowance_by="affinity 0 (1 CPU)",
+                     server_runnable_cores=2.0, ledger_runnable_cores=2.0,
+                     allowed_cpus_other_cores=others, server_cpu_cores=0.75,
+                     host_busy_cores=0.75 + others, runq_delay_per_cpu_s=1.0,
+                     ctx_involuntary_per_cpu_s=300.0, ledger_run_state=True, ledger_metric="itl",
+                     ledger_causes=(("decode:waiting", 0.9), ("decode:running", 0.1))))
+    assert v.classes[0] == "cpu_limited", v
+    assert ("cpu_contention" in v.classes) is beside, v

@@ -278,6 +278,21 @@ def _class_of(cause: str, a: _Assessed) -> str:
     return "cpu_compute"
 
 
+#: The two classes the ledger's waiting goes to: the threads waited for CPUs their own
+#: allowance or threads kept from them, or for CPUs other processes held. Both can be
+#: true at once (two threads pinned to one CPU that a foreign loop also runs on): the
+#: waiting is then each one's, and the one not chosen first may stand beside it.
+WAITING_CLASSES = ("cpu_limited", "cpu_contention")
+
+
+def _ledger_share(fc: FirstCause, o: Outcome) -> float:
+    """The ledger's share a class past threshold can claim for the second slot: its own,
+    or, for the other waiting class beside a waiting first class, the waiting's."""
+    if fc.cls in WAITING_CLASSES and o.cls in WAITING_CLASSES and o.fired:
+        return max(fc.share_of(o.cls), fc.share)
+    return fc.share_of(o.cls)
+
+
 #: Classes the run-state grid measures in the ledger: where it split the ledger, one of
 #: them is named beside the first only with ``ledger_second_min_share`` of the metric.
 MEASURED_BY_RUN_STATE = ("cpu_compute", "cpu_contention", "cpu_limited", "io_page_faults",
@@ -386,7 +401,7 @@ def _ledger_led(a: _Assessed) -> Verdict | None:
     # measured small in the ledger (a second class the time did not go to)
     small = _v("ledger_second_min_share")
     eligible = [o for o in others if not (s.ledger_run_state and o.cls in MEASURED_BY_RUN_STATE
-                                          and fc.share_of(o.cls) < small)]
+                                          and _ledger_share(fc, o) < small)]
     second = [o for o in eligible if o.cls != "unexplained"][:1] or [
         o for o in eligible if o.cls == "unexplained"][:1]
     own = a.outcomes.get(fc.cls)
