@@ -157,7 +157,7 @@ def test_a_worker_that_died_during_the_case_fails_it_with_its_log_tail(tmp_path)
     sess = SimpleNamespace(run_dir=tmp_path, cfg=SimpleNamespace(baseline_dir=None),
                            deployment=SimpleNamespace(dead_workers=lambda server: [worker]))
     item = SimpleNamespace(stash={}, user_properties=[], nodeid="cases/x.py::t")
-    runner = SimpleNamespace(case_lines={}, results=[])
+    runner = SimpleNamespace(case_lines={}, results=[], expectations=[])
     with pytest.raises(pytest.fail.Exception) as failed:
         judge_call(item, sess, head, runner, None)
     text = str(failed.value)
