@@ -15,6 +15,7 @@ Files that a layout lacks are skipped; the collector says which were found.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from . import procfs
@@ -39,6 +40,16 @@ class CgroupDirs:
         return bool(self.v2 or self.v1_cpu or self.v1_memory)
 
 
+def cgroup_entries(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """Each ``hierarchy-ID:controllers:path`` line of ``/proc/<pid>/cgroup`` (cgroups(7))
+    as its controllers (``""``: the v2 hierarchy) and its path without the leading
+    ``/``; a malformed line is skipped."""
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            yield parts[1], parts[2].lstrip("/")
+
+
 def cgroup_dirs(pid: int | str = "self", root: str = CGROUP_ROOT) -> CgroupDirs:
     """Where ``pid``'s cgroup lives, for v2 and the v1 cpu and memory controllers."""
     data = procfs.read_bytes(f"{procfs.PROC}/{pid}/cgroup")
@@ -46,12 +57,7 @@ def cgroup_dirs(pid: int | str = "self", root: str = CGROUP_ROOT) -> CgroupDirs:
         return CgroupDirs()
     v2 = v1_cpu = v1_mem = ""
     lines = tuple(data.decode(errors="replace").splitlines())
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.lstrip("/")
+    for controllers, path in cgroup_entries(lines):
         ctrls = controllers.split(",")
         if controllers == "":
             for base in (root, os.path.join(root, "unified")):
@@ -201,12 +207,7 @@ def freezer_files(cgroup_text: bytes, root: str = CGROUP_ROOT) -> FreezerFiles:
     """The freezer files of the process whose ``/proc/<pid>/cgroup`` reads ``cgroup_text``."""
     v1 = v2e = v2f = ""
     available = False
-    for line in cgroup_text.decode(errors="replace").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.lstrip("/")
+    for controllers, path in cgroup_entries(cgroup_text.decode(errors="replace").splitlines()):
         if "freezer" in controllers.split(","):
             mount = os.path.join(root, "freezer")
             if os.path.isdir(mount):
@@ -302,11 +303,7 @@ def cpuset_file(cgroup_text: bytes, root: str = CGROUP_ROOT) -> str:
     its group, or of the nearest ancestor that has the controller enabled (a group
     without it uses its parent's CPUs)."""
     v2_path = None
-    for line in cgroup_text.decode(errors="replace").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
+    for controllers, path in cgroup_entries(cgroup_text.decode(errors="replace").splitlines()):
         path = path.strip().lstrip("/")
         if "cpuset" in controllers.split(","):
             d = os.path.join(root, "cpuset", path)
