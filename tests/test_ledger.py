@@ -320,3 +320,56 @@ def test_shares_over_repetitions_get_a_t_interval() -> None:
     assert {r[1] for r in rows} == {"a"}  # one repetition of b: no interval
     before = next(r for r in rows if r[3] == "before_server")
     assert before[4] == "3" and " .. " in before[6]
+
+
+def test_a_wait_booked_when_it_ends_is_moved_back_to_where_it_was() -> None:
+    """The kernel books run_delay when a thread reaches a CPU and a quota's throttled time
+    when the quota refills: a 0.1-core quota on a 100 ms period reads, on the 20 ms grid,
+    as a 90 ms hold booked in one jump. The jump is placed back over the intervals before
+    it (at most LAZY_SPAN_S), so the hold reads as 90% of the time, not one interval's
+    worth; an increment that fits its interval stays there, one just over it spills."""
+    from strata_plugin.analysis.run_states import LAZY_SPAN_S, spread_back
+
+    t = (T0 + np.arange(11) * 20 * MS).astype(np.int64)
+    room = np.full(10, 0.02)  # one core's worth of each 20 ms interval
+    inc = np.zeros(10)
+    inc[9] = 0.02  # exactly the room: stays
+    assert spread_back(t, inc, room).tolist() == inc.tolist()
+    inc[9] = 0.02 + 1e-6  # just over: the excess goes one interval back
+    out = spread_back(t, inc, room)
+    assert out[9] == pytest.approx(0.02) and out[8] == pytest.approx(1e-6)
+    inc[9] = 0.2  # ten intervals' worth: spread back LAZY_SPAN_S (5 intervals), the rest dropped
+    out = spread_back(t, inc, room)
+    n_back = round(LAZY_SPAN_S / 0.02)
+    assert out[10 - n_back:].tolist() == pytest.approx([0.02] * n_back)
+    assert out[:10 - n_back].sum() == 0.0
+    # the quota's pattern: 10 ms run, then a 90 ms hold booked at the refill, five times
+    run = np.zeros(26)
+    thr = np.zeros(26)
+    for k in range(5):
+        run[5 * k + 1:] += 0.01  # ran in the first interval of each period
+        thr[5 * k + 5:] += 0.09  # the hold booked at the refill, one interval's jump
+    tq = (T0 + np.arange(26) * 20 * MS).astype(np.int64)
+    z = np.zeros(26)
+    rs = classify_intervals(tq, run, z, z, z, z, np.full(26, 1.0), z, int(tq[0]), int(tq[-1]),
+                            throttled_s=thr)
+    secs, covered = rs.over(int(tq[0]), int(tq[-1]))
+    # read interval by interval it was a fifth throttled and three fifths "stalled"; held
+    # back first (the module's order), every period is the quota's
+    assert secs["throttled"] / covered >= 0.9 and secs["stalled"] == 0.0
+
+
+@pytest.mark.parametrize(("cause", "weight"), [
+    ("decode:running", "compute"), ("prefill:running", "compute"),
+    ("queue:running", "queueing"), ("decode:throttled", "cpu_throttled"),
+    ("queue:waiting", "cpu_wait"), ("stall:sleeping", "server_sleeping"),
+    ("stall:stopped", "server_stalled"), ("prefill:io", "io_page_faults"),
+    ("outside:client_send", "client_bound"), ("outside:delivery", "outside_server"),
+    ("outside:tail", "tail"), ("unexplained:residual_decode", "unexplained"),
+])
+def test_the_verdicts_weights_are_by_cause_not_by_clock(cause, weight) -> None:
+    """A decode held by its quota weighs ``cpu_throttled``, as the verdict's lead says,
+    where by clock it was all "decode at its pace" (``compute``)."""
+    from strata_plugin.analysis.ledger import weight_of
+
+    assert weight_of(cause) == weight

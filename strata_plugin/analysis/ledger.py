@@ -124,6 +124,24 @@ _OUTSIDE = ("client_send", "before_server", "ttft_delivery", "delivery", "tail")
 SEGMENTS = {"ttft": ("ttft",), "itl": ("itl",), "e2e": ("ttft", "itl", "tail")}
 
 
+#: A server cause's class-like name by its state (``running``: by its group, below).
+_WEIGHT_OF_STATE = {"waiting": "cpu_wait", "throttled": "cpu_throttled",
+                    "io": "io_page_faults", "sleeping": "server_sleeping",
+                    "stopped": "server_stalled", "stalled": "server_stalled"}
+
+
+def weight_of(cause: str) -> str:
+    """The class-like name of a ``group:state`` cause in the verdict's weights: outside
+    parts as WEIGHT_OF names them; the server's time by what its threads did, its running
+    time as ``queueing`` while the request queued and ``compute`` otherwise."""
+    group, _, state = cause.partition(":")
+    if group in ("outside", "unexplained"):
+        return WEIGHT_OF.get(state, "unexplained")
+    if state in _WEIGHT_OF_STATE:
+        return _WEIGHT_OF_STATE[state]
+    return "queueing" if group == "queue" else "compute"
+
+
 def level1_of(cause: str) -> str:
     """The level-1 category of a ``group:state`` cause (``LEVEL1``)."""
     group, _, state = cause.partition(":")
@@ -680,10 +698,12 @@ class CaseLedger:
         return tuple(out.items())
 
     def weights(self) -> tuple[tuple[str, float], ...]:
-        """Class-like names and their share of the case's metric (WEIGHT_OF)."""
+        """Class-like names and their share of the case's metric, by cause
+        (:func:`weight_of`): the verdict's weights say where the time went, as its lead
+        does, not which clock ran (a decode held by its quota weighs ``cpu_throttled``)."""
         out: dict[str, float] = {}
-        for p, s in self.shares(self.metric):
-            out[WEIGHT_OF[p]] = out.get(WEIGHT_OF[p], 0.0) + s
+        for c, s in self.cause_shares():
+            out[weight_of(c)] = out.get(weight_of(c), 0.0) + s
         return tuple((k, round(v, 4)) for k, v in sorted(out.items()))
 
     def clock_error_ms(self) -> float:

@@ -26,6 +26,16 @@ compute threads sharing one CPU run 1.0 core and wait 1.0 core, and the whole in
 is ``waiting``, not compute (its busy reference is the 1.0 core it could run), as a
 token that took 40x its clean time because its threads queued for the CPU is.
 
+The kernel books a wait when it ends, not while it lasts: a thread's schedstat run_delay
+grows when the thread reaches a CPU (by the whole time it queued), and a cgroup's
+throttled time when the quota is refilled (by the whole period it was held). On a 20 ms
+grid those counters stand still while the threads wait and then jump, so read interval
+by interval a server held by a 0.1-core quota ran in its bursts and "slept" in between,
+and the jumps, many times an interval's room, were cut to one interval's worth: the
+quota's hold read as 20% of the case where it was 90%. So what an interval cannot hold
+of either counter's increment is moved back to the intervals before it, at most
+LAZY_SPAN_S back (:func:`spread_back`); a counter that advances steadily stays put.
+
 Shares are kept as running totals per state, so the seconds in each state over any span
 (a decode gap, a TTFT) are two interpolations (uniform within a sampling interval).
 """
@@ -46,6 +56,11 @@ WAITING_STATES = ("waiting", "throttled")
 NO_PROGRESS = 0.02
 #: A span whose samples cover less than this share of it is not classified.
 MIN_COVERAGE = 0.5
+#: How far back a booked wait or throttled time is spread (module docstring): the CFS
+#: bandwidth period's default, the longest a quota holds a group at once unless the
+#: period is raised (Linux kernel docs, scheduler/sched-bwc.rst, Management:
+#: cpu.cfs_period_us "the length of a period", 100 ms by default).
+LAZY_SPAN_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,8 @@ def from_store(store: SampleStore, start_ns: int, end_ns: int, node: str | None 
         return None
     t_all = run[0]
     i0 = max(0, int(np.searchsorted(t_all, start_ns, "right")) - 2)
-    i1 = min(len(t_all), int(np.searchsorted(t_all, end_ns, "left")) + 2)
+    # past the end by the spread: a wait booked just after the window happened in it
+    i1 = min(len(t_all), int(np.searchsorted(t_all, end_ns + LAZY_SPAN_S * 1e9, "left")) + 2)
     t = t_all[i0:i1].astype(np.int64)
     if len(t) < 2:
         return None
@@ -152,6 +168,33 @@ def from_store(store: SampleStore, start_ns: int, end_ns: int, node: str | None 
                               threads, state_s, start_ns, end_ns, throttled_s=throttled)
 
 
+def spread_back(t: np.ndarray, inc: np.ndarray, room: np.ndarray,
+                span_s: float = LAZY_SPAN_S) -> np.ndarray:
+    """A counter's increments per interval (``inc``), booked when their waits ended,
+    moved back to where they can have happened: what exceeds an interval's ``room`` (its
+    length times the cores the server runs) goes to the interval before, and so on, but
+    never further than ``span_s`` before it was booked (beyond that it is dropped: more
+    held-back time than wall time, which the shares clip anyway). A counter that advances
+    with time, as a perfect one would, never exceeds its room and stays where it is."""
+    out = np.zeros(len(inc))
+    carry: list[tuple[int, float]] = []  # (booked at: interval end, seconds still to place)
+    span = span_s * 1e9
+    for i in range(len(inc) - 1, -1, -1):
+        if inc[i] > 0:
+            carry.append((int(t[i + 1]), float(inc[i])))
+        carry = [(at, x) for at, x in carry if at - int(t[i]) <= span]
+        free = float(room[i]) if np.isfinite(room[i]) else 0.0
+        kept: list[tuple[int, float]] = []
+        for at, x in reversed(carry):  # the earliest booked first: nearest to here
+            take = min(x, free)
+            free -= take
+            out[i] += take
+            if x - take > 0:
+                kept.append((at, x - take))
+        carry = kept[::-1]
+    return out
+
+
 def _ends_mean(x: np.ndarray) -> np.ndarray:
     return (x[1:] + x[:-1]) / 2.0
 
@@ -174,13 +217,16 @@ def classify_intervals(
     dt = np.diff(t) / 1e9
     dt = np.where(dt > 0, dt, np.nan)
     run_rate = np.clip(np.diff(run_s), 0.0, None) / dt
-    wait_rate = np.clip(np.diff(wait_s), 0.0, None) / dt
-    thr_rate = (np.zeros(len(dt)) if throttled_s is None
-                else np.clip(np.diff(throttled_s), 0.0, None) / dt)
     inside = (t[1:] > start_ns) & (t[:-1] < end_ns)
     rates = run_rate[inside & np.isfinite(run_rate)]
     busy = float(np.percentile(rates, 90)) if len(rates) else 0.0
     busy = max(busy, 1e-3)
+    wait_inc = np.clip(np.diff(wait_s), 0.0, None)
+    thr_inc = (np.zeros(len(dt)) if throttled_s is None
+               else np.clip(np.diff(throttled_s), 0.0, None))
+    room = busy * np.nan_to_num(dt)  # the held-back seconds an interval can hold
+    wait_rate = spread_back(t, wait_inc, room) / dt
+    thr_rate = spread_back(t, thr_inc, room) / dt
     n_threads = _ends_mean(threads) if threads is not None else np.full(len(dt), np.nan)
     stopped = np.clip(_ends_mean(np.minimum(frozen, 1.0)), 0.0, 1.0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -231,7 +277,9 @@ def classify_intervals(
             np.nansum(stuck_w * (_ends_mean(frozen) >= 0.5)) / stuck_w.sum()), 2)))
     cores: list[float | None] = [None, None, None]
     if total > 0:
-        cores = [float(np.nansum(w * r) / total) for r in (run_rate, wait_rate, thr_rate)]
+        # the counters as booked (their totals: nothing clipped or dropped by the spread)
+        cores = [float(np.nansum(w * r) / total)
+                 for r in (run_rate, wait_inc / dt, thr_inc / dt)]
     return RunStates(t=t, cum=cum, busy_ref_cores=busy, seen=tuple(seen),
                      run_cores=cores[0], wait_cores=cores[1], throttled_cores=cores[2],
                      n_window=int(((t >= start_ns) & (t <= end_ns)).sum()),
