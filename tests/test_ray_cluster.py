@@ -236,7 +236,7 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
     error class ``interrupted`` and the events it had; the cluster is left as found."""
     import _thread
 
-    from strata_plugin.load.ray_engine import run_load_on_ray
+    from strata_plugin.load.ray_engine import INTERRUPT_GRACE_S, run_load_on_ray
 
     got: list = []
     streams: dict[int, int] = {}  # node -> its open streams, when last looked
@@ -263,7 +263,7 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
         run_load_on_ray(_jobs(6, EVENTS), spec=_spec(lab), base_url=emitter.url, api="chat",
                         concurrency=6, timeouts=T, on_record=got.append)
     except KeyboardInterrupt:
-        pass
+        raised = time.monotonic()
     else:
         ended = time.monotonic()
         pytest.fail(f"Ctrl-C was pressed with every node streaming ({streams}), "
@@ -273,7 +273,11 @@ def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter) -> None:
                     f"last looked: {streams}): no Ctrl-C was pressed")
     finally:
         load_done.set()
-    assert len(got) == 6, [r.error for r in got]  # all six were in flight
+    # all six were in flight: say which came, and what each node streamed at the press
+    assert len(got) == 6, (f"records of {sorted(r.request_id for r in got)}, "
+                           f"{raised - pressed[0]:.1f} s from the press to the interrupt's "
+                           f"end (grace {INTERRUPT_GRACE_S:g} s); open streams per node at "
+                           f"the press: {streams}")
     assert {r.error.cls for r in got if r.error} == {"interrupted"}
     assert all(r.dispatched_ns and 1 <= len(r.events) < EVENTS for r in got)
     assert _cluster_free(lab)["free"] == 3.0
