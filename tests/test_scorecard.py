@@ -220,3 +220,28 @@ def test_rescore_decides_each_verdict_again(runs, monkeypatch, capsys):
     # ground truth did not see there, so they miss
     assert "Hits: 4 of 6." in again and "named): 4 of 4" in again.replace("\n", " ")
     assert {r: (r / "cases.jsonl").read_text() for r in runs} == before
+
+
+def test_a_quiet_prefill_expects_compute_which_is_no_fault(tmp_path) -> None:
+    """Issue 30's prefill scenarios expect ``cpu_compute`` first. That makes it a
+    scenario's class, not a fault: a clean arm naming it is right (a healthy server
+    computes), and it is wrong only where it came first while a fault held the server."""
+    compute = ev("cpu_compute", "ledger_cause_share", 0.92, 0.06)
+    d = make_run(tmp_path, "p", [
+        case("fault/prefill_c1/fault/0", "cpu_compute", "fault", ["cpu_compute"],
+             evidence=[compute]),
+        case("fault/cpu_limited/clean/0", "cpu_limited", "clean", ["cpu_compute"],
+             evidence=[compute]),
+        # the quota held the server and the verdict said compute: a miss, and compute's FP
+        case("fault/cpu_limited/fault/0", "cpu_limited", "fault", ["cpu_compute"],
+             also=["cpu_limited"], evidence=[compute, THROTTLED]),
+    ], {"fault/prefill_c1/fault/0": [], "fault/cpu_limited/clean/0": [],
+        "fault/cpu_limited/fault/0": ["cpu_limited"]})
+    arms = {a.case_id: a for a in read_run(d)}
+    assert "cpu_compute" not in arms["fault/cpu_limited/clean/0"].fault_classes
+    assert arms["fault/prefill_c1/fault/0"].hit and arms["fault/prefill_c1/fault/0"].top1
+    assert arms["fault/cpu_limited/clean/0"].hit
+    assert not arms["fault/cpu_limited/fault/0"].hit
+    scores = {s.cls: s for s in class_scores(list(arms.values()))}
+    assert (scores["cpu_compute"].tp, scores["cpu_compute"].fp) == (1, 1)
+    assert (scores["cpu_limited"].tp, scores["cpu_limited"].fn) == (0, 1)

@@ -50,6 +50,9 @@ from strata_plugin.formats.typed import (
 
 #: A clean arm expects nothing.
 NONE = "none"
+#: The classes of a server doing its own work: what a scenario with nothing injected
+#: expects (issue 30's quiet prefill), never a fault a clean arm names falsely.
+COMPUTE = frozenset(("cpu_compute", "gpu_compute"))
 #: The fault suite's two sets: the scenarios the rules' thresholds were tuned on, and
 #: the ones kept apart, that set no threshold (a run without ``fault_set`` predates the
 #: split: all its scenarios were tuning ones).
@@ -203,9 +206,11 @@ def read_run(run_dir: Path, rescore: bool = False) -> list[Arm]:
         if ln.extra.get("fault") and ln.extra.get("fault_arm") and ln.verdict is not None:
             latest[ln.case_id] = ln  # a case line written again replaces the first
     scenarios = tuple(sorted({ln.extra["fault"] for ln in latest.values()}))
-    # the classes a fault could be (the suite records its list; an older run: what it ran)
-    fault_classes = tuple(sorted(set(recorded) | set(scenarios)
-                                 | {x for t in truth.values() for x in t}))
+    # the classes a fault could be (the suite records its list; an older run: what it
+    # ran), less the compute classes: a quiet prefill scenario expects cpu_compute, which
+    # a clean arm names rightly (a healthy server computes)
+    fault_classes = tuple(sorted((set(recorded) | set(scenarios)
+                                  | {x for t in truth.values() for x in t}) - COMPUTE))
     arms = []
     fresh = rescored_verdicts(run_dir, list(latest)) if rescore else {}
     for cid, line in latest.items():
@@ -267,7 +272,12 @@ def class_scores(arms: Sequence[Arm]) -> list[ClassScore]:
     for cls in sorted({a.fault for a in arms}):
         mine = [a for a in arms if a.arm == "fault" and a.fault == cls]
         tp = sum(a.fault_named for a in mine)
-        fp = sum(cls in a.classes and not a.inconclusive and cls not in a.truth for a in arms)
+        if arms and cls in arms[0].fault_classes:
+            fp = sum(cls in a.classes and not a.inconclusive and cls not in a.truth
+                     for a in arms)
+        else:  # a class no fault is (cpu_compute): wrong where it came first over a fault
+            fp = sum(bool(a.classes) and a.classes[0] == cls and not a.inconclusive
+                     and any(t in a.fault_classes for t in a.truth) for a in arms)
         out.append(ClassScore(cls, len(mine), tp, fp, len(mine) - tp))
     return out
 
