@@ -461,7 +461,12 @@ def _check(r: ArmResult) -> list[str]:
     (in the top two or past threshold beyond them) that did not happen."""
     problems = []
     named = set(r.classes) | set(r.also_flagged)
-    if r.arm == "fault":
+    if r.arm == "fault" and _busy_host(r):  # a quiet case on a host that was not quiet
+        if not r.classes or r.classes[0] not in r.truth:
+            problems.append(f"{r.case_id}: nothing was injected, {list(r.truth)} happened "
+                            f"(ground truth {r.facts['ground_truth']}), and the first class "
+                            f"is not one of them: '{r.verdict}'")
+    elif r.arm == "fault":
         if r.scenario not in r.classes:
             where = (f"fired but ranked out of the top two (also past threshold: "
                      f"{list(r.also_flagged)})" if r.scenario in r.also_flagged else "not named")
@@ -480,6 +485,14 @@ def _check(r: ArmResult) -> list[str]:
     if sc is not None:
         problems += _check_allowance(sc, r)
     return problems
+
+
+def _busy_host(r: ArmResult) -> bool:
+    """A scenario that injects nothing (a quiet prefill: ``cpu_compute`` expected) whose
+    window the host watch found holding a fault anyway (a real CPU hog: contention). Its
+    case's largest cause is then that fault, so the verdict must name it first, not the
+    compute the scenario expects of a quiet host: the same truth every arm is held to."""
+    return r.scenario == COMPUTE_CLASS and bool(r.truth)
 
 
 def _why(r: ArmResult, cls: str) -> str:
@@ -503,7 +516,7 @@ def _check_allowance(sc: Scenario, r: ArmResult) -> list[str]:
         out.append(f"{r.case_id}: names {c} ('{r.verdict}')")
     if r.arm != "fault":
         return out
-    if sc.first and r.classes[:1] != (sc.fault,):
+    if sc.first and r.classes[:1] != (sc.fault,) and not _busy_host(r):
         out.append(f"{r.case_id}: the first class is not {sc.fault}: '{r.verdict}'")
     inj = r.facts.get("injector", {})
     if sc.names_actor:

@@ -245,3 +245,38 @@ def test_a_quiet_prefill_expects_compute_which_is_no_fault(tmp_path) -> None:
     scores = {s.cls: s for s in class_scores(list(arms.values()))}
     assert (scores["cpu_compute"].tp, scores["cpu_compute"].fp) == (1, 1)
     assert (scores["cpu_limited"].tp, scores["cpu_limited"].fn) == (0, 1)
+
+
+def test_a_quiet_prefill_on_a_held_host_must_name_what_held_it(tmp_path) -> None:
+    """A scenario that injects nothing (a quiet prefill, ``cpu_compute`` expected) ran
+    while a real hog held a core: the host watch says contention happened, the case's
+    largest cause is then that wait, and the arm is judged by it, first, in the
+    scorecard as in the suite (cases/test_faults.py ``_busy_host``); compute first there
+    is a miss."""
+    from cases.test_faults import ArmResult, _check
+
+    waiting = ev("cpu_contention", "ledger_cause_share", 0.97, 0.02)
+    d = make_run(tmp_path, "h", [
+        case("fault/prefill_c1/fault/0", "cpu_compute", "fault", ["cpu_contention"],
+             evidence=[waiting]),
+        case("fault/prefill_c1/fault/1", "cpu_compute", "fault", ["cpu_compute",
+                                                                  "cpu_contention"],
+             evidence=[waiting]),
+    ], {"fault/prefill_c1/fault/0": ["cpu_contention"],
+        "fault/prefill_c1/fault/1": ["cpu_contention"]})
+    arms = {a.case_id: a for a in read_run(d)}
+    held, wrong = arms["fault/prefill_c1/fault/0"], arms["fault/prefill_c1/fault/1"]
+    assert held.wanted == ("cpu_contention",) and held.hit and held.top1
+    assert not wrong.hit and not wrong.top1
+    assert "the host held it: cpu_contention first" in scorecard_markdown(list(arms.values()))
+
+    def arm(classes: tuple[str, ...], truth: tuple[str, ...]) -> ArmResult:
+        return ArmResult("cpu_compute", "fault", "fault/prefill_c1/fault/0", " + ".join(classes),
+                         classes, (), False, tuple(f"{c}: ledger_cause_share 0.9"
+                                                   for c in classes[:1]),
+                         truth, {"ground_truth": {}}, mechanism="prefill_c1")
+
+    assert _check(arm(("cpu_contention",), ("cpu_contention",))) == []
+    assert _check(arm(("cpu_compute", "cpu_contention"), ("cpu_contention",)))
+    assert _check(arm(("cpu_compute",), ())) == []  # quiet: compute first, as expected
+    assert _check(arm(("cpu_contention",), ()))  # quiet: contention that did not happen

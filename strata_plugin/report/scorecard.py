@@ -92,7 +92,21 @@ class Arm:
                      if c in self.fault_classes and c not in self.truth)
 
     @property
+    def wanted(self) -> tuple[str, ...]:
+        """The classes this arm must name: its fault; for a scenario that injects nothing
+        (COMPUTE expected) on a host where a fault happened anyway, that fault, first (the
+        case's largest cause then is what held it, as the suite judges it)."""
+        if self.fault in COMPUTE and self.arm == "fault":
+            held = tuple(t for t in self.truth if t in self.fault_classes)
+            if held:
+                return held
+        return (self.fault,)
+
+    @property
     def fault_named(self) -> bool:
+        if self.wanted != (self.fault,):
+            return (bool(self.classes) and self.classes[0] in self.wanted
+                    and not self.inconclusive)
         return (self.fault in self.classes and not self.inconclusive
                 and any(e.startswith(self.fault + ":") for e in self.evidence))
 
@@ -103,11 +117,11 @@ class Arm:
 
     @property
     def top1(self) -> bool:
-        return self.arm == "fault" and bool(self.classes) and self.classes[0] == self.fault
+        return self.arm == "fault" and bool(self.classes) and self.classes[0] in self.wanted
 
     @property
     def top3(self) -> bool:
-        return self.arm == "fault" and self.fault in self.past_threshold[:3]
+        return self.arm == "fault" and any(c in self.wanted for c in self.past_threshold[:3])
 
 
 class ScorecardError(StrataError, ValueError):
@@ -270,7 +284,8 @@ class ClassScore:
 def class_scores(arms: Sequence[Arm]) -> list[ClassScore]:
     out = []
     for cls in sorted({a.fault for a in arms}):
-        mine = [a for a in arms if a.arm == "fault" and a.fault == cls]
+        # (a quiet scenario on a held host is scored by what held it: Arm.wanted)
+        mine = [a for a in arms if a.arm == "fault" and a.fault == cls and a.wanted == (cls,)]
         tp = sum(a.fault_named for a in mine)
         if arms and cls in arms[0].fault_classes:
             fp = sum(cls in a.classes and not a.inconclusive and cls not in a.truth
@@ -342,10 +357,13 @@ def scorecard_markdown(arms: Sequence[Arm]) -> str:
     lines += ["| run | set | case | expected | named | hit | evidence (past threshold) |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for a in arms:
-        shown = [x for x in a.evidence if a.arm == "clean" or x.startswith(a.fault + ":")]
+        shown = [x for x in a.evidence if a.arm == "clean"
+                 or any(x.startswith(w + ":") for w in a.wanted)]
+        expected = (a.expected if a.wanted == (a.fault,) else
+                    f"{a.expected}; the host held it: {' or '.join(a.wanted)} first")
         why = [*(["missed"] if a.arm == "fault" and not a.fault_named else []),
                *([f"false: {', '.join(a.false_classes)}"] if a.false_classes else [])]
-        lines.append(f"| {a.run} | {a.fault_set} | {a.case_id} | {a.expected} | "
+        lines.append(f"| {a.run} | {a.fault_set} | {a.case_id} | {expected} | "
                      f"{_cell(a.named)} | "
                      f"{'hit' if a.hit else 'miss (' + '; '.join(why) + ')'} | "
                      f"{_cell('; '.join(shown) or '-')} |")
