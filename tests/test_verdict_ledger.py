@@ -306,3 +306,18 @@ def test_a_foreign_loop_on_the_only_allowed_cpu_stands_beside_its_own_threads(ot
                      ledger_causes=(("decode:waiting", 0.9), ("decode:running", 0.1))))
     assert v.classes[0] == "cpu_limited", v
     assert ("cpu_contention" in v.classes) is beside, v
+
+
+@pytest.mark.parametrize("read_bytes_s", [3.9e6, 4e6])
+def test_page_faults_past_threshold_stand_beside_compute_though_d_state_was_small(
+        read_bytes_s) -> None:
+    """The fault suite's page-out arm: the server rereads its weights at 93 MB/s and the
+    case is ~16% slower, but its threads sat in D for 2.7% of TPOT/ITL (the fault's own
+    kernel work is booked as running). The grid's small share does not rule the I/O out:
+    past ``read_bytes_s`` it is named beside the first class, and not just under it."""
+    assert value("read_bytes_s") == 4e6
+    v = classify(sig(ledger_metric="itl", ledger_run_state=True, read_bytes_s=read_bytes_s,
+                     ledger_causes=(("decode:running", 0.74), ("decode:waiting", 0.2),
+                                    ("decode:io", 0.027), ("stall:sleeping", 0.023))))
+    assert v.classes[0] == "cpu_compute"
+    assert ("io_page_faults" in v.classes) is (read_bytes_s >= 4e6), v
