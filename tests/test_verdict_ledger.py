@@ -321,3 +321,16 @@ def test_page_faults_past_threshold_stand_beside_compute_though_d_state_was_smal
                                     ("decode:io", 0.027), ("stall:sleeping", 0.023))))
     assert v.classes[0] == "cpu_compute"
     assert ("io_page_faults" in v.classes) is (read_bytes_s >= 4e6), v
+
+
+@pytest.mark.parametrize("client_bound", [False, True])
+def test_decode_stalls_asleep_behind_a_client_that_fell_behind_are_the_clients(
+        client_bound) -> None:
+    """The fault suite's client_bound arm: the server sat asleep in two thirds of its
+    decode gaps, holding tokens for a reader that did not read. With the client's own
+    check saying it fell behind, those stalls are the client's (first class); without
+    it, a server asleep mid-decode is a stall of its own."""
+    v = classify(sig(client_bound=client_bound, ledger_metric="itl", ledger_run_state=True,
+                     ledger_causes=(("stall:sleeping", 0.67), ("decode:running", 0.3),
+                                    ("outside:delivery", 0.03))))
+    assert v.classes[0] == ("client_bound" if client_bound else "server_stalled"), v
