@@ -127,7 +127,7 @@ SEGMENTS = {"ttft": ("ttft",), "itl": ("itl",), "e2e": ("ttft", "itl", "tail")}
 #: A server cause's class-like name by its state (``running``: by its group, below).
 _WEIGHT_OF_STATE = {"waiting": "cpu_wait", "throttled": "cpu_throttled",
                     "io": "io_page_faults", "sleeping": "server_sleeping",
-                    "stopped": "server_stalled", "stalled": "server_stalled"}
+                    "stopped": "server_stalled"}
 
 
 def weight_of(cause: str) -> str:
