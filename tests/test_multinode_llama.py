@@ -304,8 +304,13 @@ def test_two_node_decode_crosses_the_veth_and_the_capped_link_is_named(lab, tmp_
     cap_rx, cap_tx = table["capped"]["head"]
     # the link carries the decode: far above the idle baseline (the worker agent's own
     # samples cross it too, a few kB/s)
-    assert free_rx + free_tx > 20 * (idle_rx + idle_tx) and free_rx + free_tx > 2e6
-    assert cap_rx + cap_tx > 20 * (idle_rx + idle_tx)
+    idle = idle_rx + idle_tx
+    assert free_rx + free_tx > 20 * idle and cap_rx + cap_tx > 20 * idle
+    # and what it carries is per token: the same bytes per token in both windows, though
+    # the cap changed the rate (a floor in bytes/s would be a floor on the CPU's speed:
+    # CI's loaded host decoded at 1.59 MB/s uncapped where a quiet one reaches 2.6)
+    per_token = {w: (sum(table[w]["head"]) - idle) / tokens_s[w] for w in tokens_s}
+    assert per_token["capped"] == pytest.approx(per_token["uncapped"], rel=0.25), per_token
     # capped: each direction at the tbf rate or under it, and the busier one near it
     assert max(cap_rx, cap_tx) < 1.15 * CAP_BYTES_S
     assert max(cap_rx, cap_tx) > 0.6 * CAP_BYTES_S

@@ -98,9 +98,9 @@ def test_a_negative_think_time_or_timestamp_is_refused(tmp_path):
 def test_a_huge_input_length_is_refused_before_any_prompt_is_built(tmp_path):
     # isl=1e12 was read as 10**12 tokens; building its prompt ran for as long as one let it
     p = _jsonl(tmp_path, [_moon(isl=1e12)])
-    t0 = time.monotonic()
+    t0 = time.thread_time()  # the reader's CPU time: a loaded host's pause is not its cost
     _raises(p, 1, "input_length", r"input_length=1000000000000.0 is outside 1\.\.1048576")
-    assert time.monotonic() - t0 < 1.0
+    assert time.thread_time() - t0 < 1.0
 
 
 @pytest.mark.parametrize("v, what", [(3.5, "not a whole number"), ("12abc", "not a number"),
