@@ -260,3 +260,28 @@ def test_a_clean_case_with_the_token_clock_names_no_delivery() -> None:
     sig = cl.signals()
     assert sig["delivery_frac"] == 0.0
     assert "outside_server" not in classify(dataclasses.replace(CPU_CLEAN, **sig)).past_threshold
+
+
+def test_a_late_clients_lag_is_its_time_not_an_error_bar() -> None:
+    """A client held to a sliver of a core (the fault suite's client_bound arm) reads a
+    stream made every 5 ms once per 100 ms CFS period, and its loop lag p99 (1.4 s there)
+    is the stamps' error bound. As a floor it hid every late token, so the client's gaps
+    read as stalls; where the client's own check says it fell behind, the lag is the
+    client's time: delivery, and the verdict names the client with it."""
+    recs = [stream(n=48, pace=5.0, flush=100.0, rid=f"r{k}", dispatched_ms=400.0 * k)
+            for k in range(6)]
+    kw = {"name": "decode_x", "params": {"osl": 48, "concurrency": 1},
+          "records": recs, "clock_error_ms": 1400.0}
+    hidden = case_ledger("c", **kw).signals()
+    assert hidden["delivery_frac"] == 0.0  # the floor ate it
+    seen = case_ledger("c", client_late=True, **kw)
+    sig = seen.signals()
+    assert sig["delivery_frac"] == pytest.approx(0.95, abs=0.03)
+    assert seen.clock_error_ms() == 1400.0  # still stated as the stamps' error
+    assert any("the client's own lateness" in m for m in seen.merged)
+    v = classify(dataclasses.replace(CPU_CLEAN, client_bound=True, **sig))
+    assert v.classes[0] == "client_bound", v
+    assert v.lead.startswith("delivery to a client that fell behind"), v.lead
+    # the same case, the client not flagged: the delivery is the path's
+    v = classify(dataclasses.replace(CPU_CLEAN, **sig))
+    assert v.classes[0] == "outside_server", v

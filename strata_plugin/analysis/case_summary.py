@@ -424,6 +424,7 @@ def ledger_of(
         states=states, anchor=bundle.anchor,
         clock_error_ms=info.self_check("timing_error_bound_ms"),
         window_ns=(window.start_ns, window.end_ns) if window is not None else None,
+        client_late=bool(info.self_check("client_bound")),
     )
 
 

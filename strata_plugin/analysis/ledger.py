@@ -382,9 +382,16 @@ def request_ledger(
     anchor: ClockAnchor | None = None,
     clock_error_ms: float | None = None,
     delivery: RequestDelivery | None = None,
+    client_late: bool = False,
 ) -> RequestLedger | None:
     """One request's ledger; None for a request with no token event (nothing to split).
-    ``delivery``: its delivery split (analysis/delivery.py), made here when not given."""
+    ``delivery``: its delivery split (analysis/delivery.py), made here when not given.
+    ``client_late``: the client's own self-check says it fell behind. Its stamps are then
+    late by its loop lag (``clock_error_ms``) *because of the client*: that lag is where
+    the measured time went, not an error bar on it, so it does not raise the floor below
+    which a token's late arrival is not delivery. (The fault suite's client_bound arm, a
+    client held to 2% of a core: a 1.4 s loop lag p99 as the floor hid every late token,
+    and the client's gaps read as decode stalls with the server running.)"""
     first = first_token_ns(rec)
     if first is None:
         return None
@@ -406,7 +413,12 @@ def request_ledger(
     t, eng = rec.timings, rec.engine
     err = max(threshold_value("ledger_clock_error_ms"), clock_error_ms or 0.0)
     dv = delivery if delivery is not None else request_delivery(
-        rec, toks, states=states, anchor=anchor, clock_error_ms=err)
+        rec, toks, states=states, anchor=anchor,
+        clock_error_ms=threshold_value("ledger_clock_error_ms") if client_late else err)
+    if client_late and err > threshold_value("ledger_clock_error_ms"):
+        merged.append(f"delivery includes the client's own lateness: its self-check says it "
+                      f"fell behind, so its stamps' lag (p99 {err:.3g} ms) is its time, not "
+                      "an error bar")
     # the request's own clocks first (the engine's), the case's means only as a fallback
     prefill = eng.prefill_ms if eng is not None else None
     if prefill is None and t is not None:
@@ -834,21 +846,24 @@ def case_ledger(
     anchor: ClockAnchor | None = None,
     clock_error_ms: float | None = None,
     window_ns: tuple[int, int] | None = None,
+    client_late: bool = False,
 ) -> CaseLedger:
     """The ledger of a case's measured, successful requests. ``window_ns``: the case's
-    window on the harness clock, for the stalled share of the window itself."""
+    window on the harness clock, for the stalled share of the window itself;
+    ``client_late``: the client's self-check says it fell behind (:func:`request_ledger`)."""
     metric, why = case_metric(name, params)
     measured = [r for r in records if r.phase == "measured" and r.ok]
     if clocks.path_floor_ms is None and len(measured) >= 2:
-        first_pass = [request_ledger(r, clocks=clocks, clock_error_ms=clock_error_ms)
-                      for r in measured]
+        first_pass = [request_ledger(r, clocks=clocks, clock_error_ms=clock_error_ms,
+                                     client_late=client_late) for r in measured]
         pre = [led.part("before_server") for led in first_pass if led is not None]
         if len(pre) >= 2:
             clocks = replace(clocks, path_floor_ms=min(pre))
     reqs = tuple(
         led for rec in records if rec.phase == "measured" and rec.ok
         if (led := request_ledger(rec, clocks=clocks, states=states, anchor=anchor,
-                                  clock_error_ms=clock_error_ms)) is not None
+                                  clock_error_ms=clock_error_ms,
+                                  client_late=client_late)) is not None
     )
     win = None
     if states is not None and window_ns is not None:

@@ -335,6 +335,10 @@ class FirstCause:
         top, top_share = self.causes[0]
         if top_share >= 2 / 3 * self.share or len(self.causes) == 1:
             what = cause_words(top)
+            if self.cls == "client_bound" and top in ("outside:delivery",
+                                                      "outside:ttft_delivery"):
+                # tokens the server had made, stamped late by the client that read them
+                what += " to a client that fell behind (its own check)"
         else:
             what = "; ".join(f"{cause_words(c)} {x:.0%}" for c, x in self.causes[:2])
             what = f"{self.cls} ({what})"
