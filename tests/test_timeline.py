@@ -125,6 +125,26 @@ def test_gauge_stats_and_fraction_rules(tmp_path):
     assert by_metric(st, "frac_throttled", "gpu0").mean == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(("source", "start_s", "end_s", "held"), [
+    ("allowance", 2.2, 2.8, 1.0),  # between two ticks: the reading before the window
+    ("allowance", 3.0, 3.8, 2.0),  # a tick inside: its own reading, n 1
+    ("allowance", 9.2, 9.8, None),  # after the last tick: nothing says it held
+    ("allowance", -0.8, -0.2, None),  # before the first
+    ("nvml", 2.2, 2.8, None),  # a measured gauge is not a state: none without a sample
+])
+def test_a_state_gauge_holds_between_ticks_for_a_window_shorter_than_one(
+        tmp_path, source, start_s, end_s, held):
+    rows = [(T0 + k * S, "", "allowed_cpus", 1.0 if k < 3 else 2.0, "gauge") for k in range(10)]
+    write_samples(tmp_path, "n0", source, rows)
+    w = Window("case", "w", "w", T0 + int(start_s * S), T0 + int(end_s * S))
+    st = summarize_series(load_samples(tmp_path), 0, w)
+    if held is None:
+        assert st is None
+    else:
+        assert st is not None and (st.min, st.max) == (held, held)
+        assert (st.n, st.coverage) == ((0, 0.0) if start_s % 1 else (1, st.coverage))
+
+
 def test_loader_tolerates_live_files(tmp_path):
     """A torn last line, empty values, out-of-order rows, and an empty file."""
     d = tmp_path / "nodes" / "n0" / "samples"

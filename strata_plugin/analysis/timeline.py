@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 #: SwPowerCap 0x4, HwSlowdown 0x8, SwThermal 0x20, HwThermal 0x40, HwPowerBrake 0x80.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
+#: Sources whose gauges are states that hold from one tick to the next (the server's CPU
+#: allowance, whether a process is Strata's own): a window shorter than a tick, with a
+#: reading before it and one after, takes the reading before it (n 0, coverage 0). A
+#: code-check case of the smoke matrix (a fraction of a second at 0.5 s ticks) otherwise
+#: had no allowance ("allowance not observed") and named the harness and its own agent
+#: "not Strata's", while their CPU counters, interpolated across the window, were there.
+HELD_GAUGE_SOURCES = frozenset({"allowance"})
+
 #: Names the sampling agent writes -> (the name the report reads, factor to its unit).
 #: The report's names are listed in docs/formats.md ("Metric names"); the agent's own
 #: names (docs/agent.md) are converted here, once, as the samples are loaded, so either
@@ -571,7 +579,11 @@ def summarize_series(store: SampleStore, i: int, w: Window) -> HwStat | None:
     )
     if key.kind != "counter":
         if hi <= lo:
-            return None
+            if key.source not in HELD_GAUGE_SOURCES or lo == 0 or hi >= len(t):
+                return None
+            x = store.v[a + lo - 1 : a + lo]  # held since the tick before the window
+            v = float(x[0])
+            return HwStat(**base, n=0, coverage=0.0, mean=v, p50=v, p95=v, min=v, max=v)
         x = store.v[a + lo : a + hi]
         mean, p50, p95, mn, mx = _stats(x)
         return HwStat(
