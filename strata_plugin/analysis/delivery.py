@@ -117,12 +117,12 @@ def request_delivery(
         out = _by_token_clock(toks, eng.token_ms, _floor_ms(clock_error_ms))
         if out is not None:
             return out
-    if _drafts(rec):  # speculative decoding: the server itself sends tokens in bursts
+    if served_with_drafts(rec):  # speculative decoding: the server itself sends tokens in bursts
         return NONE
     return _by_clumping(toks, states, anchor, _floor_ms(clock_error_ms))
 
 
-def _drafts(rec: RequestRecord) -> bool:
+def served_with_drafts(rec: RequestRecord) -> bool:
     """The request was served with speculative decoding: each verify step hands over its
     accepted tokens at once, so clumped reads are the server's, not the path's."""
     t, eng = rec.timings, rec.engine

@@ -72,6 +72,7 @@ from strata_plugin.analysis.delivery import (
     RequestDelivery,
     case_delivery,
     request_delivery,
+    served_with_drafts,
 )
 from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.run_states import STATES, WAITING_STATES, RunStates
@@ -320,14 +321,49 @@ class _Gap:
         return (self.b - self.a) / _NS_MS
 
 
+#: Speculative decoding: a gap shorter than this share of the request's mean gap is
+#: inside one verify step's hand-over (llama.cpp streams a step's accepted tokens as
+#: separate events 0.1-0.7 ms apart where its steps took 3-32 ms: the smoke matrix's
+#: spec_l35 sweep), not a step of its own.
+STEP_GAP_SHARE = 0.2
+
+
+def _step_tokens(raw: Sequence[tuple[int, int, int]], eff: Sequence[float],
+                 made: Sequence[float] | None) -> list[int]:
+    """Speculative decoding hands a verify step's accepted tokens over together: the gap
+    that opens a step carries all of its tokens (the step made them), the gaps inside it
+    none. A step's events share one production time on the server's token clock
+    (``made``, per event) where it has one; else their gaps are under ``STEP_GAP_SHARE``
+    of the mean."""
+    if made is not None:
+        opens = [made[i + 1] > made[i] for i in range(len(raw))]
+    else:
+        mean = sum(eff) / len(eff)
+        opens = [e >= STEP_GAP_SHARE * mean for e in eff]
+    out = [0] * len(raw)
+    head = None
+    for i, (_, _, k) in enumerate(raw):
+        if opens[i] or head is None:
+            head = i
+        out[head] += k
+    return out
+
+
 def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnchor | None,
-          dv: RequestDelivery | None = None) -> tuple[list[_Gap], float | None]:
+          dv: RequestDelivery | None = None, *, drafts: bool = False,
+          made: Sequence[float] | None = None) -> tuple[list[_Gap], float | None]:
     """Each gap between token events and the request's pace. Time the run state shows the
     server stalled in a gap is never compute, however short the gap; its delivery part
     (``dv``) is not the server's either; the rest of the gap is compute up to
     ``ledger_stall_factor`` x its tokens' pace (the server's own time per token where
     ``dv`` has it, else the median time per token, stalled time left out), and past it
-    the excess is a stall. With fewer than two gaps there is no pace and no stall."""
+    the excess is a stall. With fewer than two gaps there is no pace and no stall.
+
+    ``drafts`` (speculative decoding): a gap's tokens are its verify step's
+    (:func:`_step_tokens`), the pace is per token of a step, and a gap inside a step is
+    never a stall. Counted per event, the steps' gaps were 3-30x the median (mostly the
+    gaps inside steps), and the smoke matrix's speculative sweeps read 85-88% of
+    TPOT/ITL as "decode stalls, the server running"."""
     raw = [(toks[i - 1].t_ns, toks[i].t_ns, toks[i].n_tokens) for i in range(1, len(toks))]
     if not raw:
         return [], None
@@ -343,16 +379,30 @@ def _gaps(toks: Sequence[TokenEvent], states: RunStates | None, anchor: ClockAnc
                 for d, (x, y, _), st in zip(dv.gap_ms, raw, stalled, strict=True)]
     eff = [(y - x) / _NS_MS - st - d
            for (x, y, _), st, d in zip(raw, stalled, held, strict=True)]
-    per_token = [e / k for e, (_, _, k) in zip(eff, raw, strict=True) if k > 0]
+    ks = [k for _, _, k in raw]
+    if drafts and sum(eff) > 0:
+        ks = _step_tokens(raw, eff, made)
+    per_token = [e / k for e, k in zip(eff, ks, strict=True) if k > 0]
     pace = statistics.median(per_token) if len(per_token) >= 2 else None
-    if dv is not None and dv.pace_ms is not None:
+    if dv is not None and dv.pace_ms is not None and not drafts:
         pace = dv.pace_ms
     factor = threshold_value("ledger_stall_factor")
     out = []
-    for (x, y, k), st, e, d in zip(raw, stalled, eff, held, strict=True):
-        excess = e - k * pace if pace is not None and e > factor * k * pace else 0.0
+    for (x, y, _), k, st, e, d in zip(raw, ks, stalled, eff, held, strict=True):
+        inside = drafts and k == 0  # a step's hand-over: its tokens were made with the step
+        excess = (e - k * pace if pace is not None and not inside and e > factor * k * pace
+                  else 0.0)
         out.append(_Gap(x, y, k, st, excess, d))
     return out, pace
+
+
+def _draft_args(rec: RequestRecord, toks: Sequence[TokenEvent]) -> dict[str, Any]:
+    """:func:`_gaps`' speculative-decoding arguments for a request: whether it was
+    served with drafts, and the server's token clock per event where it has one."""
+    if not served_with_drafts(rec):
+        return {}
+    made = rec.engine.token_ms if rec.engine is not None else ()
+    return {"drafts": True, "made": made if len(made) == len(toks) else None}
 
 
 def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None
@@ -362,7 +412,7 @@ def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAncho
     what the timeline colours."""
     toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
     dv = request_delivery(rec, toks, states=states, anchor=anchor)
-    gaps, _ = _gaps(toks, states, anchor, dv)
+    gaps, _ = _gaps(toks, states, anchor, dv, **_draft_args(rec, toks))
     out = []
     for g in gaps:
         if g.excess_ms <= 0 and g.stalled_ms <= 0:
@@ -517,7 +567,7 @@ def request_ledger(
             add("ttft", f"{group}:{k}", ms * share)
 
     # --- decode ---------------------------------------------------------------------
-    gaps, pace = _gaps(toks, states, anchor, dv)
+    gaps, pace = _gaps(toks, states, anchor, dv, **_draft_args(rec, toks))
     fracs = _gap_fractions(gaps, states, anchor)
     n_stalls = 0
     for i, g in enumerate(gaps):
