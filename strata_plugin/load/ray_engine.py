@@ -30,7 +30,9 @@ the self-check says the load was incomplete, and the run goes on.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -80,6 +82,60 @@ INTERRUPT_GRACE_S = 15.0
 #: from this file rather than by importing the package: ``strata_plugin/__init__.py``
 #: names the case runner, which runs this engine (no import circle, tests/test_import_cycles.py).
 PACKAGE_DIR = Path(__file__).parent.parent
+
+
+class InterruptLatch:
+    """Ctrl-C (and SIGTERM/SIGHUP, which the run turns into it) while the driver pumps
+    the actors' messages: the signal sets a flag the pump reads between its waits, and
+    the pump raises KeyboardInterrupt itself, outside Ray's code.
+
+    Raised from the handler, the interrupt lands wherever the main thread is, and that is
+    mostly inside Ray Client's gRPC calls. Instrumented runs of the Ctrl-C test
+    (tests/test_ray_cluster.py, under a CPU hog) caught it in `ray.get`'s object
+    iterator, in `_call_stub` and in the channel's `integrated_call` while a
+    `poll.remote()` was being sent. In the last the driver then hung for minutes in the
+    next gRPC call (a lock of the channel left held) until killed. An interrupted `get`
+    or `poll` drops what that poll dequeued on the actor: one actor's records of its
+    requests in flight never came, in a CI run and in one of ten runs here. A second
+    signal goes to the handler that was there before (Ctrl-C twice: at once). Main thread
+    only; elsewhere the handlers stay as they are."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.fired: int | None = None
+        self._prev: dict[int, Any] = {}
+
+    def __enter__(self) -> InterruptLatch:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                prev = signal.getsignal(sig)
+                if callable(prev):  # a Python handler that raises: latch it
+                    self._prev[sig] = prev
+                    signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.fired is None:
+            self.fired = signum
+            return
+        self._prev[signum](signum, frame)
+
+    def check(self) -> None:
+        """Raise the latched interrupt (the handlers given back first, so that a second
+        signal during the grace for the actors' records ends it at once)."""
+        if self.fired is not None and self._prev:
+            self.restore()  # once: the grace's own pump goes on
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, prev in self._prev.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, prev)
+        self._prev.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
 
 
 class RayUnavailable(StrataError, RuntimeError):
@@ -319,6 +375,7 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
             if k not in done and k not in lost and k not in polls.values():
                 polls[ra.actors[k].poll.remote(0.25)] = k
         while not until() and polls:
+            latch.check()
             ready, _ = ray.wait(list(polls), num_returns=1, timeout=0.5)
             for ref in ready:
                 k = polls.pop(ref)
@@ -339,13 +396,16 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
                     lost[k] = f"{names[k]} lost mid-case: no answer for {LOST_AFTER_S:.0f} s"
                     del polls[ref]
 
+    latch = InterruptLatch()
     pump(lambda: all(k in prepared or k in lost for k in range(len(parts))))
     start_ns = time.monotonic_ns() + int(LEAD_S * 1e9)
     for k in range(len(parts)):
         if k not in lost:
             ra.actors[k].go.remote(start_ns + clocks[k].offset_ns)
     try:
-        pump(lambda: all(k in done or k in lost for k in range(len(parts))))
+        with latch:
+            pump(lambda: all(k in done or k in lost for k in range(len(parts))))
+            latch.check()  # a signal during the last wait
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what the actors saw, as one loop does
         interrupted[0] = True
         for k in range(len(parts)):
