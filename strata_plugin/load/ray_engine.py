@@ -97,8 +97,9 @@ class InterruptLatch:
     next gRPC call (a lock of the channel left held) until killed. An interrupted `get`
     or `poll` drops what that poll dequeued on the actor: one actor's records of its
     requests in flight never came, in a CI run and in one of ten runs here. A second
-    signal goes to the handler that was there before (Ctrl-C twice: at once). Main thread
-    only; elsewhere the handlers stay as they are."""
+    signal goes to the handler that was there before. The grace for the actors' records
+    is latched by a latch of its own, so a second Ctrl-C ends it at once, between waits.
+    Main thread only; elsewhere the handlers stay as they are."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -122,10 +123,9 @@ class InterruptLatch:
         self._prev[signum](signum, frame)
 
     def check(self) -> None:
-        """Raise the latched interrupt (the handlers given back first, so that a second
-        signal during the grace for the actors' records ends it at once)."""
+        """Raise the latched interrupt, once (the handlers given back first)."""
         if self.fired is not None and self._prev:
-            self.restore()  # once: the grace's own pump goes on
+            self.restore()
             raise KeyboardInterrupt
 
     def restore(self) -> None:
@@ -408,11 +408,14 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
             latch.check()  # a signal during the last wait
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: keep what the actors saw, as one loop does
         interrupted[0] = True
-        for k in range(len(parts)):
-            if k not in done and k not in lost:
-                ra.actors[k].interrupt.remote()
+        # the grace latched too: a second Ctrl-C ends it between waits, not inside a
+        # gRPC call that the cleanup after it needs
+        latch = InterruptLatch()
         deadline = time.monotonic() + INTERRUPT_GRACE_S
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt), latch:
+            for k in range(len(parts)):
+                if k not in done and k not in lost:
+                    ra.actors[k].interrupt.remote()
             pump(lambda: time.monotonic() > deadline
                  or all(k in done or k in lost for k in range(len(parts))))
         silent = [names[k] for k in range(len(parts)) if k not in done and k not in lost]
