@@ -100,6 +100,8 @@ class RayLab:
     head_addr: str = ""  # the root namespace's address on the bridge
     nodes: list[RayNode] = field(default_factory=list)
     _closed: bool = False
+    #: RAY_AUTH_MODE as start_ray found it (a 1-tuple once it ran), given back by close
+    _auth_mode: tuple[str | None] | None = None
 
     @classmethod
     def create(cls, tmp: Path, nodes: int = 3) -> RayLab:
@@ -151,7 +153,16 @@ class RayLab:
                     timeout=timeout)
 
     def start_ray(self, cpus: int = 1) -> None:
-        """``ray start`` on every node: the head first, then each worker joins it."""
+        """``ray start`` on every node: the head first, then each worker joins it.
+
+        Without token authentication, said explicitly for the nodes and the driver alike
+        (``RAY_AUTH_MODE``, given back by ``close``): Ray 2.60 turns it on for a process
+        that finds ``~/.ray/auth_token``, which any local ``ray.init()`` writes, and one
+        such file left on this machine made every worker's ``ray start`` fail, ten runs
+        in ten ("Authentication token is missing or incorrect")."""
+        if self._auth_mode is None:
+            self._auth_mode = (os.environ.get("RAY_AUTH_MODE"),)
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         head = self.nodes[0]
         common = [f"--num-cpus={cpus}", "--num-gpus=0", "--object-store-memory=80000000",
                   "--disable-usage-stats"]
@@ -253,6 +264,12 @@ class RayLab:
             shutil.rmtree(node.temp, ignore_errors=True)
         if self.bridge:
             _run(["ip", "link", "del", self.bridge], check=False)
+        if self._auth_mode is not None:
+            (before,) = self._auth_mode
+            if before is None:
+                os.environ.pop("RAY_AUTH_MODE", None)
+            else:
+                os.environ["RAY_AUTH_MODE"] = before
 
     def __enter__(self) -> RayLab:
         return self
