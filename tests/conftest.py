@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,3 +47,14 @@ def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = cpu_run(tmp_path_factory.mktemp("cpu_report"))
     write_report(run)
     return run
+
+
+@pytest.fixture
+def sigint_as_at_a_terminal() -> Iterator[None]:
+    """Python's own Ctrl-C handler for the test, as a terminal session has it. A test run
+    started in the background of a script (``cmd &``) inherits SIGINT ignored, and a
+    signal to this process or ``_thread.interrupt_main()`` then does nothing: ten Ray
+    runs in a loop started so failed every time with "the interrupt was lost"."""
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, prev)

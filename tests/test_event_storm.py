@@ -24,6 +24,7 @@ import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sigint_support import sigint_default
 
 from strata_plugin.limits import EVENTS_PER_TOKEN, EXTRA_EVENTS, max_events
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
@@ -203,7 +204,8 @@ def test_ctrl_c_during_a_storm_stops_the_run_at_once_and_keeps_the_report(tmp_pa
         proc = subprocess.Popen(_pytest_argv(tmp_path, srv.url, "isl=8,osl=16,concurrency=2,"
                                              "requests=400"),
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=sigint_default)
         try:
             deadline = time.monotonic() + 60
             while srv.streams < 4 and time.monotonic() < deadline:

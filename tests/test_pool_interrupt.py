@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from sigint_support import sigint_default
 from sse_script_server import ScriptServer
 from test_interrupt_keeps_records import N_TOKENS, PROFILE, ROOT, _slow
 
@@ -31,7 +32,8 @@ def test_sigint_mid_case_keeps_the_pool_workers_in_flight_requests(tmp_path):
              "no:hypothesispytest", f"--strata-server-url={srv.url}",
              f"--strata-workload=isl=8,osl={N_TOKENS},concurrency=4,requests=8",
              "--strata-run-id=int"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=sigint_default)
         try:
             deadline = time.monotonic() + 60
             posts = []
@@ -62,3 +64,36 @@ def test_sigint_mid_case_keeps_the_pool_workers_in_flight_requests(tmp_path):
         except OSError:
             pass
     assert not left
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """SIGINT's bit in the process's ignored-signals mask (proc(5), SigIgn)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    raise AssertionError("no SigIgn line")
+
+
+@pytest.mark.parametrize("inherited", [signal.SIG_IGN, signal.SIG_DFL])
+def test_a_worker_takes_the_parents_sigint_whatever_it_inherited(inherited):
+    """A harness started in the background of a script (``pytest ... &``) has SIGINT
+    ignored, and its workers with it: the parent's stop (SIGINT, load/pool.py) then reached
+    none of them. A worker sets its own handler before it says it is ready."""
+    import socket
+    from multiprocessing.connection import Connection
+
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strata_plugin.load.pool_worker", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited))
+    theirs.close()
+    conn = Connection(ours.detach())
+    try:
+        assert conn.poll(30) and conn.recv()[0] == "ready"
+        assert not _ignores_sigint(proc.pid)
+    finally:
+        conn.send(None)
+        conn.close()
+        proc.wait(10)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -230,17 +229,6 @@ def test_a_case_runs_on_ray_from_the_profile(lab, llama) -> None:
 
 #: events per stream of the Ctrl-C test, 20 ms apart: 30 s, which the press cuts short
 EVENTS = 1500
-
-
-@pytest.fixture
-def sigint_as_at_a_terminal() -> Iterator[None]:
-    """Python's own Ctrl-C handler, as a terminal session has it. A test run started in
-    the background of a script (``cmd &``) inherits SIGINT ignored, and
-    ``_thread.interrupt_main()`` then does nothing: ten runs in a loop started so failed
-    every time with "the interrupt was lost" (SIGINT was SIG_IGN at the load's start)."""
-    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, prev)
 
 
 def test_ctrl_c_keeps_the_actors_in_flight_requests(lab, emitter,

@@ -14,6 +14,8 @@ import pytest
 
 from strata_plugin.load.ray_engine import InterruptLatch
 
+pytestmark = pytest.mark.usefixtures("sigint_as_at_a_terminal")
+
 
 def _swallowing_call() -> bool:
     """What a library that catches everything does with an interrupt raised inside it;

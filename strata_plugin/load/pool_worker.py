@@ -203,6 +203,11 @@ def serve(conn: Connection) -> None:
     # and ships a batch, the loop gets the GIL back within 0.5 ms instead of 5.
     gc.freeze()
     sys.setswitchinterval(0.0005)
+    # The parent stops a batch with SIGINT (load/pool.py), whatever this process inherited:
+    # a harness started in the background of a script (`pytest ... &`) has SIGINT ignored,
+    # and its workers with it, so a SIGTERM to the run (which the harness turns into
+    # Ctrl-C) reached no worker and their requests in flight went unrecorded.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     send_lock = threading.Lock()
 
     def emit(msg: Any) -> None:  # the loop thread (marks) and this one (records) both send
