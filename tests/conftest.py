@@ -54,7 +54,8 @@ def sigint_as_at_a_terminal() -> Iterator[None]:
     """Python's own Ctrl-C handler for the test, as a terminal session has it. A test run
     started in the background of a script (``cmd &``) inherits SIGINT ignored, and a
     signal to this process or ``_thread.interrupt_main()`` then does nothing: ten Ray
-    runs in a loop started so failed every time with "the interrupt was lost"."""
+    runs in a loop started so failed every time with "the interrupt was lost". (A child
+    the test signals: ``default_signals.restore`` as its ``preexec_fn``.)"""
     prev = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, prev)

@@ -389,7 +389,8 @@ def test_an_answer_past_the_byte_bound_is_refused(monkeypatch, extra, ok):
                 c.count((("user", "x"),))
 
 
-def test_ctrl_c_is_answered_within_a_second_while_the_server_holds_a_count():
+def test_ctrl_c_is_answered_within_a_second_while_the_server_holds_a_count(
+        sigint_as_at_a_terminal):
     """Every wait of the search is a socket read: SIGINT interrupts it at once (on 449ac52
     a join of billions of words held Ctrl-C for up to 10 s)."""
     import signal

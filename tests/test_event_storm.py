@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import default_signals
 import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sigint_support import sigint_default
 
 from strata_plugin.limits import EVENTS_PER_TOKEN, EXTRA_EVENTS, max_events
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
@@ -205,7 +205,7 @@ def test_ctrl_c_during_a_storm_stops_the_run_at_once_and_keeps_the_report(tmp_pa
                                              "requests=400"),
                                 cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=sigint_default)
+                                preexec_fn=default_signals.restore)
         try:
             deadline = time.monotonic() + 60
             while srv.streams < 4 and time.monotonic() < deadline:

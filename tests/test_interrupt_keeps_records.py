@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import default_signals
 import pytest
-from sigint_support import sigint_default
 from sse_script_server import Reply, ScriptServer, Seen, sse
 
 pytestmark = pytest.mark.integration  # a whole pytest run of the plugin, in a subprocess
@@ -60,7 +60,7 @@ def test_sigint_mid_case_writes_the_in_flight_requests(tmp_path):
              f"--strata-workload=isl=8,osl={N_TOKENS},concurrency=4,requests=8",
              "--strata-run-id=int"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            preexec_fn=sigint_default)
+            preexec_fn=default_signals.restore)
         try:
             deadline = time.monotonic() + 60
             posts = []

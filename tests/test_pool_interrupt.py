@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
+import default_signals
 import pytest
-from sigint_support import sigint_default
 from sse_script_server import ScriptServer
 from test_interrupt_keeps_records import N_TOKENS, PROFILE, ROOT, _slow
 
@@ -33,7 +33,7 @@ def test_sigint_mid_case_keeps_the_pool_workers_in_flight_requests(tmp_path):
              f"--strata-workload=isl=8,osl={N_TOKENS},concurrency=4,requests=8",
              "--strata-run-id=int"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            preexec_fn=sigint_default)
+            preexec_fn=default_signals.restore)
         try:
             deadline = time.monotonic() + 60
             posts = []
