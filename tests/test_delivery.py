@@ -19,7 +19,13 @@ import pytest
 
 from strata_plugin.analysis import interference
 from strata_plugin.analysis.delivery import CLUMPING, TOKEN_CLOCK, request_delivery
-from strata_plugin.analysis.ledger import DECODE_PARTS, TTFT_PARTS, case_ledger, request_ledger
+from strata_plugin.analysis.ledger import (
+    DECODE_PARTS,
+    TTFT_PARTS,
+    case_ledger,
+    request_ledger,
+    stall_spans,
+)
 from strata_plugin.analysis.rules import classify
 from strata_plugin.analysis.run_states import STATES, RunStates
 from strata_plugin.analysis.thresholds import value
@@ -29,6 +35,7 @@ from strata_plugin.formats.records import (
     RequestRecord,
     TokenEvent,
 )
+from strata_plugin.load.client.loopstats import PROBE_S
 from tests.test_attribution import CPU_CLEAN
 
 MS = 1_000_000
@@ -201,6 +208,73 @@ def test_clumping_needs_the_server_running_through_the_gap(frac, inferred) -> No
     assert (dv.evidence == CLUMPING) is inferred
 
 
+def states_held(frac: float, state: str = "throttled", end_ms: float = 5_000.0,
+                step_ms: float = 20.0) -> RunStates:
+    """Run-state samples: the server's threads held from a CPU (``state``) ``frac`` of
+    each interval, running the rest."""
+    t_ms = np.arange(0.0, end_ms + step_ms, step_ms)
+    cum = np.zeros((len(t_ms), len(STATES)))
+    cum[:, STATES.index(state)] = frac * t_ms / 1e3
+    cum[:, STATES.index("running")] = (1 - frac) * t_ms / 1e3
+    return RunStates(t=(T0 + t_ms * MS).astype(np.int64), cum=cum, busy_ref_cores=1.0)
+
+
+@pytest.mark.parametrize("state", ["waiting", "throttled", "stalled"])
+@pytest.mark.parametrize(("frac", "servers"), [(0.98, False), (1.02, True)])
+def test_a_token_held_while_the_server_could_not_run_is_the_servers(state, frac,
+                                                                     servers) -> None:
+    """The token clock stamps a token in the engine's loop; its HTTP thread sends it.
+    Under a CPU quota the whole tree is held after the stamp (the fault suite's
+    cpu_limited arm: late gaps held 85-100% of their time read 15% of TPOT/ITL as
+    delivery and named outside_server). At the threshold the gap is the server's stall;
+    just under it, the path's delivery, as a buffering proxy's on a busy host is."""
+    rec = stream(pace=10.0, flush=100.0)
+    held = states_held(value("delivery_server_held_frac") * frac, state)
+    dv = request_delivery(rec, states=held, anchor=ANCHOR)
+    assert dv.evidence == TOKEN_CLOCK
+    if servers:
+        assert dv.total_ms == 0.0 and "the server's own sender" in dv.note
+    else:
+        assert dv.total_ms > 0.8 * (rec.events[-1].t_ns - rec.events[0].t_ns) / MS
+        assert dv.note == ""
+
+
+@pytest.mark.parametrize(("frac", "servers"), [(0.98, False), (1.02, True)])
+def test_the_ledger_books_a_held_senders_gaps_as_the_servers_stalls(frac, servers) -> None:
+    rec = stream(pace=10.0, flush=100.0)
+    held = states_held(value("delivery_server_held_frac") * frac, "throttled")
+    led = request_ledger(rec, states=held, anchor=ANCHOR)
+    _closes(led)
+    assert (led.part("delivery") == 0.0) is servers
+    assert (led.part("stall_throttled") > 0.5 * led.decode_ms) is servers
+
+
+def test_one_late_read_within_the_clients_own_lag_is_not_the_path() -> None:
+    """A 100 ms hiccup of the client's loop (its probe saw 101.5 ms at worst) is one late
+    read in each stream in flight: the fault suite's C=32 clean arm read it as 16% of
+    TPOT/ITL delivered late and named outside_server. It is the client's. A flush
+    pattern (two late reads or more) stays delivery whatever the client's lag, and a late
+    read past the lag plus the probe's interval stays too."""
+    probe = PROBE_S * 1e3
+    one = stream(pace=5.0, n=60, server_pauses={}, jitter={k: 100.0 for k in range(30, 60)})
+    dv = request_delivery(one)
+    assert dv.total_ms == pytest.approx(100.0, abs=1.0)  # without the client's lag: the path
+    for lag, path in ((100.0 - probe + 0.5, False), (100.0 - probe - 0.5, True)):
+        dv = request_delivery(one, client_lag_max_ms=lag)
+        assert (dv.total_ms > 0) is path, lag
+        assert ("the client's hiccup" in dv.note) is not path
+    # two late reads: a pattern, the path's even with a large lag
+    two = stream(pace=5.0, n=60, jitter={**{k: 40.0 for k in range(20, 40)},
+                                         **{k: 80.0 for k in range(40, 60)}})
+    assert request_delivery(two, client_lag_max_ms=500.0).total_ms == pytest.approx(
+        80.0, abs=1.0)
+    # a client that fell behind: every late read is its own, the single one too
+    led = request_ledger(one, client_late=True, client_lag_max_ms=200.0)
+    assert led.part("delivery") == pytest.approx(100.0, abs=1.0)
+    led = request_ledger(one, client_lag_max_ms=200.0)
+    assert led.part("delivery") == 0.0
+
+
 def test_clumping_without_run_state_is_not_inferred_and_says_so() -> None:
     led = request_ledger(_clumped(5))
     assert led.part("delivery") == 0.0
@@ -285,3 +359,26 @@ def test_a_late_clients_lag_is_its_time_not_an_error_bar() -> None:
     # the same case, the client not flagged: the delivery is the path's
     v = classify(dataclasses.replace(CPU_CLEAN, **sig))
     assert v.classes[0] == "outside_server", v
+
+
+def test_the_timeline_draws_the_stalls_its_ledger_counted() -> None:
+    """The picture's stalls come from the ledger's own delivery split: the record alone
+    does not carry the client's clock error or its self-check, and with the default floor
+    the late client's case above drew no stall where its unflagged ledger counted one
+    per read."""
+    recs = [stream(n=48, pace=5.0, flush=100.0, rid=f"r{k}", dispatched_ms=400.0 * k)
+            for k in range(6)]
+    kw = {"name": "decode_x", "params": {"osl": 48, "concurrency": 1},
+          "records": recs, "clock_error_ms": 1400.0}
+    counted = {}
+    for late in (False, True):
+        led = case_ledger("c", client_late=late, **kw)
+        by_id = {r.request_id: r for r in led.requests}
+        drawn = [len(stall_spans(rec, None, None, by_id[rec.request_id].delivery))
+                 for rec in recs]
+        assert drawn == [by_id[rec.request_id].n_stalls for rec in recs], late
+        counted[late] = sum(drawn)
+    assert counted[False] >= 6 * 2  # a stall per 100 ms read (240 ms each), unflagged
+    assert counted[True] == 0  # the late client's reads are delivery
+    # without the ledger's split, the default floor draws the flagged ledger's picture
+    assert sum(len(stall_spans(rec, None, None)) for rec in recs) == 0

@@ -213,6 +213,8 @@ NOT_A_RULE_BOUNDARY = {
     "event under and at it)",
     "delivery_running_frac": "analysis/delivery.py's run-state gate (test_delivery.py, just "
     "under and at it)",
+    "delivery_server_held_frac": "analysis/delivery.py's held-sender gate "
+    "(test_delivery.py, just under and at it)",
     "chunk_gaps_min": "signals.build_signals (test_chunk_gap_ratio_needs_enough_gaps below)",
     "chunk_gap_p99_p50": "reported with the case's signals; the interference rule reads the "
     "prefill stalls instead (test_interference.py)",
@@ -254,7 +256,7 @@ PINNED = {
     "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
     "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
     "delivery_gap_min_ms": 5.0, "delivery_frac": 0.1, "delivery_burst_events": 3.0,
-    "delivery_running_frac": 0.5,
+    "delivery_running_frac": 0.5, "delivery_server_held_frac": 0.8,
     "kv_usage_high": 0.95, "preemptions_max": 0.0,
     "chunk_gap_p99_p50": 3.0, "chunk_gaps_min": 20.0, "inflight_frac_min": 0.8,
     "client_bound": 1.0, "client_lateness_p99_ms": 5.0, "client_handling_lag_p99_ms": 5.0,

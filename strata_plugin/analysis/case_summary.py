@@ -425,6 +425,7 @@ def ledger_of(
         clock_error_ms=info.self_check("timing_error_bound_ms"),
         window_ns=(window.start_ns, window.end_ns) if window is not None else None,
         client_late=bool(info.self_check("client_bound")),
+        client_lag_max_ms=info.self_check("loop_lag_max_ms"),
     )
 
 

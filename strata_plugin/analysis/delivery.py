@@ -21,6 +21,19 @@ their production and count as the server's only up to the gap the client saw, so
 stream flushed every P ms at pace q reads (P - q) / P of its decode time as delivery:
 what the client waited beyond the server's next token.
 
+The stamp is taken in the engine's loop, before the server's own HTTP thread sends the
+token, so two holders after the stamp are not the path, and are taken out:
+
+* the server's sender: a late gap during which the server's threads were held from a
+  CPU (run queue, CFS quota, frozen, stopped) for ``delivery_server_held_frac`` of it
+  held its sender too, and is a stall of the server (a 0.5-CPU quota on 3.7 runnable
+  threads read 15% of TPOT/ITL as delivery, gaps held 85-100% of their time);
+* the client: a request whose only late read is within the client's own worst loop lag
+  (its self-check's probe, plus the probe's interval) had that read late because the
+  client's loop was (a 100 ms hiccup of the loop, seen by every stream in flight at
+  once, read 16% of a short decode case as delivery). A flush pattern (two late reads or
+  more) stays delivery whatever the client's lag.
+
 **Without one** (vLLM, SGLang, a llama.cpp build that does not stamp tokens): the
 clumping itself is evidence, weaker: a read that carries ``delivery_burst_events`` token
 events or more after a gap, while the server's run state over the gap shows it running
@@ -47,6 +60,7 @@ from itertools import pairwise
 from strata_plugin.analysis.run_states import MIN_COVERAGE, RunStates
 from strata_plugin.analysis.thresholds import value as threshold_value
 from strata_plugin.formats.records import ClockAnchor, RequestRecord, TokenEvent
+from strata_plugin.load.client.loopstats import PROBE_S
 
 TOKEN_CLOCK, CLUMPING = "token_clock", "clumping"
 EVIDENCE = {
@@ -56,6 +70,13 @@ EVIDENCE = {
               "no server token clock: weaker evidence)",
 }
 _NS_MS = 1e6
+#: The run states in which the server's threads could not run: its own sender among them.
+HELD_STATES = ("waiting", "throttled", "stalled")
+SERVER_HELD_NOTE = ("tokens stamped, then held while the server's threads were held from a "
+                    "CPU (delivery_server_held_frac of the gap): the server's own sender, "
+                    "not the path; a stall of the server")
+CLIENT_HICCUP_NOTE = ("a request's one late read within the client's own worst loop lag "
+                      "(plus its probe interval): the client's hiccup, not the path")
 
 
 @dataclass(frozen=True)
@@ -105,16 +126,19 @@ def request_delivery(
     states: RunStates | None = None,
     anchor: ClockAnchor | None = None,
     clock_error_ms: float | None = None,
+    client_lag_max_ms: float | None = None,
 ) -> RequestDelivery:
     """The delivery split of one request. ``toks``: its token-bearing events in arrival
-    order (the ledger's); by default taken from the record."""
+    order (the ledger's); by default taken from the record. ``client_lag_max_ms``: the
+    client's own worst loop lag (its self-check), which explains one late read."""
     if toks is None:
         toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
     if len(toks) < 2:
         return NONE
     eng = rec.engine
     if eng is not None and len(eng.token_ms) == len(toks):
-        out = _by_token_clock(toks, eng.token_ms, _floor_ms(clock_error_ms))
+        out = _by_token_clock(toks, eng.token_ms, _floor_ms(clock_error_ms), states, anchor,
+                              client_lag_max_ms)
         if out is not None:
             return out
     if served_with_drafts(rec):  # speculative decoding: the server itself sends tokens in bursts
@@ -130,8 +154,22 @@ def served_with_drafts(rec: RequestRecord) -> bool:
                 or rec.extra.get("spec_verify_ct"))
 
 
-def _by_token_clock(toks: Sequence[TokenEvent], made: Sequence[float], floor: float
-                    ) -> RequestDelivery | None:
+def _server_held(a_ns: int, b_ns: int, states: RunStates | None,
+                 anchor: ClockAnchor | None) -> bool:
+    """The server's threads were held from a CPU (run queue, CFS quota, frozen or
+    stopped) for ``delivery_server_held_frac`` of the span the samples cover."""
+    if states is None or anchor is None:
+        return False
+    secs, covered = states.over(anchor.to_wall_ns(a_ns), anchor.to_wall_ns(b_ns))
+    if covered <= 0 or covered < MIN_COVERAGE * (b_ns - a_ns) / 1e9:
+        return False
+    held = sum(secs[s] for s in HELD_STATES)
+    return held / covered >= threshold_value("delivery_server_held_frac")
+
+
+def _by_token_clock(toks: Sequence[TokenEvent], made: Sequence[float], floor: float,
+                    states: RunStates | None = None, anchor: ClockAnchor | None = None,
+                    client_lag_max_ms: float | None = None) -> RequestDelivery | None:
     if any(b < a for a, b in pairwise(made)):
         return None  # a clock that runs backwards is not a token clock
     t0 = toks[0].t_ns
@@ -141,17 +179,34 @@ def _by_token_clock(toks: Sequence[TokenEvent], made: Sequence[float], floor: fl
     first = offset[0] - path
     gaps = []
     per_token = []
+    notes = []
+    n_held = 0
     for i in range(1, len(toks)):
         seen, produced = got[i] - got[i - 1], made[i] - made[i - 1]
         excess = seen - produced
+        if excess >= floor and _server_held(toks[i - 1].t_ns, toks[i].t_ns, states, anchor):
+            n_held += 1  # stamped, then held by the server's own sender: not the path's
+            excess = 0.0
         gaps.append(excess if excess >= floor else 0.0)
         if toks[i].n_tokens > 0:
             per_token.append(produced / toks[i].n_tokens)
+    first = first if first >= floor else 0.0
+    if first and _server_held(toks[0].t_ns - int(first * _NS_MS), toks[0].t_ns, states,
+                              anchor):
+        n_held += 1
+        first = 0.0
+    if n_held:
+        notes.append(SERVER_HELD_NOTE)
+    late = [i for i, d in enumerate(gaps) if d > 0]
+    if (len(late) == 1 and not first and client_lag_max_ms is not None
+            and gaps[late[0]] <= client_lag_max_ms + PROBE_S * 1e3):
+        gaps[late[0]] = 0.0
+        notes.append(CLIENT_HICCUP_NOTE)
     bursts, flush = _pattern(toks, gaps)
     return RequestDelivery(
-        evidence=TOKEN_CLOCK, gap_ms=tuple(gaps), first_ms=first if first >= floor else 0.0,
+        evidence=TOKEN_CLOCK, gap_ms=tuple(gaps), first_ms=first,
         pace_ms=statistics.median(per_token) if len(per_token) >= 2 else None,
-        bursts=bursts, flush_ms=flush)
+        bursts=bursts, flush_ms=flush, note="; ".join(notes))
 
 
 def _by_clumping(toks: Sequence[TokenEvent], states: RunStates | None,

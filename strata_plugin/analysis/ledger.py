@@ -405,13 +405,17 @@ def _draft_args(rec: RequestRecord, toks: Sequence[TokenEvent]) -> dict[str, Any
     return {"drafts": True, "made": made if len(made) == len(toks) else None}
 
 
-def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None
-                ) -> list[tuple[int, int, str]]:
+def stall_spans(rec: RequestRecord, states: RunStates | None, anchor: ClockAnchor | None,
+                delivery: RequestDelivery | None = None) -> list[tuple[int, int, str]]:
     """The request's decode stalls (monotonic start, end) with the state that took most
     of their time beyond the pace ("unknown" where no run-state sample covers them):
-    what the timeline colours."""
+    what the timeline colours. ``delivery``: the split its ledger was taken with
+    (:attr:`RequestLedger.delivery`), so that the picture's stalls are the ledger's: the
+    floor below which a late token is not delivery depends on the client's clock error
+    and its own check (:func:`request_ledger`), which the record alone does not carry."""
     toks = sorted((e for e in rec.events if e.n_tokens > 0), key=lambda e: e.t_ns)
-    dv = request_delivery(rec, toks, states=states, anchor=anchor)
+    dv = delivery if delivery is not None else request_delivery(
+        rec, toks, states=states, anchor=anchor)
     gaps, _ = _gaps(toks, states, anchor, dv, **_draft_args(rec, toks))
     out = []
     for g in gaps:
@@ -433,6 +437,7 @@ def request_ledger(
     clock_error_ms: float | None = None,
     delivery: RequestDelivery | None = None,
     client_late: bool = False,
+    client_lag_max_ms: float | None = None,
 ) -> RequestLedger | None:
     """One request's ledger; None for a request with no token event (nothing to split).
     ``delivery``: its delivery split (analysis/delivery.py), made here when not given.
@@ -441,7 +446,10 @@ def request_ledger(
     the measured time went, not an error bar on it, so it does not raise the floor below
     which a token's late arrival is not delivery. (The fault suite's client_bound arm, a
     client held to 2% of a core: a 1.4 s loop lag p99 as the floor hid every late token,
-    and the client's gaps read as decode stalls with the server running.)"""
+    and the client's gaps read as decode stalls with the server running.)
+    ``client_lag_max_ms``: the client's worst loop lag, which explains a request's one
+    late read (analysis/delivery.py); not used where the client fell behind (then every
+    late read is its own)."""
     first = first_token_ns(rec)
     if first is None:
         return None
@@ -464,7 +472,8 @@ def request_ledger(
     err = max(threshold_value("ledger_clock_error_ms"), clock_error_ms or 0.0)
     dv = delivery if delivery is not None else request_delivery(
         rec, toks, states=states, anchor=anchor,
-        clock_error_ms=threshold_value("ledger_clock_error_ms") if client_late else err)
+        clock_error_ms=threshold_value("ledger_clock_error_ms") if client_late else err,
+        client_lag_max_ms=None if client_late else client_lag_max_ms)
     if client_late and err > threshold_value("ledger_clock_error_ms"):
         merged.append(f"delivery includes the client's own lateness: its self-check says it "
                       f"fell behind, so its stamps' lag (p99 {err:.3g} ms) is its time, not "
@@ -897,15 +906,18 @@ def case_ledger(
     clock_error_ms: float | None = None,
     window_ns: tuple[int, int] | None = None,
     client_late: bool = False,
+    client_lag_max_ms: float | None = None,
 ) -> CaseLedger:
     """The ledger of a case's measured, successful requests. ``window_ns``: the case's
     window on the harness clock, for the stalled share of the window itself;
-    ``client_late``: the client's self-check says it fell behind (:func:`request_ledger`)."""
+    ``client_late``: the client's self-check says it fell behind, ``client_lag_max_ms``:
+    its worst loop lag (:func:`request_ledger`)."""
     metric, why = case_metric(name, params)
     measured = [r for r in records if r.phase == "measured" and r.ok]
     if clocks.path_floor_ms is None and len(measured) >= 2:
         first_pass = [request_ledger(r, clocks=clocks, clock_error_ms=clock_error_ms,
-                                     client_late=client_late) for r in measured]
+                                     client_late=client_late,
+                                     client_lag_max_ms=client_lag_max_ms) for r in measured]
         pre = [led.part("before_server") for led in first_pass if led is not None]
         if len(pre) >= 2:
             clocks = replace(clocks, path_floor_ms=min(pre))
@@ -913,7 +925,8 @@ def case_ledger(
         led for rec in records if rec.phase == "measured" and rec.ok
         if (led := request_ledger(rec, clocks=clocks, states=states, anchor=anchor,
                                   clock_error_ms=clock_error_ms,
-                                  client_late=client_late)) is not None
+                                  client_late=client_late,
+                                  client_lag_max_ms=client_lag_max_ms)) is not None
     )
     win = None
     if states is not None and window_ns is not None:

@@ -530,6 +530,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "fault: the same check as delivery_burst_events",
     ),
     Threshold(
+        "delivery_server_held_frac",
+        0.8,
+        "of the gap",
+        "[inferred] a token the server stamped (its token clock) and the client read late "
+        "is the server's own, not the path's, where the server's threads were held from a "
+        "CPU (run queue, CFS quota, frozen or stopped) for this share of the gap the "
+        "run-state samples cover: its HTTP thread sends after the engine's loop stamps, "
+        "and a held sender holds the token. Set on one whole fault-suite run (the CFS "
+        "quota arm, 0.5 CPU for 3.7 runnable threads: its delivery gaps were held 0.85-1.0 "
+        "and read 15% of TPOT/ITL as delivery; the buffering and relay arms' delivery "
+        "gaps were held under 0.55, a few ms of one arm at 0.65-0.85). "
+        f"{VAL}, Delivery",
+    ),
+    Threshold(
         "kv_usage_high",
         0.95,
         "ratio",

@@ -104,7 +104,7 @@ def prepare(d: ReportData, plot_dir: Path) -> dict[str, tuple[str, bool]]:
         ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
         drew = ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
                                      f"{a.name}: requests, stalls by server state",
-                                     d.bundle.records.get(a.case_id, []), led.states, anchor)
+                                     d.bundle.records.get(a.case_id, []), led, anchor)
         out[a.case_id] = (name, drew)
     return out
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, stall_spans
-from strata_plugin.analysis.run_states import RunStates
 from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.records import ClockAnchor, RequestRecord
 
@@ -122,11 +121,13 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
 
 
 def timeline(path: Path, title: str, records: Sequence[RequestRecord],
-             states: RunStates | None, anchor: ClockAnchor | None,
-             max_requests: int = 64) -> bool:
+             led: CaseLedger, anchor: ClockAnchor | None, max_requests: int = 64) -> bool:
     """Each measured request a row: TTFT light, decode grey, every decode stall coloured
-    by the server's state during it (black: no run-state sample covered it). False, and
-    nothing drawn, when no measured request has tokens."""
+    by the server's state during it (black: no run-state sample covered it), the stalls
+    the case's ledger counted (its run states, its delivery split). False, and nothing
+    drawn, when no measured request has tokens."""
+    states = led.states
+    deliveries = {r.request_id: r.delivery for r in led.requests}
     import matplotlib
 
     recs = sorted((r for r in records if r.phase == "measured" and r.ok and r.events),
@@ -148,7 +149,8 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
                     solid_capstyle="butt")
             ax.plot([(first - t0) / 1e9, (last - t0) / 1e9], [y, y],
                     color=COLOURS["decode_compute"], linewidth=1.2, solid_capstyle="butt")
-            for a, b, state in stall_spans(r, states, anchor):
+            for a, b, state in stall_spans(r, states, anchor,
+                                           deliveries.get(r.request_id)):
                 (line,) = ax.plot([(a - t0) / 1e9, (b - t0) / 1e9], [y, y],
                                   color=STATE_COLOURS[state], linewidth=2.6,
                                   solid_capstyle="butt")
