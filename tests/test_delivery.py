@@ -382,3 +382,25 @@ def test_the_timeline_draws_the_stalls_its_ledger_counted() -> None:
     assert counted[True] == 0  # the late client's reads are delivery
     # without the ledger's split, the default floor draws the flagged ledger's picture
     assert sum(len(stall_spans(rec, None, None)) for rec in recs) == 0
+
+
+def test_a_decode_case_answered_in_one_read_is_about_its_end_to_end_time() -> None:
+    """A proxy that buffers whole responses (the set-aside ``attached_buffered`` arm's
+    300 ms flush, 47 tokens made in about 150 ms): every answer reaches the client in one
+    read, so TPOT/ITL holds no time and the verdict had nothing to rank ('inconclusive').
+    The ledger is then about end-to-end time, where the wait for that read is delivery.
+    One request with two reads keeps the case on TPOT/ITL."""
+    whole = [stream(n=47, pace=3.0, flush=300.0, rid=f"r{k}", dispatched_ms=310.0 * k,
+                    phase=310.0 * k) for k in range(6)]
+    assert all(len({e.t_ns for e in r.events}) == 1 for r in whole)
+    cl = case_ledger("c", "decode_x", {"osl": 47, "concurrency": 1}, whole)
+    assert cl.metric == "e2e" and "one read" in cl.metric_why
+    sig = cl.signals()
+    assert sig["delivery_frac"] > 0.4  # the wait after the last token was made
+    v = classify(dataclasses.replace(CPU_CLEAN, **sig))
+    assert v.classes[0] == "outside_server", v
+    split = [stream(n=47, pace=3.0, flush=100.0, rid="r9", dispatched_ms=3_000.0,
+                    phase=3_000.0)]
+    assert len({e.t_ns for e in split[0].events}) > 1
+    assert case_ledger("c", "decode_x", {"osl": 47, "concurrency": 1},
+                       whole + split).metric == "itl"

@@ -660,6 +660,13 @@ def case_metric(name: str, params: Mapping[str, object]) -> tuple[str, str]:
     return "e2e", "neither a prefill nor a decode case"
 
 
+#: Why a decode case's ledger is about end-to-end time: each response arrived in one read
+#: (a proxy that buffers whole responses), so no time lies between its tokens' reads and
+#: TPOT/ITL cannot say where the case's time went; the wait for that one read can.
+NO_DECODE_TIME = ("a decode case whose every response arrived in one read (no time between "
+                  "its tokens' reads): its end-to-end time")
+
+
 @dataclass(frozen=True)
 class CaseLedger:
     case_id: str
@@ -928,6 +935,8 @@ def case_ledger(
                                   client_late=client_late,
                                   client_lag_max_ms=client_lag_max_ms)) is not None
     )
+    if metric == "itl" and reqs and not any(r.decode_ms > 0 for r in reqs):
+        metric, why = "e2e", NO_DECODE_TIME
     win = None
     if states is not None and window_ns is not None:
         win = states.share(window_ns[0], window_ns[1], "stalled")
