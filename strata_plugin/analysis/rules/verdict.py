@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from strata_plugin.analysis.ledger import cause_words
+from strata_plugin.analysis.ledger import METRIC_LABELS, cause_words
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
 from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
@@ -191,8 +191,6 @@ def _contradicted(a: _Assessed) -> Verdict | None:
 
 # --- the first class: the ledger's largest cause of the case's metric ---------------------
 
-#: The metric each ledger share is a share of, as the report names it.
-METRIC_LABELS = {"ttft": "TTFT", "itl": "TPOT/ITL", "e2e": "end-to-end time"}
 #: Pairs the counters cannot tell apart that the run-state grid does: on a CPU or held
 #: back from one, on a CPU or blocked in I/O (the ledger by cause measured which).
 SETTLED_BY_RUN_STATE = (frozenset(("cpu_compute", "cpu_contention")),
