@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import replace
 
 import pytest
 import requests
 from sse_script_server import Reply, ScriptServer, sse, within
 
+from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import RequestSpec, Timeouts, send_streaming
 from strata_plugin.load.client import mux as mux_module
-from strata_plugin.load.generator import Job, LoadParams, run_load
+from strata_plugin.load.generator import Job, LoadParams, run_load, window_end
 
 TOKEN = sse({"index": 0, "content": "x", "tokens": [1], "stop": False})
 END = sse({"index": 0, "content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 3})
@@ -111,3 +114,32 @@ def test_error_body_that_comes_after_the_head_is_kept(framing: str) -> None:
     err = res.records[0].error
     assert err is not None and err.cls == "http_status" and err.http_status == 503
     assert "loading model" in err.message, err.message
+
+
+def test_the_window_ends_with_the_last_request_not_the_loaders_teardown() -> None:
+    """What the loader does after the last request (here a callback that takes 0.3 s; in
+    a long session, the collector's full pass) is not the case's: the window ends at the
+    last request's end, so its hardware windows hold no time with nothing in flight."""
+    done = []
+
+    def slow_callback(rec) -> None:
+        done.append(rec)
+        if len(done) == 3:
+            time.sleep(0.3)
+
+    with ScriptServer(REPLY) as srv:
+        res = _load(srv.url, _jobs(3), 3, on_record=slow_callback)
+        returned = time.monotonic_ns()
+    last = max(r.done_ns for r in res.records)
+    assert all(r.ok for r in res.records)
+    assert res.end_ns == last
+    assert returned - last >= 300_000_000  # the loader's own end was the sleep's
+
+
+def test_a_request_with_no_end_keeps_the_loaders_end() -> None:
+    ended = RequestRecord("a", "c", "measured", "llamacpp", 0, 10, done_ns=500)
+    cut = replace(ended, request_id="b", done_ns=None)  # a timeout, a reset: end unknown
+    assert window_end([ended], 900) == 500
+    assert window_end([ended, cut], 900) == 900
+    assert window_end([], 900) == 900
+    assert window_end([replace(ended, done_ns=950)], 900) == 900  # never past the loader's

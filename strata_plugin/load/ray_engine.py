@@ -51,6 +51,7 @@ from strata_plugin.load.generator import (
     Progress,
     ShardView,
     sharded_check,
+    window_end,
 )
 from strata_plugin.load.pool_worker import Batch, ShardReport
 
@@ -453,4 +454,4 @@ def _run(ra: RayActors, jobs: Sequence[Job], base_url: str, api: str, concurrenc
     for k, p in enumerate(check.per_process):
         p.update(clock_offset_ms=clocks[k].offset_ns / 1e6, clock_error_ms=errors_ns[k] / 1e6,
                  node_id=ra.where[k].get("node_id"))
-    return LoadResult(tuple(records), start_ns, end_ns, check)
+    return LoadResult(tuple(records), start_ns, window_end(records, end_ns), check)
