@@ -193,12 +193,39 @@ def test_contention_on_the_only_allowed_cpu_names_the_processes():
     assert ev.met and ev.metric == "other_processes_allowed_cpus_frac" and ev.value == 0.5
     assert ev.detail == (
         f"other processes: pid 4242 {HOG_CMD} 0.50 cores (not Strata's); pid 77 pytest "
-        "cases/test_faults.py 0.12 cores (Strata's own); the server: 1 allowed CPU "
-        "(cpuset 0)")
+        "cases/test_faults.py 0.12 cores (Strata's own); named: all 0.50 cores other work "
+        "held host-wide; the server: 1 allowed CPU (cpuset 0)")
     # without the allowance the same host reads as not crowded (0.5 / 8 cores)
     host = classify(dataclasses.replace(s, server_allowed_cpus=None, allowed_cpus_other_cores=None,
                                         server_allowance_by=""))
     assert "cpu_contention" not in host.past_threshold
+
+
+def test_contention_says_how_much_of_the_others_cpu_its_names_cover():
+    """The code-check case's window: the harness and the agent named, 0.17 cores between
+    them, while the host's counters left 0.55 cores beside the server. The verdict says the
+    names cover 0.17 of the 0.55, not that they were all of it."""
+    named = ((501, "pytest cases/", 0.13, True), (502, "python -m strata_plugin.agent", 0.04,
+                                                   True))
+    s = dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.75, server_cpu_cores=1.2,
+                            path_cpu_cores=None, runq_delay_per_cpu_s=1.2,
+                            ctx_involuntary_per_cpu_s=300.0, other_processes=named,
+                            ledger_run_state=True, ledger_runnable_cores=2.0,
+                            ledger_metric="itl", ledger_causes=(("decode:waiting", 0.7),
+                                                                ("decode:running", 0.3)))
+    v = classify(s)
+    assert v.classes[0] == "cpu_contention", v
+    line = next(n for n in v.notes if n.startswith("other processes on the CPUs: "))
+    assert line.endswith("; named: 0.17 of the 0.55 cores other work held host-wide"), line
+    ev = next(e for e in v.evidence if e.cls == "cpu_contention"
+              and e.threshold == "other_cpu_frac")
+    assert "; named: 0.17 of the 0.55 cores other work held host-wide; the server: " in (
+        ev.detail or ""), ev.detail
+    # one more named process that covers the rest: all of it, and the words say so
+    whole = dataclasses.replace(s, other_processes=(*named, (9, "kworker/0:1", 0.38, False)))
+    assert "named: all 0.55 cores other work held host-wide" in next(
+        e.detail for e in classify(whole).evidence
+        if e.cls == "cpu_contention" and e.threshold == "other_cpu_frac")
 
 
 def test_the_named_actors_reach_the_report_and_the_deciding_line():

@@ -26,12 +26,19 @@ SIGNALS = {f.name for f in dataclasses.fields(WindowSignals)} - CONTEXT
 
 
 def _read_by(fn) -> set[str]:
-    """The signals a rule function (and the helpers it calls in its module) reads."""
-    src = inspect.getsource(fn)
-    for helper in re.findall(r"\b(_\w+)\(s\)", src):
-        mod = inspect.getmodule(fn)
-        if hasattr(mod, helper):
-            src += inspect.getsource(getattr(mod, helper))
+    """The signals a rule function reads, and the helpers of its module it hands the
+    signals to (``helper(s)`` or ``helper(s, ...)``), and theirs."""
+    mod = inspect.getmodule(fn)
+    todo, seen, src = [fn], set(), ""
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        body = inspect.getsource(f)
+        src += body
+        todo += [getattr(mod, h) for h in re.findall(r"\b(\w+)\(s[,)]", body)
+                 if inspect.isfunction(getattr(mod, h, None))]
     return {n for n in SIGNALS if re.search(rf'["\.]{n}\b', src)}
 
 

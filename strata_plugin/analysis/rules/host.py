@@ -140,14 +140,30 @@ def _at_own_quota(s: WindowSignals) -> bool:
     )
 
 
-def _others_words(others: tuple[tuple[int, str, float, bool], ...], where: str) -> str:
+def _others_words(s: WindowSignals, where: str) -> str:
     """The busiest other processes of the window, named: PID, command, cores, and
     whether each is Strata's own (the harness, the agent, the load workers)."""
-    if not others:
+    if not s.other_processes:
         return ""
     return "other processes: " + "; ".join(
         f"pid {pid} {cmd} {cores:.2f} cores ({_OWN[own]})"
-        for pid, cmd, cores, own in others) + f"; the server: {where}"
+        for pid, cmd, cores, own in s.other_processes) + "".join(
+        f"; {w}" for w in (named_share_words(s), f"the server: {where}") if w)
+
+
+def named_share_words(s: WindowSignals) -> str:
+    """How much of the other work's CPU the named processes account for, host-wide: the
+    busy cores less the server's and its path's, against the named ones' sum. Why: the
+    list is a few processes over a cut, so it can cover a small part of what crowded the
+    server; the rest is smaller processes, kernel threads and interrupts, or processes that
+    lived between two samples, and the reader should know how much is left unnamed."""
+    if not s.other_processes or s.host_busy_cores is None or s.server_cpu_cores is None:
+        return ""
+    held = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0))
+    named = sum(cores for _pid, _cmd, cores, _own in s.other_processes)
+    if named >= held:
+        return f"named: all {held:.2f} cores other work held host-wide"
+    return f"named: {named:.2f} of the {held:.2f} cores other work held host-wide"
 
 
 _OWN = {True: "Strata's own", False: "not Strata's"}
@@ -175,7 +191,7 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
                     ) / max(s.n_cores, 1)
         label = "other_processes_cores_frac"
     crowded = r.cmp("host_busy_cores", ">=", "other_cpu_frac", value=other, label=label,
-                    detail=_others_words(s.other_processes, _allowance_words(s)))
+                    detail=_others_words(s, _allowance_words(s)))
     delayed = []
     if s.runq_delay_per_cpu_s is not None and r.cmp(
         "runq_delay_per_cpu_s", ">=", "runq_delay_per_cpu_s"

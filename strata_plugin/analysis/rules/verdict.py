@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, cause_words
+from strata_plugin.analysis.rules.host import named_share_words
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
 from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
@@ -483,9 +484,10 @@ def _actors(s: WindowSignals) -> list[str]:
     procs = getattr(s, "other_processes", None) or ()
     if not procs:
         return []
+    share = named_share_words(s)
     return ["other processes on the CPUs: " + ", ".join(
         f"PID {pid} `{cmd}` {cores:.2g} cores{' (Strata)' if own else ''}"
-        for pid, cmd, cores, own in procs)]
+        for pid, cmd, cores, own in procs) + (f"; {share}" if share else "")]
 
 
 def _unexplained(a: _Assessed) -> Verdict:
