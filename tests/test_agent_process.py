@@ -134,7 +134,7 @@ def test_agent_killed_mid_run_is_reported_and_samples_kept(tmp_path, handles) ->
         h.measure_clock_offset()
     t0 = time.monotonic()
     assert h.stop(5.0) is h.exit_info  # stopping a dead agent does not hang
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 3.0  # a hang waits out the 5 s
     kept = rows(tmp_path / "samples" / "cpu.csv")
     assert len(kept) >= 40 and all(r["metric"] for r in kept)
 

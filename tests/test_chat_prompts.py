@@ -310,7 +310,9 @@ def test_a_hostile_count_fails_the_prompt_at_once_naming_the_answer(mode):
     assert msg.startswith(f"a chat prompt of ISL {ISL} cannot be built to the server's count")
     assert re.search(says, msg), msg
     assert f"at {srv.url})" in msg  # whose count: the endpoint and where
-    assert elapsed < 2.0 and server.calls <= 2 + CHAT_SEARCH_COUNTS, (elapsed, server.calls)
+    # the calls are the bound; the time only refuses a search that ran on (a busy host's
+    # pause is not one)
+    assert elapsed < 5.0 and server.calls <= 2 + CHAT_SEARCH_COUNTS, (elapsed, server.calls)
     assert server.max_words <= words_max(ISL)  # never past the word bound
     assert peak < 8 << 20, peak  # memory bounded: a few MB at most for ISL 1000
 

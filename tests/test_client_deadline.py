@@ -75,11 +75,12 @@ def test_a_lost_request_is_recorded_at_its_deadline_and_frees_its_slot(monkeypat
         assert err is not None and err.cls == "client" and "deadline" in err.message
         assert f"{request_bound_s(TIMEOUTS, 1):g} s" in err.message
         # not before the deadline, and within one caller tick (0.25 s) and a margin after it
-        assert deadline_s <= seen[lost] <= deadline_s + 1.0
+        # (a loaded host's pause, a 1 s garbage-collector pass: tests/own_cpu.py)
+        assert deadline_s <= seen[lost] <= deadline_s + 2.0
     for ok in ("r2", "r3"):  # the freed slots ran the next requests
         assert by_id[ok].ok, by_id[ok].error
         assert seen[ok] >= deadline_s
-    assert took <= deadline_s + 2.0
+    assert took <= deadline_s + 3.0
 
 
 def test_mux_send_streaming_gives_up_on_a_lost_request_at_its_deadline(monkeypatch) -> None:
@@ -94,4 +95,4 @@ def test_mux_send_streaming_gives_up_on_a_lost_request_at_its_deadline(monkeypat
             s, srv.url, "llamacpp", spec, scheduled_ns=time.monotonic_ns(), timeouts=TIMEOUTS))
         took = time.monotonic() - t0
     assert rec.error is not None and rec.error.cls == "client" and "deadline" in rec.error.message
-    assert deadline_s <= took <= deadline_s + 1.5  # it looks once a second
+    assert deadline_s <= took <= deadline_s + 2.5  # it looks once a second; a pause's room

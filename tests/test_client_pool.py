@@ -45,9 +45,14 @@ def test_run_streams_waits_for_scheduled_time() -> None:
         jobs = [(s, t0 + i * 100_000_000) for i, s in enumerate(_specs(4))]
         recs = runner.run(jobs, srv.url, "llamacpp", concurrency=4)
         assert runner.cpu_s() > 0  # the workers' CPU, for the client self-check
+    late = []
     for (_, sched), r in zip(jobs, recs, strict=True):
         assert r.ok and r.scheduled_ns == sched
-        assert 0 <= r.dispatched_ns - sched < 20_000_000
+        late.append(r.dispatched_ns - sched)
+    # never early; on time as a rule (the median), and no request a slot (100 ms) late:
+    # one worker's late wake on a loaded host is not a scheduling bug, a slot is
+    assert min(late) >= 0 and sorted(late)[len(late) // 2] < 20_000_000, late
+    assert max(late) < 100_000_000, late
 
 
 def test_a_dead_worker_leaves_error_records_not_a_hang() -> None:

@@ -297,7 +297,7 @@ def test_a_body_that_trickles_past_the_timeout_is_refused() -> None:
         srv.close()
     unavailable, _, _, _ = c.drain()
     assert "still arriving after the scrape's timeout" in unavailable["scrape"], unavailable
-    assert 0.5 <= took < 1.2, took
+    assert 0.5 <= took < 3.0, took  # the body never ends: a scrape with no bound hangs
 
 
 @pytest.mark.parametrize("framing", ["chunked", "close", "length"])

@@ -126,7 +126,8 @@ def test_a_storm_of_50k_events_a_second_ends_the_request_at_the_bound(driver):
         took = time.monotonic() - t0
     assert rec.error is not None and rec.error.cls == "too_many_events", rec.error
     assert len(rec.events) == max_events(16) == 80
-    assert took < 1.0, took  # the first 20 ms batch (1,000 events) already passes the bound
+    # the first 20 ms batch (1,000 events) already passes the bound; the storm runs 20 s
+    assert took < 4.0, took
 
 
 def test_a_storm_on_every_request_ends_each_and_the_load_goes_on():

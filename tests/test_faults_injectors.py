@@ -240,10 +240,16 @@ def test_client_throttle_caps_this_process_and_undoes_itself():
     assert watch.window(m0, m1)["harness_wait_per_s"] > 0.5, watch.window(m0, m1)
     assert facts["nr_throttled"] > 0 and facts["throttled_s"] > 0.3, facts
     assert t.dir is not None and not t.dir.exists()
-    w0, c0 = time.monotonic(), time.process_time()
-    while time.monotonic() - w0 < 0.5:
-        x += 1
-    assert (time.process_time() - c0) / (time.monotonic() - w0) > 0.5  # free again
+    assert own_quota.read(tid).where == quota0.where  # back in its own cgroup
+    free = []
+    for _ in range(3):  # free again: the best of three 0.5 s windows (the 0.1 cap: none)
+        w0, c0 = time.monotonic(), time.process_time()
+        while time.monotonic() - w0 < 0.5:
+            x += 1
+        free.append((time.process_time() - c0) / (time.monotonic() - w0))
+        if free[-1] > 0.5:
+            break
+    assert max(free) > 0.5, free
 
 
 def test_ground_truth_tells_own_load_from_foreign_load():
@@ -320,8 +326,7 @@ def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
             time.sleep(0.01)
         facts = inj.stop().as_dict()
         assert frozen_reads > 0 and still and max(still) == 0.0, still
-        assert 0.28 < facts["confirmed_share"] < 0.38, facts  # a third, as asked
-        assert facts["cycles"] >= 4 and facts["removed"], facts
+        assert _a_third_as_asked(facts) and facts["removed"], facts
         assert not inj.dir.exists() and _cgroup_line(p.pid, "freezer" if version == "v1"
                                                      else "") == home
         assert _state(p.pid) in ("R", "S")
@@ -397,11 +402,22 @@ def test_sigstop_pause_stops_for_its_share_and_always_continues():
             time.sleep(0.01)
         facts = inj.stop().as_dict()
         assert stopped and max(stopped) == 0.0, stopped
-        assert 0.28 < facts["confirmed_share"] < 0.38 and facts["cycles"] >= 4, facts
+        assert _a_third_as_asked(facts), facts
         assert _state(p.pid) in ("R", "S") and not pauses_helpers()
     finally:
         p.kill()
         p.wait()
+
+
+def _a_third_as_asked(facts: dict) -> bool:
+    """200 ms paused of every 600: a cycle per 0.6 s of the helper's life (one either way,
+    for where the stop fell), and each cycle's confirmed pause 0.15-0.25 s on average (a
+    pause confirmed late, or a last one cut short, costs a cycle part of its 0.2 s; a
+    100 ms or 400 ms pause is outside). Per cycle, not as a share of the helper's wall time:
+    a loaded host's late timers stretch the wall time and the share with it."""
+    c, confirmed = facts["cycles"], facts["confirmed_paused_s"]
+    return (c >= 4 and abs(c - facts["helper_wall_s"] / 0.6) <= 1.5
+            and 0.15 * c <= confirmed <= 0.25 * (c + 1))
 
 
 def _echo_server() -> tuple[socket.socket, int]:
@@ -430,8 +446,9 @@ def _echo_server() -> tuple[socket.socket, int]:
 @pytest.mark.parametrize("delay_ms", [10.0, 50.0, 200.0])
 def test_latency_proxy_adds_its_delay_each_way(delay_ms):
     """A round trip through the relay takes two one-way delays more than without it
-    (measured: at least 2 x delay, and not 15 ms more), every byte is relayed, and the
-    port is closed and the helper gone after stop."""
+    (measured: every one at least 2 x delay, the fastest not 15 ms more: a loaded host
+    only adds to a round trip, a relay that held the bytes too long adds to every one),
+    every byte is relayed, and the port is closed and the helper gone after stop."""
     srv, port = _echo_server()
     try:
         px = relay.LatencyProxy(f"http://127.0.0.1:{port}", delay_ms=delay_ms, max_s=30)
@@ -447,8 +464,7 @@ def test_latency_proxy_adds_its_delay_each_way(delay_ms):
                     got += s.recv(65536)
                 rtts.append(time.monotonic() - t0)
         facts = px.stop().as_dict()
-        med = sorted(rtts)[2] * 1e3
-        assert 2 * delay_ms <= med < 2 * delay_ms + 15, rtts
+        assert 2 * delay_ms <= min(rtts) * 1e3 < 2 * delay_ms + 15, rtts
         assert facts["bytes_up"] == 5000 and facts["connections"] == 1, facts
         wait_for(lambda: facts["bytes_down"] == 5000, 1, what="bytes down")
         with pytest.raises(OSError):

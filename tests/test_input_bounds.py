@@ -44,6 +44,7 @@ from strata_plugin.limits import (
 )
 from strata_plugin.load.workload_spec import WorkloadSpecError, parse_workload
 from strata_plugin.run.server import Server, ServerStartError
+from tests.own_cpu import own_cpu
 from tests.sse_script_server import Reply, ScriptServer, Seen
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,11 +70,12 @@ ISL_AT_1000 = (PREPARED_BYTES_MAX // 1000 - PREPARED_BYTES_PER_REQUEST) // PREPA
     ("isl=100000000,osl=64,requests=100000000000", "isl=100000000 is more than"),
 ])
 def test_a_key_past_its_ceiling_is_a_usage_error_at_once(text, says):
-    t0 = time.thread_time()  # the parser's own CPU time: a loaded host's pause is not its cost
-    with pytest.raises(WorkloadSpecError, match=None) as err:
+    # the parser's own CPU time: a loaded host's pause, or the garbage collector's pass
+    # over the session's heap, is not its cost (tests/own_cpu.py)
+    with own_cpu() as spent, pytest.raises(WorkloadSpecError, match=None) as err:
         parse_workload(text)
     assert says in str(err.value)
-    assert time.thread_time() - t0 < 0.1  # arithmetic: nothing is built
+    assert spent() < 0.1  # arithmetic: nothing is built
 
 
 @pytest.mark.parametrize("text", [
@@ -188,7 +190,7 @@ def test_an_attached_server_answering_4xx_on_health_fails_at_once(status):
             Server(None, base).wait_healthy(30.0)
         took = time.monotonic() - t0
     msg = str(err.value)
-    assert took < 1.0, took  # on 449ac52: the whole health timeout (30 s here)
+    assert took < 5.0, took  # on 449ac52: the whole health timeout (30 s here)
     assert paths == ["/some/path/health"]  # asked once
     assert (f"The server at {base} answered GET {base}/health with HTTP {status}") in msg
     assert "not a server still starting, so Strata did not wait" in msg

@@ -12,7 +12,7 @@ timers fire late by tens of ms at times (its head once 39 ms late), so each part
 checked against what the emitter really did, read from its own send stamps (the same
 CLOCK_MONOTONIC): the time before its clock within 15 ms, the pace within 10%, the
 stall excess within 2 x 15 ms, and never less than scripted; the identity within the
-clock error the ledger states.
+clock error the ledger states. A load that misses a bound runs again, three loads at most.
 """
 
 from __future__ import annotations
@@ -49,7 +49,25 @@ def emitter() -> Iterator[EmitterProcess]:
         yield em
 
 
+TRIES = 3
+
+
 def test_a_scripted_split_comes_back_through_real_sockets(emitter: EmitterProcess) -> None:
+    """Up to ``TRIES`` loads: one late wake of the emitter or the client (a 40 ms gap in
+    ~160 is a third stall; a 1 s garbage-collector pass can land anywhere) misses a
+    bound on one try, while a ledger that splits wrongly misses on every try. A failure
+    lists every try."""
+    failures = []
+    for _ in range(TRIES):
+        try:
+            _split_comes_back(emitter)
+            return
+        except AssertionError as e:
+            failures.append(str(e) or repr(e))
+    raise AssertionError(f"outside the bounds on all {TRIES} tries: {failures}")
+
+
+def _split_comes_back(emitter: EmitterProcess) -> None:
     extra = (("emit_interval_s", INTERVAL_S), ("emit_first_byte_delay_s", HEAD_S),
              ("emit_prefill_s", PREFILL_S), ("emit_pauses", [list(p) for p in PAUSES]),
              ("emit_timings", True))

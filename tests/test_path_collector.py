@@ -68,7 +68,15 @@ def test_the_proxies_are_sampled_apart_from_the_server(tmp_path, proxy):
         assert set(server) == {"", f"pid{engine}"} and server[""][-1] < 0.1
         # ``path`` alone: it follows no one; its sum holds still from then on
         h.track_path([])
-        time.sleep(0.4)
+        # the request is fire-and-forget: wait until the agent has applied it (no per-PID
+        # row for 0.3 s), not a fixed time a late agent can outlast
+        seen, deadline = -1, time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            now = len(_devices(path_csv, "cpu_user_s")[f"pid{spinner.pid}"])
+            if now == seen:
+                break
+            seen = now
+            time.sleep(0.3)
         n = len(_devices(path_csv, "cpu_user_s")[""])
         time.sleep(0.5)
         after = _devices(path_csv, "cpu_user_s")
