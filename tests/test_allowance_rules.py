@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from strata_plugin.analysis import signals
 from strata_plugin.analysis.rules import classify
 from strata_plugin.analysis.timeline import HwStat
@@ -193,8 +195,8 @@ def test_contention_on_the_only_allowed_cpu_names_the_processes():
     assert ev.met and ev.metric == "other_processes_allowed_cpus_frac" and ev.value == 0.5
     assert ev.detail == (
         f"other processes: pid 4242 {HOG_CMD} 0.50 cores (not Strata's); pid 77 pytest "
-        "cases/test_faults.py 0.12 cores (Strata's own); named: all 0.50 cores other work "
-        "held host-wide; the server: 1 allowed CPU (cpuset 0)")
+        "cases/test_faults.py 0.12 cores (Strata's own); named: 0.62 cores, all of the 0.50 "
+        "other work held host-wide; the server: 1 allowed CPU (cpuset 0)")
     # without the allowance the same host reads as not crowded (0.5 / 8 cores)
     host = classify(dataclasses.replace(s, server_allowed_cpus=None, allowed_cpus_other_cores=None,
                                         server_allowance_by=""))
@@ -202,9 +204,9 @@ def test_contention_on_the_only_allowed_cpu_names_the_processes():
 
 
 def test_contention_says_how_much_of_the_others_cpu_its_names_cover():
-    """The code-check case's window: the harness and the agent named, 0.17 cores between
-    them, while the host's counters left 0.55 cores beside the server. The verdict says the
-    names cover 0.17 of the 0.55, not that they were all of it."""
+    """A window where the harness and the agent are named, 0.17 cores between them, while
+    the host's counters leave 0.55 cores beside the server: the verdict says the names
+    cover 0.17 of the 0.55, not that they were all of it."""
     named = ((501, "pytest cases/", 0.13, True), (502, "python -m strata_plugin.agent", 0.04,
                                                    True))
     s = dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.75, server_cpu_cores=1.2,
@@ -221,11 +223,37 @@ def test_contention_says_how_much_of_the_others_cpu_its_names_cover():
               and e.threshold == "other_cpu_frac")
     assert "; named: 0.17 of the 0.55 cores other work held host-wide; the server: " in (
         ev.detail or ""), ev.detail
-    # one more named process that covers the rest: all of it, and the words say so
-    whole = dataclasses.replace(s, other_processes=(*named, (9, "kworker/0:1", 0.38, False)))
-    assert "named: all 0.55 cores other work held host-wide" in next(
-        e.detail for e in classify(whole).evidence
-        if e.cls == "cpu_contention" and e.threshold == "other_cpu_frac")
+
+
+def _named_words(s) -> str:
+    return next(e.detail for e in classify(s).evidence
+                if e.cls == "cpu_contention" and e.threshold == "other_cpu_frac")
+
+
+@pytest.mark.parametrize(("third", "path", "says"), [
+    (0.37, None, "named: 0.54 of the 0.55 cores"),  # just short of all of it
+    (0.38, None, "named: all 0.55 cores"),
+    (0.50, None, "named: 0.67 cores, all of the 0.55"),  # the two counters read apart
+    (0.0, 0.10, "named: 0.17 of the 0.45 cores"),  # the proxies on the way are the path's
+    (0.28, 0.10, "named: all 0.45 cores"),
+])
+def test_the_named_share_just_short_of_all_and_past_it(third, path, says):
+    procs = ((501, "pytest cases/", 0.13, True), (502, "agent", 0.04, True))
+    if third:
+        procs += ((9, "kworker/0:1", third, False),)
+    s = dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.75, server_cpu_cores=1.2,
+                            path_cpu_cores=path, other_processes=procs,
+                            runq_delay_per_cpu_s=1.2, ctx_involuntary_per_cpu_s=300.0)
+    assert f"; {says} other work held host-wide; the server: " in _named_words(s)
+
+
+def test_contention_on_steal_alone_does_not_name_a_share_of_nothing():
+    s = dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.2, server_cpu_cores=1.2,
+                            path_cpu_cores=None, steal_frac=0.2,
+                            other_processes=((9, "kworker/0:1", 0.02, False),))
+    words = _named_words(s)
+    assert "the host's CPU counters left no time beside the server's" in words, words
+    assert "named:" not in words
 
 
 def test_the_named_actors_reach_the_report_and_the_deciding_line():
@@ -270,3 +298,17 @@ def test_a_stall_names_the_freezer_or_the_stopped_threads_from_the_runstate_samp
     assert ev.detail.startswith("neither frozen nor stopped")
     # without the runstate samples, nothing is made up
     assert next(e for e in classify(base).evidence if e.cls == "server_stalled").detail == ""
+
+
+def test_the_share_of_the_allowed_cpus_is_at_most_all_of_them():
+    """Found by test_attribution's random windows on CI: others' 1.0 core over an
+    allowance of 2.2e-313 CPUs was an infinite share in the evidence. No sampled cpuset
+    is that small, but the share is of CPUs the server may use: at most all of them."""
+    s = dataclasses.replace(CPU_CLEAN, allowed_cpus_other_cores=1.0,
+                            server_allowed_cpus=2.2250738585e-313, steal_frac=1.0)
+    ev = [e for e in classify(s).evidence if e.metric == "other_processes_allowed_cpus_frac"]
+    assert ev and ev[0].value == 1.0, ev
+    # an allowance of one CPU that others held 0.4 of: the share as it was
+    one = dataclasses.replace(s, server_allowed_cpus=1.0, allowed_cpus_other_cores=0.4)
+    assert next(e.value for e in classify(one).evidence
+                if e.metric == "other_processes_allowed_cpus_frac") == 0.4

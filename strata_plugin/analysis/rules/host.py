@@ -159,9 +159,14 @@ def named_share_words(s: WindowSignals) -> str:
     lived between two samples, and the reader should know how much is left unnamed."""
     if not s.other_processes or s.host_busy_cores is None or s.server_cpu_cores is None:
         return ""
-    held = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0))
-    named = sum(cores for _pid, _cmd, cores, _own in s.other_processes)
-    if named >= held:
+    held = round(max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)),
+                 2)
+    named = round(sum(cores for _pid, _cmd, cores, _own in s.other_processes), 2)
+    if held == 0:  # contention on steal alone: the host's counters left nothing beside it
+        return "the host's CPU counters left no time beside the server's"
+    if named > held:  # the processes' and the host's counters are read apart
+        return f"named: {named:.2f} cores, all of the {held:.2f} other work held host-wide"
+    if named == held:
         return f"named: all {held:.2f} cores other work held host-wide"
     return f"named: {named:.2f} of the {held:.2f} cores other work held host-wide"
 
@@ -182,8 +187,10 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
             and s.n_cores is not None)  # need() checked them
     if s.allowed_cpus_other_cores is not None and s.server_allowed_cpus:
         # other processes on the CPUs the server may use, as a share of them: a busy
-        # process on its only allowed CPU crowds it however idle the rest of the host
-        other = s.allowed_cpus_other_cores / s.server_allowed_cpus
+        # process on its only allowed CPU crowds it however idle the rest of the host.
+        # At most all of them (the two are read apart; and a vanishing allowance, which
+        # no sampled cpuset gives, would make the share infinite)
+        other = min(1.0, s.allowed_cpus_other_cores / s.server_allowed_cpus)
         label = "other_processes_allowed_cpus_frac"
     else:
         # The proxies on the request's way are the path, not other processes (issue 31).
