@@ -3,11 +3,13 @@
 Why not ``time.thread_time()`` around the block: the cyclic garbage collector runs inside
 whichever allocation crosses its threshold, and late in a whole ``pytest tests/`` session it
 walks every object the session still holds. CI once charged 1.18 s of CPU to a trace read of
-five bytes that took milliseconds when Hypothesis replayed it (``test_trace_properties``).
-One full collection is that large: timed with ``gc.callbacks`` in each worker of the fast
-lane (``pytest tests/ -m "not integration" -n 2``), the longest took 1.08 s of CPU over
-765,000 live objects. That cost is the session's, not the reader's. The collector is held
-off over the block and runs, if it was on, when the block ends.
+five bytes that took milliseconds when Hypothesis replayed it (``test_trace_properties``);
+nothing in the read costs that, and one full collection does: timed with ``gc.callbacks``
+in each worker of the fast lane (``pytest tests/ -m "not integration" -n 2``), the longest
+took 1.08 s of CPU over 765,000 live objects. That cost is the session's, not the
+reader's. The collector is held off over the block and switched back on, if it was on,
+when the block ends; its pass then comes at the next allocation past its threshold,
+outside the block.
 """
 
 from __future__ import annotations

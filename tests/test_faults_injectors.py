@@ -240,7 +240,8 @@ def test_client_throttle_caps_this_process_and_undoes_itself():
     assert watch.window(m0, m1)["harness_wait_per_s"] > 0.5, watch.window(m0, m1)
     assert facts["nr_throttled"] > 0 and facts["throttled_s"] > 0.3, facts
     assert t.dir is not None and not t.dir.exists()
-    assert own_quota.read(tid).where == quota0.where  # back in its own cgroup
+    back = own_quota.read(tid)
+    assert back is not None and back.where == quota0.where  # back in its own cgroup
     free = []
     for _ in range(3):  # free again: the best of three 0.5 s windows (the 0.1 cap: none)
         w0, c0 = time.monotonic(), time.process_time()
@@ -300,8 +301,8 @@ def _cgroup_line(pid: int, controller: str) -> str:
 
 def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
     """While the freezer reads FROZEN the server's CPU time does not move; over 3 s it is
-    frozen about a third of the time (measured by the helper, and seen from outside);
-    afterwards it runs in its old cgroup and the freezer cgroup is gone."""
+    frozen 200 ms in every 600 (the pauses measured by the helper, their rhythm seen from
+    outside); afterwards it runs in its old cgroup and the freezer cgroup is gone."""
     if os.geteuid() != 0:
         pytest.skip("moving a process into a freezer cgroup needs root here")
     p = _spinner()
@@ -314,19 +315,21 @@ def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
         inj = pauses.FreezerPause(p.pid, pause_ms=200, period_ms=600, max_s=30)
         inj.start()
         assert inj.dir is not None and inj.dir.exists()
-        frozen_reads, still = 0, []
+        frozen_reads, still, onsets, was = 0, [], [], False
         t0 = time.monotonic()
         while time.monotonic() - t0 < 3.0:
-            if pauses.read_state(inj.dir, version) == "FROZEN":
+            was = _onset(pauses.read_state(inj.dir, version) == "FROZEN", was, onsets)
+            if was:
                 frozen_reads += 1
                 c0 = faults._cpu_s(p.pid)
                 time.sleep(0.05)
-                if pauses.read_state(inj.dir, version) == "FROZEN":
+                was = pauses.read_state(inj.dir, version) == "FROZEN"
+                if was:
                     still.append(faults._cpu_s(p.pid) - c0)
             time.sleep(0.01)
         facts = inj.stop().as_dict()
         assert frozen_reads > 0 and still and max(still) == 0.0, still
-        assert _a_third_as_asked(facts) and facts["removed"], facts
+        assert _a_third_as_asked(facts, onsets) and facts["removed"], (facts, onsets)
         assert not inj.dir.exists() and _cgroup_line(p.pid, "freezer" if version == "v1"
                                                      else "") == home
         assert _state(p.pid) in ("R", "S")
@@ -391,32 +394,45 @@ def test_sigstop_pause_stops_for_its_share_and_always_continues():
     try:
         inj = pauses.SigStopPause(p.pid, pause_ms=200, period_ms=600, max_s=30)
         inj.start()
-        stopped = []
+        stopped, onsets, was = [], [], False
         t0 = time.monotonic()
         while time.monotonic() - t0 < 3.0:
-            if _state(p.pid) == "T":
+            was = _onset(_state(p.pid) == "T", was, onsets)
+            if was:
                 c0 = faults._cpu_s(p.pid)
                 time.sleep(0.05)
-                if _state(p.pid) == "T":
+                was = _state(p.pid) == "T"
+                if was:
                     stopped.append(faults._cpu_s(p.pid) - c0)
             time.sleep(0.01)
         facts = inj.stop().as_dict()
         assert stopped and max(stopped) == 0.0, stopped
-        assert _a_third_as_asked(facts), facts
+        assert _a_third_as_asked(facts, onsets), (facts, onsets)
         assert _state(p.pid) in ("R", "S") and not pauses_helpers()
     finally:
         p.kill()
         p.wait()
 
 
-def _a_third_as_asked(facts: dict) -> bool:
-    """200 ms paused of every 600: a cycle per 0.6 s of the helper's life (one either way,
-    for where the stop fell), and each cycle's confirmed pause 0.15-0.25 s on average (a
-    pause confirmed late, or a last one cut short, costs a cycle part of its 0.2 s; a
-    100 ms or 400 ms pause is outside). Per cycle, not as a share of the helper's wall time:
-    a loaded host's late timers stretch the wall time and the share with it."""
+def _onset(paused: bool, was: bool, onsets: list[float]) -> bool:
+    """Note when a pause was first seen from outside (polled every ~10 ms)."""
+    if paused and not was:
+        onsets.append(time.monotonic())
+    return paused
+
+
+def _a_third_as_asked(facts: dict, onsets: list[float]) -> bool:
+    """200 ms paused of every 600. The rhythm, from outside: the median time between two
+    pauses' onsets is 0.6 s within 0.09 (a 0.5 or 0.7 s period is outside; the median
+    takes one pause seen late, or missed while the poller was not scheduled). The length,
+    from the helper: each finished cycle's confirmed pause 0.15-0.25 s on average (a pause
+    confirmed late costs its cycle part of its 0.2 s, a last one cut short a whole cycle's;
+    a 100 or 400 ms pause is outside). Not as a share of the helper's wall time: a loaded
+    host lengthens a pause (a late resume) and delays its confirmation, and the share
+    moved with that past a fixed band."""
     c, confirmed = facts["cycles"], facts["confirmed_paused_s"]
-    return (c >= 4 and abs(c - facts["helper_wall_s"] / 0.6) <= 1.5
+    gaps = sorted(b - a for a, b in itertools.pairwise(onsets))
+    return (c >= 4 and len(gaps) >= 3 and abs(gaps[len(gaps) // 2] - 0.6) <= 0.09
             and 0.15 * c <= confirmed <= 0.25 * (c + 1))
 
 
@@ -446,8 +462,9 @@ def _echo_server() -> tuple[socket.socket, int]:
 @pytest.mark.parametrize("delay_ms", [10.0, 50.0, 200.0])
 def test_latency_proxy_adds_its_delay_each_way(delay_ms):
     """A round trip through the relay takes two one-way delays more than without it
-    (measured: every one at least 2 x delay, the fastest not 15 ms more: a loaded host
-    only adds to a round trip, a relay that held the bytes too long adds to every one),
+    (measured: every one at least 2 x delay, the fastest not 15 ms more and the median
+    not 40 ms more: a loaded host only adds to a round trip, a relay that held the bytes
+    too long adds to every one, or to most),
     every byte is relayed, and the port is closed and the helper gone after stop."""
     srv, port = _echo_server()
     try:
@@ -465,6 +482,7 @@ def test_latency_proxy_adds_its_delay_each_way(delay_ms):
                 rtts.append(time.monotonic() - t0)
         facts = px.stop().as_dict()
         assert 2 * delay_ms <= min(rtts) * 1e3 < 2 * delay_ms + 15, rtts
+        assert sorted(rtts)[2] * 1e3 < 2 * delay_ms + 40, rtts  # and most trips near it
         assert facts["bytes_up"] == 5000 and facts["connections"] == 1, facts
         wait_for(lambda: facts["bytes_down"] == 5000, 1, what="bytes down")
         with pytest.raises(OSError):

@@ -17,6 +17,7 @@ clock error the ledger states. A load that misses a bound runs again, three load
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from itertools import pairwise
 
@@ -52,19 +53,32 @@ def emitter() -> Iterator[EmitterProcess]:
 TRIES = 3
 
 
+class _Late(Exception):
+    """A bound that one late wake can miss: the load runs again."""
+
+
+@contextlib.contextmanager
+def _timing() -> Iterator[None]:
+    try:
+        yield
+    except AssertionError as e:
+        raise _Late(str(e) or repr(e)) from e
+
+
 def test_a_scripted_split_comes_back_through_real_sockets(emitter: EmitterProcess) -> None:
-    """Up to ``TRIES`` loads: one late wake of the emitter or the client (a 40 ms gap in
-    ~160 is a third stall; a 1 s garbage-collector pass can land anywhere) misses a
-    bound on one try, while a ledger that splits wrongly misses on every try. A failure
-    lists every try."""
+    """Up to ``TRIES`` loads. A wake of the emitter or the client over 40 ms late (a gap
+    past 3 x the 20 ms pace: a third stall), or a 1 s garbage-collector pass, misses a
+    timing bound on one load; a ledger that splits wrongly misses on every load. The
+    identities, and the bounds no lateness can cross (never less than scripted), fail on
+    the first. A failure lists every load's."""
     failures = []
     for _ in range(TRIES):
         try:
             _split_comes_back(emitter)
             return
-        except AssertionError as e:
-            failures.append(str(e) or repr(e))
-    raise AssertionError(f"outside the bounds on all {TRIES} tries: {failures}")
+        except _Late as e:
+            failures.append(str(e))
+    raise AssertionError(f"outside the timing bounds on all {TRIES} loads: {failures}")
 
 
 def _split_comes_back(emitter: EmitterProcess) -> None:
@@ -90,16 +104,19 @@ def _split_comes_back(emitter: EmitterProcess) -> None:
         assert len(stamps) == EVENTS
         truth = _truth(stamps, rec.dispatched_ns + int(led.part("client_send") * 1e6))
         assert led.part("prefill") == pytest.approx(PREFILL_S * 1e3, abs=0.01)  # as reported
-        assert led.part("client_send") < BOUND_MS
         assert led.part("before_server") >= HEAD_S * 1e3 - 1.0  # never less than scripted
-        assert led.part("before_server") == pytest.approx(truth["before"], abs=BOUND_MS)
-        assert led.pace_ms == pytest.approx(truth["pace"], rel=0.10)
-        assert led.n_stalls == truth["stalls"] == len(PAUSES)
-        assert led.part("residual_decode") == pytest.approx(truth["excess"], abs=2 * BOUND_MS)
         assert led.part("residual_decode") >= 0.8 * sum(p for _, p in PAUSES) * 1e3
-        assert led.part("tail") < BOUND_MS
+        with _timing():
+            assert led.part("client_send") < BOUND_MS
+            assert led.part("before_server") == pytest.approx(truth["before"], abs=BOUND_MS)
+            assert led.pace_ms == pytest.approx(truth["pace"], rel=0.10)
+            assert led.n_stalls == truth["stalls"] == len(PAUSES)
+            assert led.part("residual_decode") == pytest.approx(truth["excess"],
+                                                                abs=2 * BOUND_MS)
+            assert led.part("tail") < BOUND_MS
     cl = case_ledger("live", "decode_live", {"osl": EVENTS, "concurrency": 4}, res.records)
     for seg in ("ttft", "itl", "e2e"):
         assert sum(s for _, s in cl.shares(seg)) == pytest.approx(1.0, abs=1e-9)
     # 250 ms of pauses in ~1030 ms of decode: the ledger does not close for this case
-    assert cl.residual_frac() == pytest.approx(250 / (250 + 39 * 20), abs=0.03)
+    with _timing():
+        assert cl.residual_frac() == pytest.approx(250 / (250 + 39 * 20), abs=0.03)

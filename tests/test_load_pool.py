@@ -135,10 +135,10 @@ def test_an_open_loop_keeps_its_arrival_times_through_the_pool(
         assert r.ok
         assert r.scheduled_ns == res.start_ns + int(off * 1e9)  # dealt out, not re-timed
         late.append(r.dispatched_ns - r.scheduled_ns)
-    # never early; on time as a rule (the median), and none a whole arrival (50 ms) late:
+    # never early; on time as a rule (the median), and none two arrivals (100 ms) late:
     # one worker's late wake on a loaded host is not a lost arrival time
     assert min(late) >= 0 and sorted(late)[len(late) // 2] < 30_000_000, late
-    assert max(late) < 50_000_000, late
+    assert max(late) < 100_000_000, late
 
 
 def test_a_worker_lost_mid_load_names_itself_and_nothing_hangs(

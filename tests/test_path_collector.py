@@ -68,20 +68,20 @@ def test_the_proxies_are_sampled_apart_from_the_server(tmp_path, proxy):
         assert set(server) == {"", f"pid{engine}"} and server[""][-1] < 0.1
         # ``path`` alone: it follows no one; its sum holds still from then on
         h.track_path([])
-        # the request is fire-and-forget: wait until the agent has applied it (no per-PID
-        # row for 0.3 s), not a fixed time a late agent can outlast
-        seen, deadline = -1, time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            now = len(_devices(path_csv, "cpu_user_s")[f"pid{spinner.pid}"])
-            if now == seen:
-                break
-            seen = now
-            time.sleep(0.3)
-        n = len(_devices(path_csv, "cpu_user_s")[""])
+        # the request is fire-and-forget: wait until the agent has applied it, two sum
+        # rows with no per-PID row beside them (the two counts were equal while it
+        # followed the spinner), not a fixed time a late agent can outlast
+        def applied() -> bool:
+            d = _devices(path_csv, "cpu_user_s")
+            return len(d[""]) >= len(d[f"pid{spinner.pid}"]) + 2
+
+        assert wait_for(applied, 5.0), "the agent did not stop following the spinner"
+        rows = _devices(path_csv, "cpu_user_s")
+        n, kept = len(rows[""]), len(rows[f"pid{spinner.pid}"])
         time.sleep(0.5)
         after = _devices(path_csv, "cpu_user_s")
-        assert len(after[f"pid{spinner.pid}"]) < n  # no per-PID row since
-        assert len(set(after[""][n - 1:])) == 1  # the sum stands still
+        assert len(after[f"pid{spinner.pid}"]) == kept  # no per-PID row since
+        assert len(after[""]) > n and len(set(after[""][n - 1:])) == 1  # the sum stands still
         # and back: the spinner followed again
         h.track_path([spinner.pid])
         m = len(after[f"pid{spinner.pid}"])
