@@ -151,16 +151,25 @@ def _others_words(s: WindowSignals, where: str) -> str:
         f"; {w}" for w in (named_share_words(s), f"the server: {where}") if w)
 
 
+def others_host_cores(s: WindowSignals) -> float | None:
+    """The cores other work held host-wide: the host's busy cores less the server's and
+    its path's (the proxies on the request's way are the path, not other processes,
+    issue 31); None where unmeasured."""
+    if s.host_busy_cores is None or s.server_cpu_cores is None:
+        return None
+    return max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0))
+
+
 def named_share_words(s: WindowSignals) -> str:
     """How much of the other work's CPU the named processes account for, host-wide: the
     busy cores less the server's and its path's, against the named ones' sum. Why: the
     list is a few processes over a cut, so it can cover a small part of what crowded the
     server; the rest is smaller processes, kernel threads and interrupts, or processes that
     lived between two samples, and the reader should know how much is left unnamed."""
-    if not s.other_processes or s.host_busy_cores is None or s.server_cpu_cores is None:
+    others = others_host_cores(s)
+    if not s.other_processes or others is None:
         return ""
-    held = round(max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)),
-                 2)
+    held = round(others, 2)
     named = round(sum(cores for _pid, _cmd, cores, _own in s.other_processes), 2)
     if held == 0:  # contention on steal alone: the host's counters left nothing beside it
         return "the host's CPU counters left no time beside the server's"
@@ -193,9 +202,7 @@ def rule_cpu_contention(s: WindowSignals) -> Outcome:
         other = min(1.0, s.allowed_cpus_other_cores / s.server_allowed_cpus)
         label = "other_processes_allowed_cpus_frac"
     else:
-        # The proxies on the request's way are the path, not other processes (issue 31).
-        other = max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
-                    ) / max(s.n_cores, 1)
+        other = (others_host_cores(s) or 0.0) / max(s.n_cores, 1)  # measured: need()
         label = "other_processes_cores_frac"
     crowded = r.cmp("host_busy_cores", ">=", "other_cpu_frac", value=other, label=label,
                     detail=_others_words(s, _allowance_words(s)))

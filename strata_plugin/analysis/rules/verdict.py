@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, cause_words
-from strata_plugin.analysis.rules.host import named_share_words
+from strata_plugin.analysis.rules.host import named_share_words, others_host_cores
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
 from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
@@ -241,10 +241,10 @@ def _waiting_class(s: WindowSignals, cause: str, outcomes: dict[str, Outcome]) -
 def _others_cores_frac(s: WindowSignals) -> float | None:
     """Other processes' CPU over the host's cores (the path's proxies left out), as
     ``cpu_contention`` reads it; None where unmeasured."""
-    if s.host_busy_cores is None or s.server_cpu_cores is None or not s.n_cores:
+    others = others_host_cores(s)
+    if others is None or not s.n_cores:
         return None
-    return max(0.0, s.host_busy_cores - s.server_cpu_cores - (s.path_cpu_cores or 0.0)
-               ) / s.n_cores
+    return others / s.n_cores
 
 
 def _class_of(cause: str, a: _Assessed) -> str:
