@@ -44,11 +44,21 @@ collectors = ["proc", "cpu", "mem"]
 """
 
 def _fill_code(free: int) -> str:
+    # The run folder may grow between the statvfs and the write: the filler writes in
+    # chunks, and where the disk fills first it gives back the room it meant to leave.
     return f"""
 def fill(folder):
     st = os.statvfs(folder)
-    with open(os.path.join(folder, "filler"), "wb") as fh:
-        fh.write(b"x" * max(0, st.f_bavail * st.f_frsize - {free}))
+    want = max(0, st.f_bavail * st.f_frsize - {free})
+    path = os.path.join(folder, "filler")
+    with open(path, "wb", buffering=0) as fh:
+        try:
+            while want > 0:
+                want -= fh.write(b"x" * min(want, 1 << 16))
+        except OSError:
+            pass
+    if want > 0:
+        os.truncate(path, max(0, os.path.getsize(path) - {free}))
 """
 
 
