@@ -242,15 +242,12 @@ def test_client_throttle_caps_this_process_and_undoes_itself():
     assert t.dir is not None and not t.dir.exists()
     back = own_quota.read(tid)
     assert back is not None and back.where == quota0.where  # back in its own cgroup
-    free = []
-    for _ in range(3):  # free again: the best of three 0.5 s windows (the 0.1 cap: none)
-        w0, c0 = time.monotonic(), time.process_time()
-        while time.monotonic() - w0 < 0.5:
-            x += 1
-        free.append((time.process_time() - c0) / (time.monotonic() - w0))
-        if free[-1] > 0.5:
-            break
-    assert max(free) > 0.5, free
+    # free again: 0.3 s of CPU within 2 s of wall time, which the 0.1 cap would stretch to
+    # 3 s; a loaded host (a sixth of a core left) still passes
+    w0, c0 = time.monotonic(), time.process_time()
+    while time.process_time() - c0 < 0.3 and time.monotonic() - w0 < 5.0:
+        x += 1
+    assert time.monotonic() - w0 < 2.0, (time.monotonic() - w0, time.process_time() - c0)
 
 
 def test_ground_truth_tells_own_load_from_foreign_load():
@@ -342,9 +339,8 @@ def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
         assert not inj.dir.exists() and _cgroup_line(p.pid, "freezer" if version == "v1"
                                                      else "") == home
         assert _state(p.pid) in ("R", "S")
-        c0 = faults._cpu_s(p.pid)
-        time.sleep(0.3)
-        assert faults._cpu_s(p.pid) - c0 > 0.05  # runs again
+        c0 = faults._cpu_s(p.pid)  # runs again (a frozen spinner never moves)
+        wait_for(lambda: faults._cpu_s(p.pid) - c0 > 0.05, 5, what="the spinner running")
         assert not _helpers() and not pauses_helpers()
     finally:
         p.kill()
@@ -390,9 +386,8 @@ def test_freezer_helper_thaws_when_the_harness_is_killed(tmp_path):
         h.kill()
         h.wait(10)
         wait_for(lambda: not Path(d).exists(), 10, what="the freezer cgroup removed")
-        c0 = faults._cpu_s(p.pid)
-        time.sleep(0.3)
-        assert faults._cpu_s(p.pid) - c0 > 0.05  # thawed
+        c0 = faults._cpu_s(p.pid)  # thawed (a frozen spinner never moves)
+        wait_for(lambda: faults._cpu_s(p.pid) - c0 > 0.05, 5, what="the spinner thawed")
     finally:
         p.kill()
         p.wait()
@@ -493,7 +488,7 @@ def test_latency_proxy_adds_its_delay_each_way(delay_ms):
         assert 2 * delay_ms <= min(rtts) * 1e3 < 2 * delay_ms + 15, rtts
         assert sorted(rtts)[2] * 1e3 < 2 * delay_ms + 40, rtts  # and most trips near it
         assert facts["bytes_up"] == 5000 and facts["connections"] == 1, facts
-        wait_for(lambda: facts["bytes_down"] == 5000, 1, what="bytes down")
+        wait_for(lambda: facts["bytes_down"] == 5000, 5, what="bytes down")
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", px.port), timeout=1).close()
         assert not pauses_helpers()
