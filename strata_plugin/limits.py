@@ -73,6 +73,13 @@ MAX_LINE_BYTES = 64 * 1024
 #: >= 0, and at most a year; a case replays in real time.
 MAX_SPAN_S = 366 * 86400.0
 
+# --- plugins' imports (entry_points.py: each entry point, in a thread of its own) -------
+
+#: Seconds a plugin's import may take before it is refused as hung.
+PLUGIN_IMPORT_S = 30.0
+#: Characters of what a plugin prints while it imports that are shown (the rest counted).
+PLUGIN_OUTPUT_CHARS = 4_000
+
 # --- chat prompts built to the server's count (load/chat_prompts.py) -------------------
 
 #: Words in one prompt: at most this many per token of the target (plus
@@ -122,6 +129,80 @@ def max_events(max_tokens: int) -> int:
 #: in its HTTP API page), about 30 bytes each as JSON, so 256 MiB is some 800 series at
 #: the cap; more means the job's matchers select more than one run's nodes.
 PROM_API_BYTES_MAX = 256 << 20
+
+# --- model files and the CPU probe's cache (formats/model_files.py, formats/bounded.py,
+#     configure/model_facts.py, run/cpu_probe.py), checked where each is read ---------------
+
+#: Bytes of a GGUF header (metadata and tensor table; the tensors' data is never read). A
+#: 256K-vocabulary model's token list, scores and merges are under 12 MiB; 64 MiB is 5x.
+GGUF_HEADER_BYTES_MAX = 64 << 20
+#: Metadata entries of one GGUF file: llama.cpp's converters write 30 to 60.
+GGUF_METADATA_MAX = 65_536
+#: Tensors of one GGUF file: a 671B mixture of experts has about 1,100 (its experts
+#: merged per layer); 2^20 is a thousand times that.
+GGUF_TENSORS_MAX = 1 << 20
+#: Elements of one GGUF metadata array: the longest are a vocabulary's tokens and merges
+#: (256K and under a million); 2^24 is 16x the longest.
+GGUF_ARRAY_MAX = 1 << 24
+#: Bytes of one GGUF string: the longest in use is the chat template, tens of KB.
+GGUF_STRING_BYTES_MAX = 1 << 20
+#: Arrays inside arrays in GGUF metadata: the format allows it; llama.cpp's files have none.
+GGUF_ARRAY_DEPTH_MAX = 2
+#: Dimensions of one tensor: ggml's GGML_MAX_DIMS (ggml/include/ggml.h).
+GGUF_DIMS_MAX = 4
+#: Bytes of a safetensors header: the format's own cap (huggingface/safetensors,
+#: safetensors/src/tensor.rs, MAX_HEADER_SIZE = 100,000,000).
+SAFETENSORS_HEADER_BYTES_MAX = 100_000_000
+#: Bytes of a checkpoint's config.json: a few KB (a multimodal one some 20 KB).
+HF_CONFIG_BYTES_MAX = 1 << 20
+#: Bytes of model.safetensors.index.json: one line per tensor, about 90,000 lines (7 MB)
+#: for the largest mixtures of experts.
+SAFETENSORS_INDEX_BYTES_MAX = 64 << 20
+#: Nesting of the JSON of model files (config.json, the index, a safetensors header):
+#: they nest 3 or 4 deep.
+MODEL_JSON_DEPTH_MAX = 32
+#: Characters of a model id or path where it is shown (a reason, the report): a file name
+#: is at most 255 bytes (NAME_MAX), a Hugging Face repository id at most 96 characters.
+MODEL_ID_SHOWN_MAX = 255
+#: Integers of a model's shape (layers, hidden size, heads, vocabulary, context, experts):
+#: llama.cpp holds them as uint32_t (src/llama-hparams.h), transformers' configs as
+#: int32; a value past 2^31 - 1 is not a model.
+MODEL_SHAPE_MAX = (1 << 31) - 1
+#: Bytes of the CPU probe's cache file: a measurement is about 3 KB.
+CPU_CACHE_BYTES_MAX = 1 << 20
+#: A cached CPU figure past these per probed CPU is not a measurement: AMX's bf16 tiles
+#: peak at 1,024 FLOPs a cycle and core (Intel's optimization reference manual), 4 TFLOP/s
+#: at 4 GHz; a core's L1 loads at 128 B a cycle, 640 GB/s at 5 GHz.
+CPU_FLOPS_PER_CPU_MAX = 10**13
+CPU_BYTES_S_PER_CPU_MAX = 10**12
+
+# --- the engine's own per-request clocks (analysis/engine_clocks.py) --------------------
+
+#: An engine's clock of a request (its queue, prefill, decode, a token's stamp) is timed
+#: inside the request the client timed, from dispatch to the stream's end; past that span
+#: by more than this (plus 1000 ppm of it: twice the kernel's largest clock slew) it is
+#: not the request's clock (seconds given where ms are meant) and the analysis leaves it
+#: out, counted.
+ENGINE_CLOCK_SLACK_MS = 5
+
+# --- an attached server's path (run/listener.py: discover) ------------------------------
+
+#: Idle peer connections whose listener is asked for the health path (one socket each,
+#: all at once, within DISCOVERY_PEER_CHECK_S): an engine holds a few (a database, a
+#: Ray head, ZeroMQ peers); 256 sockets at once stay far under the usual 1024-descriptor
+#: soft limit. Past it the rest are not followed, and the path says how many.
+DISCOVERY_PEERS_MAX = 256
+#: Seconds all the health checks of idle peers take together, whatever their number and
+#: however deep the path: a peer that accepts and never answers costs this once, not once
+#: per peer (200 such peers, checked in turn at 0.5 s each, took 107 s).
+DISCOVERY_PEER_CHECK_S = 2.0
+#: Listeners followed as hops of one path: a router over 32 replicas, or a mesh of a
+#: few proxies, is under it; each one's descriptors are read every 10 ms of the probe.
+DISCOVERY_LISTENERS_MAX = 64
+#: Paths (chains from the URL to where they end) listed in the manifest and report.md; a
+#: full mesh of 9 proxies has 146,743 of them. Every engine is still found: past this
+#: number the engines and proxies are taken from the listeners reached, not the paths.
+DISCOVERY_PATHS_MAX = 64
 
 # --- the table ---------------------------------------------------------------------------
 
@@ -193,6 +274,96 @@ LIMITS: tuple[Limit, ...] = (
           "run/prometheus.py: PromClient, each HTTP API answer; a PromError naming it",
           "11,000 points a series at most (Prometheus HTTP API, range queries) x ~30 B: "
           "some 800 series at the cap"),
+    Limit("PLUGIN_IMPORT_S", PLUGIN_IMPORT_S, "s",
+          "entry_points.py: each entry point's import, in a thread of its own; past it a "
+          "PluginError naming the plugin (its thread is left behind: a thread cannot be "
+          "killed)",
+          "a plugin that imports a framework at its top (torch: seconds from a cold disk) "
+          "fits with room; Strata's own pytest plugin and report modules import in 1.6 s "
+          "on the 2-core VM"),
+    Limit("PLUGIN_OUTPUT_CHARS", PLUGIN_OUTPUT_CHARS, "characters",
+          "entry_points.py: what a plugin prints while it imports, shown after it (in its "
+          "PluginError if it is refused), escaped; the rest counted, not shown",
+          "fifty lines of a traceback or a warning; a plugin that prints more at import "
+          "is printing data"),
+    Limit("GGUF_HEADER_BYTES_MAX", GGUF_HEADER_BYTES_MAX, "bytes",
+          "formats/model_files.py: read_gguf_header; a header running past it is refused "
+          "(the model's facts UNAVAILABLE, naming the file and the limit)",
+          "a 256K-vocabulary model's tokens, scores and merges are under 12 MiB"),
+    Limit("GGUF_METADATA_MAX", GGUF_METADATA_MAX, "entries",
+          "formats/model_files.py: the metadata count, before any entry is read",
+          "llama.cpp's converters write 30 to 60 entries"),
+    Limit("GGUF_TENSORS_MAX", GGUF_TENSORS_MAX, "tensors",
+          "formats/model_files.py: the tensor count, before any tensor is read",
+          "a 671B mixture of experts has about 1,100 (experts merged per layer)"),
+    Limit("GGUF_ARRAY_MAX", GGUF_ARRAY_MAX, "elements",
+          "formats/model_files.py: each metadata array's length, before it is read",
+          "a vocabulary's tokens and merges: 256K and under a million"),
+    Limit("GGUF_STRING_BYTES_MAX", GGUF_STRING_BYTES_MAX, "bytes",
+          "formats/model_files.py: each string's length, before it is read",
+          "the longest string in use is a chat template, tens of KB"),
+    Limit("GGUF_ARRAY_DEPTH_MAX", GGUF_ARRAY_DEPTH_MAX, "levels",
+          "formats/model_files.py: arrays inside arrays",
+          "the format allows nesting; llama.cpp's files have none"),
+    Limit("GGUF_DIMS_MAX", GGUF_DIMS_MAX, "dimensions",
+          "formats/model_files.py: each tensor's dimension count",
+          "ggml's GGML_MAX_DIMS (ggml/include/ggml.h)"),
+    Limit("SAFETENSORS_HEADER_BYTES_MAX", SAFETENSORS_HEADER_BYTES_MAX, "bytes",
+          "formats/model_files.py: read_safetensors_header, before the header is read",
+          "the format's own cap (safetensors/src/tensor.rs, MAX_HEADER_SIZE)"),
+    Limit("HF_CONFIG_BYTES_MAX", HF_CONFIG_BYTES_MAX, "bytes",
+          "configure/model_facts.py: config.json, before it is read",
+          "a checkpoint's config.json is a few KB, a multimodal one some 20 KB"),
+    Limit("SAFETENSORS_INDEX_BYTES_MAX", SAFETENSORS_INDEX_BYTES_MAX, "bytes",
+          "configure/model_facts.py: model.safetensors.index.json, before it is read",
+          "one line per tensor: about 7 MB for the largest mixtures of experts"),
+    Limit("MODEL_JSON_DEPTH_MAX", MODEL_JSON_DEPTH_MAX, "levels",
+          "formats/bounded.py: config.json, the index, each safetensors header",
+          "they nest 3 or 4 deep"),
+    Limit("MODEL_ID_SHOWN_MAX", MODEL_ID_SHOWN_MAX, "characters",
+          "run/model_source.py: a model id or path the server reports, where it is shown "
+          "(shortened, its length said)",
+          "a file name is at most 255 bytes (NAME_MAX); a Hugging Face id at most 96"),
+    Limit("MODEL_SHAPE_MAX", MODEL_SHAPE_MAX, "per fact",
+          "configure/model_facts.py: each shape fact (layers, hidden, heads, vocab, context, "
+          "experts); past it, or not a whole number, the fact is UNAVAILABLE naming the "
+          "file and key",
+          "llama.cpp holds them as uint32_t (src/llama-hparams.h), transformers as int32"),
+    Limit("CPU_CACHE_BYTES_MAX", CPU_CACHE_BYTES_MAX, "bytes",
+          "run/cpu_probe.py: the cache file, before it is read; past it the CPUs are "
+          "measured again and the file rewritten",
+          "one measurement is about 3 KB"),
+    Limit("CPU_FLOPS_PER_CPU_MAX", CPU_FLOPS_PER_CPU_MAX, "FLOP/s a CPU",
+          "run/cpu_probe.py: each cached matrix-multiply rate; past it (or not a finite "
+          "positive number) the entry is discarded, measured again, rewritten",
+          "AMX's bf16 tiles: 1,024 FLOPs a cycle and core, 4 TFLOP/s at 4 GHz"),
+    Limit("CPU_BYTES_S_PER_CPU_MAX", CPU_BYTES_S_PER_CPU_MAX, "B/s a CPU",
+          "run/cpu_probe.py: each cached bandwidth, as CPU_FLOPS_PER_CPU_MAX",
+          "a core's L1 loads 128 B a cycle: 640 GB/s at 5 GHz"),
+    Limit("ENGINE_CLOCK_SLACK_MS", ENGINE_CLOCK_SLACK_MS, "ms",
+          "analysis/engine_clocks.py, where requests.jsonl is read: an engine clock longer "
+          "than the request the client timed (plus this and 1000 ppm) is left out of the "
+          "analysis and counted with its reason (extra.engine_clock_dropped, the case's "
+          "verdict notes); the request stands, the file keeps it",
+          "the engine times inside the client's span; 1000 ppm is twice the kernel's "
+          "largest clock slew (adjtimex, 500 ppm)"),
+    Limit("DISCOVERY_PEERS_MAX", DISCOVERY_PEERS_MAX, "connections",
+          "run/listener.py: discover, the idle peers of each hop asked for the health "
+          "path; past it they are not followed and the path's notes say how many",
+          "one socket each, all at once: far under the usual 1024-descriptor limit"),
+    Limit("DISCOVERY_PEER_CHECK_S", DISCOVERY_PEER_CHECK_S, "s",
+          "run/listener.py: discover, all health checks of idle peers together; a peer "
+          "that has not answered by then is not followed",
+          "a peer that accepts and never answers costs this once; checked in turn at "
+          "0.5 s each, 200 of them took 107 s"),
+    Limit("DISCOVERY_LISTENERS_MAX", DISCOVERY_LISTENERS_MAX, "listeners",
+          "run/listener.py: discover, the hops followed; past it the path's notes say so",
+          "a router over 32 replicas is under it; each hop's descriptors are read every "
+          "10 ms of the probe's window"),
+    Limit("DISCOVERY_PATHS_MAX", DISCOVERY_PATHS_MAX, "paths",
+          "run/listener.py: discover, the paths listed; past it the notes say so and the "
+          "engines come from the listeners reached",
+          "a full mesh of 9 proxies has 146,743 paths"),
 )
 
 

@@ -466,6 +466,77 @@ class DelayRelay:
                 pass
 
 
+class NsPair:
+    """Two network namespaces of their own joined by one veth pair, neither of them the
+    host's: a client namespace (``a``, where Strata runs) and a server namespace (``b``),
+    for what must not touch the host's own tables (a NAT rule in ``a``). Addresses
+    ``10.231.<n>.1`` (a) and ``.2`` (b) exist only inside them. Named like the lab's, so a
+    pair left by a killed run is swept with it; ``close()`` kills what runs in them and
+    deletes both (the veth goes with them)."""
+
+    def __init__(self) -> None:
+        if os.geteuid() != 0:
+            raise LabUnavailable("needs root (network namespaces)")
+        if shutil.which("ip") is None:
+            raise MissingTool("iproute2 'ip' not installed: run scripts/install_system_deps.sh")
+        sweep_stale()
+        have = set(_run(["ip", "netns", "list"], check=False).stdout.split())
+        n = next((i for i in range(200, 250, 2) if f"{PREFIX}{os.getpid()}-{i}" not in have
+                  and f"{PREFIX}{os.getpid()}-{i + 1}" not in have), None)
+        if n is None:
+            raise LabUnavailable("no free namespace pair name")
+        self.a, self.b = (f"{PREFIX}{os.getpid()}-{i}" for i in (n, n + 1))
+        self.a_if, self.b_if = _veth_names(os.getpid(), n)
+        self.a_addr, self.b_addr = f"10.231.{n}.1", f"10.231.{n}.2"
+        self._procs: list[subprocess.Popen] = []
+        atexit.register(self.close)
+        try:
+            _run(["ip", "netns", "add", self.a])
+            _run(["ip", "netns", "add", self.b])
+            _run(["ip", "link", "add", self.a_if, "netns", self.a, "type", "veth", "peer",
+                  "name", self.b_if, "netns", self.b])
+            for ns, dev, addr in ((self.a, self.a_if, self.a_addr),
+                                  (self.b, self.b_if, self.b_addr)):
+                _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev])
+                _run(["ip", "-n", ns, "link", "set", dev, "up"])
+                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        except RuntimeError as e:
+            self.close()
+            if "Operation not permitted" in str(e) or "not supported" in str(e).lower():
+                raise LabUnavailable(f"the kernel refuses: {e}") from None
+            raise
+
+    def argv(self, ns: str, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", ns, *argv]
+
+    def run(self, ns: str, argv: list[str], check: bool = True, timeout: float = 60.0
+            ) -> subprocess.CompletedProcess:
+        return _run(self.argv(ns, argv), check=check, timeout=timeout)
+
+    def popen(self, ns: str, argv: list[str], **kw) -> subprocess.Popen:
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(self.argv(ns, argv), **kw)
+        self._procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for ns in (getattr(self, "a", ""), getattr(self, "b", "")):
+            if ns:
+                _kill_ns_processes(ns)
+                _run(["ip", "netns", "del", ns], check=False)
+        for p in getattr(self, "_procs", []):
+            try:
+                p.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def __enter__(self) -> NsPair:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def lab_fixture(tmp_path_factory, sshd: bool = True):
     """A generator for pytest fixtures: the lab (with sshd). Missing packages are installed
     on demand (tests/system_packages.py); skipped, with the reason, where this process is not

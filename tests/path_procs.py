@@ -3,9 +3,9 @@ each its own process, so the path's discovery finds it by its sockets as it woul
 nginx or a router: ``python tests/path_procs.py MODE [options]``; prints the port it
 listens on, then serves until killed (or ``--max-s``).
 
-* ``http``: an HTTP/1.1 server answering every request ``200`` (``--hold HOST:PORT``: it
-  also keeps one connection open to that address from its start, as an engine keeps
-  one to a database or a Ray head).
+* ``http``: an HTTP/1.1 server answering every request ``200`` (``--hold HOST:PORT``, as
+  often as wanted: it also keeps one connection open to each address from its start, as
+  an engine keeps one to a database or a Ray head).
 * ``forward``: a proxy that opens a new connection upstream for each client connection
   (``--to HOST:PORT``) and relays both ways; at most ``--max-conns`` connections (a
   loop of two forwarders would otherwise open them without end): past them a client's
@@ -15,7 +15,8 @@ listens on, then serves until killed (or ``--max-s``).
 * ``raw``: a TCP listener that accepts and never speaks HTTP (a database).
 
 ``--port N`` listens on that port (default: an ephemeral one), ``--bind ADDR`` on that
-address (default 127.0.0.1).
+address (default 127.0.0.1), ``--reuseport`` with SO_REUSEPORT (several processes on one
+port).
 """
 
 from __future__ import annotations
@@ -69,14 +70,13 @@ def main() -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--bind", default="127.0.0.1")
     p.add_argument("--to", type=_addr)
-    p.add_argument("--hold", type=_addr)
+    p.add_argument("--hold", type=_addr, action="append", default=[])
+    p.add_argument("--reuseport", action="store_true")
     p.add_argument("--max-conns", type=int, default=50)
     p.add_argument("--max-s", type=float, default=120.0)
     a = p.parse_args()
-    srv = socket.create_server((a.bind, a.port))
-    held = []
-    if a.hold:
-        held.append(socket.create_connection(a.hold))
+    srv = socket.create_server((a.bind, a.port), reuse_port=a.reuseport)
+    held = [socket.create_connection(h) for h in a.hold]
     if a.mode == "pool":
         held.append(socket.create_connection(a.to))
     print(srv.getsockname()[1], flush=True)

@@ -43,19 +43,21 @@ class Hop:
     pids: tuple[int, ...] = ()  # every PID holding the listener or the path's connections
     netns: str = ""  # "net:[4026532...]" when not the harness's own network namespace
     note: str = ""  # why a hop cannot be observed (another host, another user)
+    container: str = ""  # "podman strata-engine (3f2a1b9c0d1e)" where a runtime names it
 
     def text(self) -> str:
         """``127.0.0.1:9000 -> PID 5678 `vllm serve```; a remote or unreadable hop with
         its reason."""
         where = self.address + (f" (network namespace {self.netns})" if self.netns else "")
         if self.kind in ("proxy", "engine") and self.pid is not None:
-            return f"{where} -> PID {self.pid} `{self.name or '?'}`"
+            inside = f" in container {self.container}" if self.container else ""
+            return f"{where} -> PID {self.pid} `{self.name or '?'}`{inside}"
         return f"{where} ({self.note or self.kind})"
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "kind": self.kind, "pid": self.pid,
                 "name": self.name, "pids": list(self.pids), "netns": self.netns,
-                "note": self.note}
+                "note": self.note, "container": self.container}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Hop:
@@ -64,7 +66,57 @@ class Hop:
                    pid=int(pid) if isinstance(pid, int) else None,
                    name=str(d.get("name", "")),
                    pids=tuple(int(p) for p in d.get("pids") or () if isinstance(p, int)),
-                   netns=str(d.get("netns", "")), note=str(d.get("note", "")))
+                   netns=str(d.get("netns", "")), note=str(d.get("note", "")),
+                   container=str(d.get("container", "")))
+
+
+@dataclass(frozen=True)
+class Container:
+    """The container an engine runs in, as far as this machine's runtime says."""
+
+    runtime: str  # "podman", "docker", "containerd", "cri-o"
+    id: str  # the full id, from the engine's cgroup path
+    name: str = ""  # "" where no runtime here answered for it
+
+    def text(self) -> str:
+        return f"{self.runtime} {self.name or '(name unknown)'} ({self.id[:12]})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "id": self.id, "name": self.name}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Container:
+        return cls(str(d.get("runtime", "")), str(d.get("id", "")), str(d.get("name", "")))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine the path ends at: what the agent follows for it. Several of them (the
+    replicas behind a router, processes sharing a port with SO_REUSEPORT) are a list,
+    each with its own process, network namespace, cgroup and container."""
+
+    pid: int  # the lowest PID holding its listening socket: the process followed
+    pids: tuple[int, ...]  # every PID holding that socket (a forking server's workers)
+    address: str  # where it listens, as the path reached it: "10.88.0.5:8000"
+    netns_inode: int | None = None  # its network namespace's inode (None: not readable)
+    cgroup: str = ""  # its cgroup (v2 path, "/system.slice/..."); "" when not readable
+    container: Container | None = None  # where a runtime on this machine knows it
+    name: str = ""  # a short name of its command
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "pids": list(self.pids), "address": self.address,
+                "netns_inode": self.netns_inode, "cgroup": self.cgroup, "name": self.name,
+                "container": self.container.to_json() if self.container else None}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Engine:
+        pid, ino, c = d.get("pid"), d.get("netns_inode"), d.get("container")
+        return cls(pid=pid if isinstance(pid, int) else 0,
+                   pids=tuple(int(p) for p in d.get("pids") or () if isinstance(p, int)),
+                   address=str(d.get("address", "")),
+                   netns_inode=ino if isinstance(ino, int) else None,
+                   cgroup=str(d.get("cgroup", "")), name=str(d.get("name", "")),
+                   container=Container.from_json(c) if isinstance(c, Mapping) else None)
 
 
 @dataclass(frozen=True)
@@ -87,6 +139,9 @@ class RequestPath:
     #: how it was looked at: "probe" (while a request was held in flight), "static"
     how: str = "probe"
     notes: tuple[str, ...] = field(default=())
+    #: every engine the path ends at, one entry each (empty where the engine came from
+    #: ``telemetry.pid_pattern`` or none was found)
+    engines: tuple[Engine, ...] = field(default=())
 
     @property
     def observable(self) -> bool:
@@ -115,6 +170,7 @@ class RequestPath:
                 "engine_from": self.engine_from, "engine_pids": list(self.engine_pids),
                 "proxy_pids": list(self.proxy_pids), "reason": self.reason, "how": self.how,
                 "notes": list(self.notes),
+                "engines": [e.to_json() for e in self.engines],
                 "chains": [[h.to_json() for h in c] for c in self.chains]}
 
     @classmethod
@@ -128,7 +184,9 @@ class RequestPath:
                    proxy_pids=tuple(int(p) for p in d.get("proxy_pids") or ()
                                     if isinstance(p, int)),
                    reason=str(d.get("reason", "")), how=str(d.get("how", "probe")),
-                   notes=tuple(str(n) for n in d.get("notes") or ()))
+                   notes=tuple(str(n) for n in d.get("notes") or ()),
+                   engines=tuple(Engine.from_json(e) for e in d.get("engines") or ()
+                                 if isinstance(e, Mapping)))
 
 
 def paths_in(manifest: Mapping[str, Any]) -> dict[str, RequestPath]:

@@ -12,17 +12,28 @@ llama-server). :func:`discover` follows the path instead:
 
 1. The socket listening on the URL's port (``/proc/net/tcp``, ``/proc/net/tcp6``: state
    0A = LISTEN, proc(5)) belongs to the processes that hold its inode among their file
-   descriptors (``/proc/<pid>/fd/* -> socket:[inode]``).
-2. A process that holds its own connections to another listener is a proxy: its
+   descriptors (``/proc/<pid>/fd/* -> socket:[inode]``). Processes holding sockets of
+   their own on one port (SO_REUSEPORT) are several engines; processes sharing one
+   socket (a forking server's workers) are one.
+2. A URL address that is no listener here is looked for in the other network namespaces
+   of this machine (``run/netns.py``: one process's ``/proc/<pid>/net`` per namespace,
+   matched by the namespace's own addresses): a container on a bridge network reached at
+   its address. Where nothing listens at all, the probe connection's NAT translation
+   (the connection-tracking table) says where a published port really goes.
+3. A process that holds its own connections to another listener is a proxy: its
    sockets in state ESTABLISHED (01) or SYN_SENT (02) whose local port is none of its
-   listening ports are connections it opened. The listener at their far end (found in
-   this machine's network namespace, or another one: a container on a bridge network)
-   is the next hop, followed the same way: two hops and more, a cycle stopped at a
-   listener already on the path, at most ``max_depth`` hops.
-3. The hop that opens no connection on is the engine; the agent follows it as the
+   listening ports are connections it opened, in any namespace (a forwarder that made
+   its upstream socket inside the engine's namespace holds it in that namespace's
+   table). The listener at their far end (in this namespace, another one, or where a NAT
+   rule sends the connection) is the next hop, followed the same way: two hops and more,
+   a cycle stopped at a listener already on the path, at most ``max_depth`` hops (a hop
+   still connecting on there is a proxy, not the engine, and the path says so).
+4. The hop that opens no connection on is an engine; the agent follows it as the
    server and the proxies as the path (``--path-pid``), so their CPU is neither the
-   server's nor "other processes'". A far end that no network namespace of this machine
-   holds is another host: the path says so, and that engine cannot be observed.
+   server's nor "other processes'". Each engine is recorded with its host PID, network
+   namespace, cgroup and container (``RequestPath.engines``). A far end that no network
+   namespace of this machine holds is another host: the path says so, and that engine
+   cannot be observed.
 
 **Why a probe.** Many proxies keep a pool of upstream connections (nginx ``keepalive``,
 Envoy, Go's ``httputil.ReverseProxy``, Python HTTP clients): those are there at any
@@ -40,19 +51,26 @@ along the connections it already held only to a listener that answers the health
 with a 2xx status (an engine's own connections to a database, a Ray head or a ZeroMQ
 peer do not), and without any it is the engine.
 
-What this cannot see, stated where it matters: a proxy that forwards over a Unix
-socket (no TCP peer to follow); another user's processes, without privileges (their
-file descriptors are not readable: the hop says whose socket it is); a port forwarded
-by a NAT rule (nothing listens on it here). ``telemetry.pid_pattern`` names the engine
-in all of these, and wins wherever it is given. Process facts are read from /proc only;
-nothing is run.
+Bounded whatever the topology (``limits.py``, the DISCOVERY_* rows): the idle peers are
+asked at once within one total time, the hops followed and the paths listed are capped,
+and each cap reached is said in the path's notes.
+
+What this cannot see, stated where it matters: a proxy that forwards over a Unix socket
+(no TCP peer to follow); another user's processes, without privileges (their file
+descriptors and namespaces are not readable: the hop says whose socket it is, and how
+many namespaces could not be read); a NAT rule whose translation the connection-tracking
+table does not show. ``telemetry.pid_pattern`` names the engine in all of these, and wins
+wherever it is given. Process facts are read from /proc only; the one command run is a
+container runtime's ``ps``, to name a container (``run/netns.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
+import selectors
 import socket
 import ssl
 import struct
@@ -63,14 +81,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from strata_plugin.formats.request_path import Hop, RequestPath
+from strata_plugin.formats.request_path import Container, Engine, Hop, RequestPath
+from strata_plugin.limits import (
+    DISCOVERY_LISTENERS_MAX,
+    DISCOVERY_PATHS_MAX,
+    DISCOVERY_PEER_CHECK_S,
+    DISCOVERY_PEERS_MAX,
+)
+from strata_plugin.run.netns import (
+    container_of,
+    namespaces,
+    ns_inode,
+    ns_key,
+    probe_translation,
+    translation,
+)
 
 _LISTEN, _ESTABLISHED, _SYN_SENT = "0A", "01", "02"
 #: The most hops followed from the URL's listener (a chain longer than this is a loop
 #: the listener-address guard did not catch, or a deployment no one would build).
 MAX_DEPTH = 8
-#: How long the sockets are read while the probe is in flight (seconds).
+#: How long the sockets are read while the probe is in flight (seconds); each new hop
+#: seen extends it to WINDOW_GROW_S after that hop, up to WINDOW_MAX_S in all.
 WINDOW_S = 1.0
+WINDOW_GROW_S, WINDOW_MAX_S = 0.5, 3.0
 #: Between two reads of the sockets, and between two GET probes (seconds).
 SCAN_EVERY_S, GET_EVERY_S = 0.01, 0.05
 INTERPRETERS = ("python", "python3", "node", "java", "ruby", "perl", "bun", "deno", "php")
@@ -250,13 +284,6 @@ def attached_server_pid(base_url: str, proc: Path = Path("/proc")) -> int | None
     return socket_owner(listening_inodes(port, proc), proc)
 
 
-def _netns(pid: int | str, proc: Path) -> str:
-    try:
-        return os.readlink(proc / str(pid) / "ns" / "net")
-    except OSError:
-        return ""
-
-
 def _name(pid: int, proc: Path) -> str:
     """A short name of a process's command: ``nginx``, ``vllm serve``, ``python -m x``."""
     try:
@@ -298,6 +325,15 @@ def _tree(roots: Iterable[int], proc: Path) -> set[int]:
 
 # --- the path -------------------------------------------------------------------------------
 
+#: One far end, keyed by where its connection is: (namespace key, local address, port).
+_Where = tuple[str, str, int]
+#: How long one idle peer has to answer the health path (seconds); all of them together
+#: have DISCOVERY_PEER_CHECK_S.
+ANSWER_TIMEOUT_S = 0.5
+#: The URL's addresses whose NAT translation is probed (each waits up to
+#: ``netns.NAT_WAIT_S`` for its entry): a name resolves to one or two (IPv4, IPv6).
+NAT_ADDRESSES_MAX = 4
+
 
 @dataclass
 class _Net:
@@ -312,24 +348,53 @@ class _Net:
         self.socks = read_sockets(self.net)
         return self.socks
 
+    def listeners(self, addr: str, port: int) -> list[Sock]:
+        """Every socket listening for ``addr:port``: those bound to that address, else
+        those bound to any (the kernel prefers the bound one); several where processes
+        share the port with SO_REUSEPORT."""
+        on_port = [s for s in self.socks
+                   if s.state == _LISTEN and s.lport == port and s.inode != "0"]
+        return [s for s in on_port if s.laddr == addr] or [s for s in on_port
+                                                           if _wildcard(s.laddr)]
+
     def listener(self, addr: str, port: int) -> Sock | None:
-        return next((s for s in self.socks if s.state == _LISTEN and _matches(s, addr, port)),
-                    None)
+        found = self.listeners(addr, port)
+        return found[0] if found else None
 
 
 @dataclass
 class _Node:
-    """A listener on the path and what was seen of it during the window."""
+    """One listener on the path (the processes holding one listening socket, or several
+    sockets they share) and what was seen of it during the window."""
 
     net: _Net
     listen: Sock
-    pids: set[int]  # every PID holding the listening socket
-    upstream_new: dict[tuple[str, int], str] = field(default_factory=dict)  # far end -> net key
-    upstream_old: dict[tuple[str, int], str] = field(default_factory=dict)
+    pids: set[int]  # every PID holding the listening socket(s)
+    #: far end -> where the connection to it is (namespace key, local address, port)
+    upstream_new: dict[tuple[str, int], _Where] = field(default_factory=dict)
+    upstream_old: dict[tuple[str, int], _Where] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[str, str, int]:
+    def key(self) -> tuple[str, str, int, int]:
+        return (self.net.key, self.listen.laddr, self.listen.lport, min(self.pids))
+
+    @property
+    def address(self) -> tuple[str, str, int]:
         return (self.net.key, self.listen.laddr, self.listen.lport)
+
+
+def _groups(inodes: Iterable[str], found: dict[str, set[int]]) -> list[set[int]]:
+    """The PIDs behind a port's listening sockets, one set per engine: sockets held by
+    the same processes (a forking server's workers inherit the parent's) are one
+    engine; sockets held by processes that share none (SO_REUSEPORT) are several."""
+    out: list[set[int]] = []
+    for inode in sorted(inodes):
+        pids = set(found.get(inode, ()))
+        if not pids:
+            continue
+        merged = [g for g in out if g & pids]
+        out = [g for g in out if not g & pids] + [pids.union(*merged)]
+    return sorted(out, key=min)
 
 
 class _Walker:
@@ -340,12 +405,24 @@ class _Walker:
         self.nets = {own.key: own}
         self.own = own
         self.others: list[_Net] | None = None
-        self.nodes: dict[tuple[str, str, int], _Node] = {}
+        #: processes whose network namespace could not be read (another user's)
+        self.unreadable_ns = 0
+        self.nodes: dict[tuple[str, str, int, int], _Node] = {}
+        #: each listening address reached -> its engines (several with SO_REUSEPORT)
+        self.groups: dict[tuple[str, str, int], list[_Node]] = {}
         self.denied_uid: dict[tuple[str, str, int], int] = {}
+        self.pending: dict[tuple[str, str, int], tuple[_Net, Sock]] = {}
         self.baseline: set[str] = set()
         self.skip: set[tuple[str, int, str, int]] = set()  # the harness's own probe sockets
         #: (namespace key, far address, far port) -> where its listener is (None: nowhere)
         self.located: dict[tuple[str, str, int], tuple[_Net, Sock] | None] = {}
+        #: far ends asked for the health path, and whether they answered 2xx
+        self.answers: dict[tuple[str, int], bool] = {}
+        self.unchecked: set[tuple[str, int]] = set()  # past the count or the time bound
+        self.not_followed = 0  # listeners past DISCOVERY_LISTENERS_MAX
+        self.nat: list[str] = []  # the translations followed, said in the notes
+        self._by_inode: dict[str, tuple[_Net, Sock]] = {}  # other namespaces' sockets
+        self._rest_seen: set[str] = set()
 
     def start(self) -> None:
         """Every namespace's sockets before the probe: a connection among them was there
@@ -357,78 +434,204 @@ class _Walker:
     def other_nets(self) -> list[_Net]:
         """Every other network namespace on this machine, one process to read it through."""
         if self.others is None:
-            seen: dict[str, int] = {}
-            for pid in _pids(self.proc):
-                key = _netns(pid, self.proc)
-                if key and key != self.own.key and key not in seen:
-                    seen[key] = pid
+            found = namespaces(self.proc)
+            self.unreadable_ns = found.unreadable
             self.others = []
-            for key, pid in seen.items():
+            for key, pid in found.through.items():
+                if key == self.own.key:
+                    continue
                 net = self.proc / str(pid) / "net"
                 self.others.append(_Net(key, net, local_addresses(net)))
-            for n in self.others:
-                n.read()
-                self.nets[n.key] = n
+            self._read_others()
         return self.others
 
-    def node(self, net: _Net, listen: Sock) -> _Node | None:
+    def _read_others(self) -> None:
+        self._by_inode = {}
+        for n in self.others or ():
+            n.read()
+            self.nets[n.key] = n
+            self._by_inode.update((s.inode, (n, s)) for s in n.socks if s.inode != "0")
+
+    def group(self, net: _Net, listen: Sock) -> list[_Node] | None:
+        """The engines (or proxies) listening on ``listen``'s address: one, or several
+        sharing the port; None when their processes cannot be read."""
         key = (net.key, listen.laddr, listen.lport)
-        if key in self.nodes:
-            return self.nodes[key]
-        if key in self.denied_uid:
-            return None
-        inodes = {s.inode for s in net.socks if s.state == _LISTEN and s.lport == listen.lport
-                  and s.laddr == listen.laddr and s.inode != "0"}
-        found, denied = owners(inodes, self.proc)
-        pids = set().union(*found.values()) if found else set()
-        if not pids:
-            self.denied_uid[key] = listen.uid if denied else -1
-            return None
-        n = self.nodes[key] = _Node(net, listen, pids)
-        return n
+        if key not in self.groups and key not in self.denied_uid:
+            self.pending[key] = (net, listen)
+            self.resolve()
+        return self.groups.get(key)
+
+    def resolve(self) -> None:
+        """The processes of every listener met since the last call, in one pass over
+        /proc (one pass a scan, not one a listener)."""
+        todo = {k: v for k, v in self.pending.items()
+                if k not in self.groups and k not in self.denied_uid}
+        self.pending.clear()
+        if not todo:
+            return
+        inodes = {k: {s.inode for s in net.socks if s.state == _LISTEN and s.lport == k[2]
+                      and s.laddr == k[1] and s.inode != "0"} for k, (net, _) in todo.items()}
+        found, denied = owners(set().union(*inodes.values()), self.proc)
+        for k, (net, listen) in todo.items():
+            sets = _groups(inodes[k], found)
+            if not sets:
+                self.denied_uid[k] = listen.uid if denied else -1
+                continue
+            room = DISCOVERY_LISTENERS_MAX - len(self.nodes)
+            if room < len(sets):
+                self.not_followed += len(sets) - max(room, 0)
+                sets = sets[:max(room, 0)]
+                if not sets:
+                    continue
+            self.groups[k] = [_Node(net, listen, pids) for pids in sets]
+            for node in self.groups[k]:
+                self.nodes[node.key] = node
 
     def locate(self, net: _Net, raddr: str, rport: int, laddr: str, lport: int
                ) -> tuple[_Net, Sock] | None:
         """The listener at a connection's far end: in the same namespace (its address is
         one of the namespace's), else in the namespace holding the connection's other end
-        or that address; None when no namespace of this machine has it."""
+        or that address, else where a NAT rule sent the connection; None when no
+        namespace of this machine has it."""
         if _is_local(raddr, net.local):
             lst = net.listener(raddr, rport)
-            return (net, lst) if lst is not None else None
-        for other in self.other_nets():
-            mirror = any(s.laddr == raddr and s.lport == rport and s.raddr == laddr
-                         and s.rport == lport for s in other.socks)
-            if mirror or raddr in other.local:
-                lst = other.listener(raddr, rport)
-                if lst is not None:
-                    return other, lst
+            if lst is not None:
+                return net, lst
+        else:
+            for other in self.other_nets():
+                mirror = any(s.laddr == raddr and s.lport == rport and s.raddr == laddr
+                             and s.rport == lport for s in other.socks)
+                if mirror or raddr in other.local:
+                    lst = other.listener(raddr, rport)
+                    if lst is not None:
+                        return other, lst
+        far = translation(net.net, laddr, lport, raddr, rport)
+        if far is not None and far != (raddr, rport):
+            where = self.find(*far, first=net)
+            if where is not None:
+                self.nat.append(f"{_hostport(raddr, rport)} is forwarded by a NAT rule to "
+                                f"{_hostport(*far)} (connection tracking)")
+            return where
         return None
+
+    def find(self, addr: str, port: int, first: _Net | None = None
+             ) -> tuple[_Net, Sock] | None:
+        """The listener for ``addr:port`` in whichever namespace has that address:
+        ``first`` (the own namespace by default) first; a loopback address only there,
+        since no other namespace's loopback is reachable from it."""
+        start = first or self.own
+        seen: set[str] = set()
+        for n in (start, self.own, *self.other_nets()):
+            if n.key in seen:
+                continue
+            seen.add(n.key)
+            ok = _is_local(addr, n.local) if n is start else (
+                addr in n.local and not _is_loopback(addr))
+            lst = n.listener(addr, port) if ok else None
+            if lst is not None:
+                return n, lst
+        return None
+
+    def _conns(self, node: _Node, held: set[str]) -> list[tuple[_Net, Sock]]:
+        """The sockets the node's processes hold, in any namespace: a forwarder whose
+        upstream socket was made inside the engine's namespace (pasta, rootlessport's
+        child, a setns'd helper) holds it in that namespace's table, not its own."""
+        out = [(node.net, s) for s in node.net.socks if s.inode in held]
+        rest = held - {s.inode for _, s in out}
+        if rest and self.others is not None:
+            if rest - self._rest_seen:
+                self._rest_seen |= rest
+                self._read_others()
+            out += [self._by_inode[i] for i in rest if i in self._by_inode]
+        return out
 
     def scan(self) -> None:
         """One read of the sockets of every namespace on the path and of every known hop's
-        fds: each hop's connections on, and the listeners at their far ends (new hops)."""
-        for n in {node.net.key: node.net for node in self.nodes.values()}.values():
-            n.read()
-        for node in list(self.nodes.values()):
-            held: set[str] = set()
-            for pid in _tree(node.pids, self.proc):
-                held |= _socket_inodes(pid, self.proc) or set()
-            own_ports = {s.lport for s in node.net.socks if s.state == _LISTEN and s.inode in held}
-            for s in node.net.socks:
-                if s.inode not in held or s.state not in (_ESTABLISHED, _SYN_SENT):
+        fds: each hop's connections on, and the listeners at the far ends of the new ones
+        (new hops), whose own connections are read in the same pass: a chain of relays is
+        followed to its end in one scan, however few scans a loaded host allows."""
+        fresh: set[str] = set()
+        fds: dict[int, set[str]] = {}
+        todo = list(self.nodes.values())
+        for _ in range(MAX_DEPTH + 1):
+            for n in {node.net.key: node.net for node in todo}.values():
+                if n.key not in fresh:
+                    fresh.add(n.key)
+                    n.read()
+            before = set(self.nodes)
+            for node in todo:
+                self._scan_node(node, fds)
+            self.resolve()
+            todo = [n for k, n in self.nodes.items() if k not in before]
+            if not todo:
+                return
+
+    def _scan_node(self, node: _Node, fds: dict[int, set[str]]) -> None:
+        held: set[str] = set()
+        for pid in _tree(node.pids, self.proc):
+            if pid not in fds:
+                fds[pid] = _socket_inodes(pid, self.proc) or set()
+            held |= fds[pid]
+        conns = self._conns(node, held)
+        own_ports = {(n.key, s.lport) for n, s in conns if s.state == _LISTEN}
+        for net, s in conns:
+            if s.state not in (_ESTABLISHED, _SYN_SENT) or (net.key, s.lport) in own_ports:
+                continue
+            if (s.laddr, s.lport, s.raddr, s.rport) in self.skip:
+                continue
+            far, where = (s.raddr, s.rport), (net.key, s.laddr, s.lport)
+            if s.inode in self.baseline:
+                node.upstream_old.setdefault(far, where)
+                continue
+            node.upstream_new.setdefault(far, where)
+            self._queue(where, far)
+
+    def _queue(self, where: _Where, far: tuple[str, int]) -> None:
+        key = (where[0], *far)
+        if key not in self.located:
+            self.located[key] = self.locate(self.nets[where[0]], far[0], far[1], where[1],
+                                            where[2])
+        found = self.located[key]
+        if found is not None:
+            net, lst = found
+            k = (net.key, lst.laddr, lst.lport)
+            if k not in self.groups and k not in self.denied_uid:
+                self.pending[k] = found
+
+    def follow_idle(self, health_path: str, check: bool, deadline: float) -> None:
+        """The connections a hop held before the probe, followed only to listeners that
+        answer the health path (an engine's own connections to a database or a Ray head
+        do not): every such peer asked at once, all of them within ``deadline``, at most
+        DISCOVERY_PEERS_MAX; then the new hops' own connections, level by level.
+        ``check=False`` (no probe): every held connection is followed."""
+        for _ in range(MAX_DEPTH):
+            cands: dict[tuple[str, int], _Where] = {}
+            for node in list(self.nodes.values()):
+                if node.upstream_new:
                     continue
-                if s.lport in own_ports or (s.laddr, s.lport, s.raddr, s.rport) in self.skip:
-                    continue
-                far = (s.raddr, s.rport)
-                (node.upstream_old if s.inode in self.baseline else node.upstream_new
-                 ).setdefault(far, node.net.key)
-                key = (node.net.key, s.raddr, s.rport)
-                if key not in self.located:
-                    self.located[key] = self.locate(node.net, s.raddr, s.rport, s.laddr,
-                                                    s.lport)
-                where = self.located[key]
-                if where is not None:
-                    self.node(*where)
+                for far, where in node.upstream_old.items():
+                    if far not in self.answers and far not in self.unchecked:
+                        cands.setdefault(far, where)
+            if not cands:
+                return
+            fars = sorted(cands)
+            if check:
+                room = max(DISCOVERY_PEERS_MAX - len(self.answers), 0)
+                left = deadline - time.monotonic()
+                take = fars[:room] if left > 0 else []
+                self.unchecked.update(fars[len(take):])
+                got = answers_health_many(take, health_path, min(ANSWER_TIMEOUT_S, left))
+            else:
+                got = dict.fromkeys(fars, True)
+            self.answers.update(got)
+            before = len(self.nodes)
+            for far, ok in got.items():
+                if ok:
+                    self._queue(cands[far], far)
+            self.resolve()
+            if len(self.nodes) == before:
+                return
+            self.scan()
 
 
 def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Event,
@@ -479,18 +682,73 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
                 s.close()
 
 
-def answers_health(addr: str, port: int, health_path: str, timeout_s: float = 0.5) -> bool:
+
+
+def _health_ok(head: bytes) -> bool:
+    words = head.split(b"\r\n", 1)[0].split()
+    return len(words) >= 2 and words[0].startswith(b"HTTP/1") and words[1][:1] == b"2"
+
+
+def answers_health(addr: str, port: int, health_path: str,
+                   timeout_s: float = ANSWER_TIMEOUT_S) -> bool:
     """A listener that answers ``GET <health_path>`` with a 2xx status line: an HTTP server
     of the kind the client talks to, not a database or a ZeroMQ peer."""
+    return answers_health_many([(addr, port)], health_path, timeout_s).get((addr, port),
+                                                                          False)
+
+
+def answers_health_many(fars: Iterable[tuple[str, int]], health_path: str,
+                        timeout_s: float) -> dict[tuple[str, int], bool]:
+    """:func:`answers_health` for many listeners at once, all within ``timeout_s`` in
+    total: one non-blocking connection each, watched together, so a peer that accepts
+    and never answers costs the timeout once, not once per peer."""
+    out: dict[tuple[str, int], bool] = {}
+    sel = selectors.DefaultSelector()
+    end = time.monotonic() + max(timeout_s, 0.0)
     try:
-        with socket.create_connection((addr, port), timeout=timeout_s) as s:
-            s.settimeout(timeout_s)
-            s.sendall(f"GET {health_path} HTTP/1.1\r\nHost: {_hostport(addr, port)}\r\n"
-                      "Connection: close\r\n\r\n".encode())
-            head = s.recv(64).split(b"\r\n", 1)[0].split()
-    except OSError:
-        return False
-    return len(head) >= 2 and head[0].startswith(b"HTTP/1") and head[1][:1] == b"2"
+        for far in fars:
+            out[far] = False
+            addr, port = far
+            try:
+                s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET,
+                                  socket.SOCK_STREAM)
+            except OSError:
+                continue
+            s.setblocking(False)
+            if s.connect_ex((addr, port)) not in (0, errno.EINPROGRESS, errno.EAGAIN):
+                s.close()
+                continue
+            req = (f"GET {health_path} HTTP/1.1\r\nHost: {_hostport(addr, port)}\r\n"
+                   "Connection: close\r\n\r\n").encode()
+            sel.register(s, selectors.EVENT_WRITE, [far, req, b""])
+        while sel.get_map() and (left := end - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                conn, data = key.fileobj, key.data
+                assert isinstance(conn, socket.socket)
+                try:
+                    if data[1]:  # connected (or failed): send the request
+                        if conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                            raise OSError("refused")
+                        data[1] = data[1][conn.send(data[1]):]
+                        if not data[1]:
+                            sel.modify(conn, selectors.EVENT_READ, data)
+                        continue
+                    got = conn.recv(64)
+                    data[2] += got
+                    if got and b"\r\n" not in data[2] and len(data[2]) < 64:
+                        continue
+                    out[data[0]] = _health_ok(data[2])
+                except OSError:
+                    pass
+                sel.unregister(conn)
+                conn.close()
+    finally:
+        for key in list(sel.get_map().values()):
+            sock = key.fileobj
+            if isinstance(sock, socket.socket):  # every registered object is one
+                sock.close()
+        sel.close()
+    return out
 
 
 def _unreadable(address: str, uid: int) -> Hop:
@@ -516,6 +774,7 @@ REMOTE_REASON = ("The engine is on another host: its CPU, run state, faults and 
                  "engine's /metrics only")
 
 
+
 def discover(url: str, *, pid_pattern: str = "", health_path: str = "/health",
              window_s: float = WINDOW_S, probe: bool = True, max_depth: int = MAX_DEPTH,
              proc: Path = Path("/proc"), auth: str = "") -> RequestPath:
@@ -534,20 +793,10 @@ def discover(url: str, *, pid_pattern: str = "", health_path: str = "/health",
     if port is None:
         port = 443 if parts.scheme == "https" else 80
     own_net = proc / "net"
-    own = _Net(_netns("self", proc), own_net, local_addresses(own_net))
-    addrs = _resolve(host)
-    local = [a for a in addrs if _is_local(a, own.local)]
-    # ``localhost`` may resolve to ::1 and 127.0.0.1: the one something listens on
+    own = _Net(ns_key("self", proc), own_net, local_addresses(own_net))
     own.read()
-    addr = next((a for a in local if own.listener(a, port) is not None),
-                local[0] if local else None)
-    if addr is None:
-        where = _hostport(addrs[0], port) if addrs else f"{host}:{port}"
-        path = RequestPath(url, ((Hop(where, "remote", note=REMOTE_NOTE),),), "none",
-                           reason=REMOTE_REASON, how="none")
-    else:
-        path = _walk(url, addr, port, own, proc, health_path=health_path, auth=auth,
-                     window_s=window_s if probe else 0.0, max_depth=max_depth)
+    path = _walk(url, _resolve(host), port, own, proc, health_path=health_path, auth=auth,
+                 window_s=window_s if probe else 0.0, max_depth=max_depth, probe=probe)
     if not pid_pattern:
         return path
     from strata_plugin.agent import procfs
@@ -574,99 +823,225 @@ def _resolve(host: str) -> list[str]:
     return list(dict.fromkeys(str(i[4][0]) for i in infos))
 
 
-def _walk(url: str, addr: str, port: int, own: _Net, proc: Path, *, health_path: str,
-          window_s: float, max_depth: int, auth: str = "") -> RequestPath:
-    """Read the sockets before the probe, then over its window; follow what was seen."""
-    w = _Walker(proc, own)
-    w.start()
-    address = _hostport(addr, port)
-    lst = own.listener(addr, port)
-    if lst is None:
-        hop = Hop(address, "unreadable", note="nothing listens on it in this network "
-                  "namespace (a NAT rule may forward the port)")
+
+
+def _root(w: _Walker, addrs: list[str], port: int, probe: bool
+          ) -> tuple[str, tuple[str, int], _Net, Sock] | None:
+    """Where the URL's connections are accepted: a listener on one of its addresses in
+    this namespace, else in the namespace of this machine that has that address (a
+    container on a bridge network), else where a NAT rule sends a connection to it (a
+    published port: nothing listens on the host's port). (the URL's address the probe
+    connects to, where its connection arrives, namespace, socket)."""
+    for a in addrs:  # ``localhost``: the address something listens on
+        if _is_local(a, w.own.local) and w.own.listener(a, port) is not None:
+            # a published port's reservation (podman's conmon listens on it and never
+            # accepts) is passed by: the NAT rule sends the connection on
+            moved = _nat(w, a, port) if probe else None
+            return moved or (a, (a, port), w.own, w.own.listeners(a, port)[0])
+    for a in addrs:
+        found = w.find(a, port)
+        if found is not None:
+            return a, (a, port), *found
+    if not probe:
+        return None
+    for a in addrs[:NAT_ADDRESSES_MAX]:
+        moved = _nat(w, a, port)
+        if moved is not None:
+            return moved
+    return None
+
+
+def _nat(w: _Walker, addr: str, port: int
+         ) -> tuple[str, tuple[str, int], _Net, Sock] | None:
+    """Where a NAT rule sends a connection to ``addr:port``, when it sends it to a
+    listener of this machine; the note says so."""
+    far = probe_translation(addr, port, w.own.net)
+    if far is None:
+        return None
+    found = w.find(far[0], far[1])
+    if found is None:
+        return None
+    w.nat.append(f"{_hostport(addr, port)} is forwarded by a NAT rule to "
+                 f"{_hostport(*far)} (connection tracking)")
+    return addr, far, *found
+
+
+def _blind(w: _Walker) -> str:
+    """What an address no namespace here holds may still be: a namespace not read."""
+    if not w.unreadable_ns:
+        return ""
+    return (f"; the network namespaces of {w.unreadable_ns} processes could not be read by "
+            f"this user (uid {os.geteuid()}): if the engine runs on this machine, run "
+            "Strata as root or that user, or name it with telemetry.pid_pattern")
+
+
+def _nowhere(url: str, addrs: list[str], host: str, port: int, w: _Walker) -> RequestPath:
+    """No namespace here has a listener for the URL: another host, or (an address of this
+    namespace) a port nothing forwards; with what could not be read."""
+    blind = _blind(w)
+    local = [a for a in addrs if _is_local(a, w.own.local)]
+    if local:
+        hop = Hop(_hostport(local[0], port), "unreadable",
+                  note="nothing listens on it in any network namespace of this machine, "
+                  "and no NAT translation of a connection to it was seen" + blind)
         return RequestPath(url, ((hop,),), "none", reason="No process on this machine "
                            "listens on the URL's port: name the engine with "
                            "telemetry.pid_pattern", how="static")
-    root = w.node(own, lst)
-    if root is None:
-        hop = _unreadable(address, w.denied_uid.get((own.key, lst.laddr, lst.lport), -1))
+    where = _hostport(addrs[0], port) if addrs else f"{host}:{port}"
+    return RequestPath(url, ((Hop(where, "remote", note=REMOTE_NOTE + blind),),), "none",
+                       reason=REMOTE_REASON, how="none")
+
+
+def _walk(url: str, addrs: list[str], port: int, own: _Net, proc: Path, *, health_path: str,
+          window_s: float, max_depth: int, auth: str = "", probe: bool = True) -> RequestPath:
+    """Find the URL's listener, read the sockets before the probe, then over its window;
+    follow what was seen."""
+    w = _Walker(proc, own)
+    w.start()
+    found = _root(w, addrs, port, probe)
+    if found is None:
+        return _nowhere(url, addrs, urlsplit(url).hostname or "", port, w)
+    addr, (there, there_port), net, lst = found
+    address = _hostport(there if _wildcard(lst.laddr) else lst.laddr, there_port)
+    roots = w.group(net, lst)
+    if roots is None:
+        hop = _unreadable(address, w.denied_uid.get((net.key, lst.laddr, lst.lport), -1))
         return RequestPath(url, ((hop,),), "none", reason=f"The URL's listener: {hop.note}",
-                           how="static")
+                           how="static", notes=tuple(w.nat))
     w.scan()
+    stop = threading.Event()
+    t = None
     if window_s > 0:
-        stop = threading.Event()
         held: list[tuple[str, int]] = []
         t = threading.Thread(target=_probe, args=(url, addr, port, health_path, stop, held, auth),
                              name="strata-path-probe", daemon=True)
         t.start()
-        try:
-            end = time.monotonic() + window_s
-            while time.monotonic() < end:
+    try:
+        if t is not None:
+            # a hop found extends the window: on a loaded host the probe's connection
+            # takes its time through a chain of relays, each waiting for a CPU
+            start = time.monotonic()
+            end = start + window_s
+            while (now := time.monotonic()) < end:
                 time.sleep(SCAN_EVERY_S)
                 w.skip = {(a, p, addr, port) for a, p in list(held)}
+                hops = len(w.nodes)
                 w.scan()
-        finally:
-            stop.set()
+                if len(w.nodes) > hops:
+                    end = min(max(end, now + WINDOW_GROW_S), start + WINDOW_MAX_S)
+        # the probe still held open: a hop behind a pool carries it now
+        w.follow_idle(health_path, check=window_s > 0,
+                      deadline=time.monotonic() + DISCOVERY_PEER_CHECK_S)
+    finally:
+        stop.set()
+        if t is not None:
             t.join(5.0)
-    return _chains(url, w, root, address, health_path=health_path, checked=window_s > 0,
-                   max_depth=max_depth, how="probe" if window_s > 0 else "static")
+    return _chains(url, w, roots, address, checked=window_s > 0, max_depth=max_depth,
+                   how="probe" if window_s > 0 else "static")
 
 
-def _chains(url: str, w: _Walker, root: _Node, address: str, *, health_path: str,
-            checked: bool, max_depth: int, how: str) -> RequestPath:
-    """Every chain from the root listener, proxies to engines, as the window saw them."""
+def _chains(url: str, w: _Walker, roots: list[_Node], address: str, *, checked: bool,
+            max_depth: int, how: str) -> RequestPath:
+    """Every chain from the root listener, proxies to engines, as the window saw them;
+    at most DISCOVERY_PATHS_MAX of them listed."""
     chains: list[tuple[Hop, ...]] = []
-    engines: list[int] = []
+    engines: dict[tuple[str, str, int, int], tuple[_Node, str]] = {}
     proxies: list[int] = []
-    notes: list[str] = []
-    answers: dict[tuple[str, int], bool] = {}
+    notes: list[str] = list(dict.fromkeys(w.nat))
+    deep: list[str] = []
+    full = [False]
+    names: dict[str, str] = {}
+    places: dict[int, tuple[str, Container | None]] = {}
 
     def ups(node: _Node) -> list[tuple[str, int]]:
         if node.upstream_new:  # what carried the probe
             return sorted(node.upstream_new)
-        out = []
-        for far in sorted(node.upstream_old):  # held before it: only an HTTP server
-            if checked and far not in answers:
-                answers[far] = answers_health(far[0], far[1], health_path)
-            if not checked or answers[far]:
-                out.append(far)
-        return out
+        # held before it: only an HTTP server (every one, without the probe)
+        return [far for far in sorted(node.upstream_old)
+                if not checked or w.answers.get(far, False)]
+
+    def place(pid: int) -> tuple[str, Container | None]:
+        if pid not in places:
+            places[pid] = container_of(pid, w.proc, names)
+        return places[pid]
 
     def hop(node: _Node, kind: str, where: str) -> Hop:
         pid = min(node.pids)
+        box = place(pid)[1] if kind == "engine" else None
         return Hop(where, kind, pid, _name(pid, w.proc), tuple(sorted(node.pids)),
-                   node.net.key if node.net.key != w.own.key else "")
+                   node.net.key if node.net.key != w.own.key else "",
+                   container=box.text() if box else "")
+
+    def add(chain: tuple[Hop, ...]) -> None:
+        if len(chains) >= DISCOVERY_PATHS_MAX:
+            full[0] = True
+        else:
+            chains.append(chain)
 
     def walk(node: _Node, where: str, so_far: tuple[Hop, ...], seen: frozenset) -> None:
+        if full[0]:
+            return
         far_ends = ups(node)
-        if not far_ends or len(so_far) + 1 >= max_depth:
-            if far_ends:
-                notes.append(f"stopped after {max_depth} hops")
-            h = hop(node, "engine", where)
-            chains.append((*so_far, h))
-            engines.append(min(node.pids))  # h.pid
+        if not far_ends:
+            add((*so_far, hop(node, "engine", where)))
+            engines.setdefault(node.key, (node, where))
             return
         h = hop(node, "proxy", where)
-        proxies.append(min(node.pids))  # h.pid
+        proxies.append(h.pid or 0)
+        if len(so_far) + 1 >= max_depth:
+            add((*so_far, h))
+            deep.append(f"{where} (PID {h.pid} `{h.name}`)")
+            return
         for far in far_ends:
-            key = node.upstream_new.get(far) or node.upstream_old.get(far, w.own.key)
-            located = w.located.get((key, *far))
+            if full[0]:
+                return
+            key = node.upstream_new.get(far) or node.upstream_old[far]
+            located = w.located.get((key[0], *far))
             address = _hostport(*far)
             if located is None:
-                chains.append((*so_far, h, Hop(address, "remote", note=REMOTE_NOTE)))
+                add((*so_far, h, Hop(address, "remote", note=REMOTE_NOTE + _blind(w))))
                 continue
-            nxt = w.node(*located)
+            gkey = (located[0].key, located[1].laddr, located[1].lport)
+            nxt = w.groups.get(gkey)
             if nxt is None:
-                ukey = (located[0].key, located[1].laddr, located[1].lport)
-                chains.append((*so_far, h, _unreadable(address, w.denied_uid.get(ukey, -1))))
+                if gkey in w.denied_uid:
+                    add((*so_far, h, _unreadable(address, w.denied_uid[gkey])))
+                else:  # past DISCOVERY_LISTENERS_MAX: said in the notes
+                    add((*so_far, h))
                 continue
-            if nxt.key in seen:
-                notes.append(f"a cycle at {address} (already on the path): not followed")
-                chains.append((*so_far, h))
-                continue
-            walk(nxt, address, (*so_far, h), seen | {nxt.key})
+            for n in nxt:
+                if n.key in seen:
+                    notes.append(f"a cycle at {address} (already on the path): not followed")
+                    add((*so_far, h))
+                    continue
+                walk(n, address, (*so_far, h), seen | {n.key})
 
-    walk(root, address, (), frozenset({root.key}))
+    for root in roots:
+        walk(root, address, (), frozenset({root.key}))
+    if full[0]:  # every listener reached, not every path: none is left out of the lists
+        notes.append(f"more than {DISCOVERY_PATHS_MAX} paths: the first "
+                     f"{DISCOVERY_PATHS_MAX} are listed (DISCOVERY_PATHS_MAX); the engines "
+                     "and proxies are every listener reached")
+        for node in w.nodes.values():
+            if ups(node):
+                proxies.append(min(node.pids))
+            else:
+                engines.setdefault(node.key, (node, _hostport(node.listen.laddr,
+                                                              node.listen.lport)))
+    if deep:
+        deep = list(dict.fromkeys(deep))
+        more = f" and {len(deep) - 3} more" if len(deep) > 3 else ""
+        one = len(deep) == 1
+        notes.append(f"the path goes on past {max_depth} hops: {', '.join(deep[:3])}{more} "
+                     f"still {'connects' if one else 'connect'} on, and "
+                     f"{'is' if one else 'are'} not called the engine")
+    if w.not_followed:
+        notes.append(f"{w.not_followed} listeners past the first {DISCOVERY_LISTENERS_MAX} "
+                     "were not followed (DISCOVERY_LISTENERS_MAX)")
+    if w.unchecked:
+        notes.append(f"{len(w.unchecked)} idle connections were not asked for the health "
+                     f"path (past DISCOVERY_PEERS_MAX = {DISCOVERY_PEERS_MAX} peers or "
+                     f"DISCOVERY_PEER_CHECK_S = {DISCOVERY_PEER_CHECK_S:g} s): not followed")
     ends = [c[-1] for c in chains]
     reason = ""
     if any(e.kind == "remote" for e in ends):
@@ -674,7 +1049,16 @@ def _chains(url: str, w: _Walker, root: _Node, address: str, *, health_path: str
     elif any(e.kind == "unreadable" for e in ends):
         reason = "The engine's process cannot be read: " + next(
             e.note for e in ends if e.kind == "unreadable")
-    engine_pids = tuple(dict.fromkeys(engines))
+    elif not engines and deep:
+        reason = (f"The path is longer than {max_depth} hops: no engine was reached; name "
+                  "it with telemetry.pid_pattern")
+    found = []
+    for node, where in engines.values():
+        pid = min(node.pids)
+        cgroup, box = place(pid)
+        found.append(Engine(pid, tuple(sorted(node.pids)), where, ns_inode(node.net.key),
+                            cgroup, box, _name(pid, w.proc)))
+    engine_pids = tuple(dict.fromkeys(e.pid for e in found))
     return RequestPath(url, tuple(chains), "path" if engine_pids else "none", engine_pids,
                        tuple(p for p in dict.fromkeys(proxies) if p not in engine_pids),
-                       reason, how, tuple(dict.fromkeys(notes)))
+                       reason, how, tuple(dict.fromkeys(notes)), tuple(found))
