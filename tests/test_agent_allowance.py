@@ -336,3 +336,78 @@ def test_a_process_on_the_servers_only_cpu_is_named_before_a_busier_one_elsewher
     assert share == {f"pid{there.pid}": 1.0}, share
     cores = {dev.split(" ", 1)[0]: v for _w, dev, m, v, _k in emits if m == "cpu_s"}
     assert f"pid{elsewhere.pid}" not in cores
+
+
+# --- the weights: the server's cgroup weight and nice beside its competitors' (issue 42) --
+
+
+@contextlib.contextmanager
+def _cpu_group(name: str, shares: int, pids: list[int]):
+    """A v1 cpu cgroup of our own with ``cpu.shares`` set, ``pids`` (every thread of
+    each) moved in; moved back to the root and removed on the way out."""
+    mount = Path(cgroups.CGROUP_ROOT) / "cpu"
+    d = mount / name
+    try:
+        d.mkdir()
+    except OSError as e:
+        pytest.skip(f"no v1 cpu cgroup of our own here (root and the cpu hierarchy): {e}")
+    try:
+        (d / "cpu.shares").write_text(f"{shares}\n")
+        for pid in pids:
+            (d / "cgroup.procs").write_text(f"{pid}\n")
+        yield f"/{name}"
+    finally:
+        for tid in (d / "tasks").read_text().split():
+            with contextlib.suppress(OSError):
+                (mount / "tasks").write_text(f"{tid}\n")
+        d.rmdir()
+
+
+def test_the_servers_cgroup_weight_and_nice_and_a_neighbours_are_sampled(server, procs):
+    """The server's processes in a cpu cgroup with cpu.shares 256, one of its threads at
+    nice 5 (os.setpriority on its thread ID); a busy neighbour at nice 3 in the root
+    group: the collector reads the server's weight and group, its threads' nice range,
+    and the neighbour's nice and group weight; the window's signals carry both."""
+    tree = faults.tree_threads(server.pid)
+    hog = _hog(procs)
+    os.setpriority(os.PRIO_PROCESS, hog.pid, 3)
+    tid = max(tree[server.pid])  # a thread that is not the main one
+    os.setpriority(os.PRIO_PROCESS, tid, 5)
+    with _cpu_group(f"strata-weight-{os.getpid()}", 256, list(tree)) as group:
+        c = AllowanceCollector(ProcessTargets(pids=[server.pid]), top=20, own=(os.getpid(),))
+        c.probe()
+        try:
+            c.sample(time.time_ns())
+            time.sleep(0.5)
+            emits = c.sample(time.time_ns())
+        finally:
+            c.close()
+    assert _rows(emits, "cpu_weight")[0] == (f"cpu.shares {group}", 256)
+    assert _rows(emits, "nice_min") == [("", 0)] and _rows(emits, "nice_max") == [("", 5)]
+    hog_dev = next(d for d, _ in _rows(emits, "nice") if d.startswith(f"pid{hog.pid} "))
+    assert dict(_rows(emits, "nice"))[hog_dev] == 3
+    root_shares = int((Path(cgroups.CGROUP_ROOT) / "cpu" / "cpu.shares").read_text())
+    assert (f"pid{hog.pid} cpu.shares /", root_shares) in _rows(emits, "cpu_weight")
+    from strata_plugin.analysis.timeline import HwStat
+
+    rows = [HwStat("w", "n1", "allowance", dev, m, "gauge", 1, 1.0, mean=v, min=v, max=v)
+            for _w, dev, m, v, k in emits if k == "gauge"]
+    w = signals.cpu_weights(signals.HwView(rows), "n1")
+    assert w["server_cpu_weight"] == ("cpu.shares", 256, group)
+    assert w["server_nice"] == (0, 5)
+    assert (hog.pid, 3, ("cpu.shares", root_shares, "/")) in w["other_weights"]
+
+
+def test_the_weight_files_v1_and_v2(tmp_path):
+    """cpu.shares where the cpu controller lives on v1, cpu.weight on v2; the v2 root has
+    none; the group's path is under its controller's mount."""
+    _write(tmp_path / "cpu" / "batch" / "cpu.shares", "256\n")
+    _write(tmp_path / "unified" / "svc" / "cpu.weight", "25\n")
+    v1 = cgroups.cpu_weight(cgroups.CgroupDirs(v1_cpu=str(tmp_path / "cpu" / "batch")),
+                            str(tmp_path))
+    assert v1 == cgroups.CpuWeight("cpu.shares", 256, "/batch")
+    v2 = cgroups.cpu_weight(cgroups.CgroupDirs(v2=str(tmp_path / "unified" / "svc")),
+                            str(tmp_path))
+    assert v2 == cgroups.CpuWeight("cpu.weight", 25, "/svc")
+    assert cgroups.cpu_weight(cgroups.CgroupDirs(v2=str(tmp_path / "unified")),
+                              str(tmp_path)) is None

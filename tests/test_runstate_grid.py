@@ -114,3 +114,137 @@ def test_the_agent_samples_a_30_thread_server_on_the_stretched_grid(tmp_path: Pa
     assert abs(gaps[len(gaps) // 2] / 1e6 - want_ms) < 3, gaps[len(gaps) // 2]
     grid = {float(r["value"]) for r in rows if r["metric"] == "interval_s"}
     assert grid == {want_ms / 1e3}, grid
+
+
+# --- hot mode: the busy threads on the fine grid, every thread on the stretched one ------
+
+#: N threads: two busy ones that sleep 1 ms between short bursts (an engine's loop), the
+#: rest pollers that wake once a second; on a line on stdin one poller starts spinning.
+POLLERS = (
+    "import os, sys, threading, time\n"
+    "n = int(sys.argv[1])\n"
+    "go = threading.Event()\n"
+    "def poll():\n"
+    "    while True:\n"
+    "        time.sleep(1.0)\n"
+    "def busy():\n"
+    "    while True:\n"
+    "        t = time.thread_time() + 0.002\n"
+    "        while time.thread_time() < t:\n"
+    "            pass\n"
+    "        time.sleep(0.001)\n"
+    "def late():\n"
+    "    go.wait()\n"
+    "    while True:\n"
+    "        pass\n"
+    "for _ in range(n - 4):\n"
+    "    threading.Thread(target=poll, daemon=True).start()\n"
+    "for _ in range(2):\n"
+    "    threading.Thread(target=busy, daemon=True).start()\n"
+    "threading.Thread(target=late, daemon=True).start()\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "go.set()\n"
+    "time.sleep(3600)\n"
+)
+
+
+@pytest.fixture
+def pollers():
+    started: list[subprocess.Popen] = []
+
+    def start(n: int) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", POLLERS, str(n)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline() == "up\n"
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait(10)
+
+
+def _kernel_run_s(pid: int) -> float:
+    total = 0
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((tid / "schedstat").read_text().split()[0])
+        except (OSError, IndexError):
+            continue
+    return total / 1e9
+
+
+def _grid(c: RunstateCollector, seconds: float) -> list[dict[str, float]]:
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        out.append({m: v for _w, d, m, v, _k in c.sample_now() if d == ""})
+        time.sleep(c.grid_s)
+    return out
+
+
+def test_hot_mode_keeps_the_busy_threads_on_the_fine_grid(pollers):
+    """500 threads, two of them busy: hot mode samples on the 20 ms grid (the stretched
+    one would be 0.5 s), reads every thread on the 0.5 s grid, and its run time is the
+    kernel's sum over all the threads (the pollers' too, as last read)."""
+    p = pollers(500)
+    c = _collector(p.pid, hot=True)
+    assert c.grid_for(500) == MAX_ADAPTED_S
+    grid = _grid(c, 1.5)
+    before = _kernel_run_s(p.pid)  # every thread's, each no more than at the sample
+    grid.append({m: v for _w, d, m, v, _k in c.sample_now() if d == ""})
+    after = _kernel_run_s(p.pid)
+    assert grid[-1]["threads"] == 500
+    assert c.grid_s == 0.02 and all(g["interval_s"] == 0.02 for g in grid[5:]), grid[-1]
+    # the last sample holds every thread as last read: the busy ones now, the pollers at
+    # the last full read; behind the kernel by at most what calls for a full read (two
+    # of the process stat's 10 ms ticks) and a tick of its resolution
+    assert before - 0.04 <= grid[-1]["run_s"] <= after, (before, grid[-1]["run_s"], after)
+    c.close()
+
+
+def test_hot_mode_reads_every_thread_when_one_outside_the_hot_ones_runs(pollers):
+    """A poller that starts spinning: the process's CPU (its stat) outgrows the hot
+    threads', so every thread is read at the next sample, long before the 0.5 s grid,
+    and the spinner is followed from then on: the tree's run time keeps up with the
+    kernel's."""
+    p = pollers(500)
+    c = _collector(p.pid, hot=True)
+    _grid(c, 0.6)  # a full read, the hot set settled
+    assert p.stdin is not None
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    time.sleep(0.1)
+    start = time.monotonic()
+    grid = _grid(c, 0.25)  # shorter than the 0.5 s grid: only the promotion reads it
+    before = _kernel_run_s(p.pid)
+    grid.append({m: v for _w, d, m, v, _k in c.sample_now() if d == ""})
+    took = time.monotonic() - start
+    after = _kernel_run_s(p.pid)
+    assert took < MAX_ADAPTED_S
+    assert before - 0.04 <= grid[-1]["run_s"] <= after, (before, grid[-1]["run_s"], after)
+    c.close()
+
+
+def test_hot_mode_sees_a_stopped_tree_at_once(pollers):
+    """SIGSTOP: the hot threads read T, so every thread is read at the next sample: the
+    whole tree reads T well within the 0.5 s grid."""
+    import os
+    import signal
+
+    p = pollers(500)
+    c = _collector(p.pid, hot=True)
+    _grid(c, 0.6)
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.03)
+        start = time.monotonic()
+        grid = _grid(c, 0.12)
+        took = time.monotonic() - start
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    assert took < MAX_ADAPTED_S
+    assert grid[-1]["state_T"] == grid[-1]["threads"] == 500, grid[-1]
+    c.close()

@@ -349,3 +349,53 @@ def cpu_quota_limit(dirs: CgroupDirs, root: str = CGROUP_ROOT) -> float | None:
         if best is not None:
             break  # the controller lives in one layout; v1 first (as cpu_stat_files)
     return best
+
+
+# --- the CPU weight: the share a group gets when the CPUs are contended -------------------
+
+#: The weight files by layout (Linux docs scheduler/sched-design-CFS.rst, group
+#: scheduling: v1 ``cpu.shares``, 1024 by default; admin-guide/cgroup-v2.rst, CPU
+#: Interface Files: ``cpu.weight``, 1-10000, 100 by default).
+WEIGHT_FILES = {"v1": "cpu.shares", "v2": "cpu.weight"}
+
+
+@dataclass(frozen=True)
+class CpuWeight:
+    """One group's CPU weight: the file it was read from, its value, and the group's
+    path under the controller's mount ("/" for the root)."""
+
+    file: str
+    value: int
+    path: str
+
+    def words(self) -> str:
+        return f"{self.file} {self.value} ({self.path})"
+
+
+def cpu_weight(dirs: CgroupDirs, root: str = CGROUP_ROOT) -> CpuWeight | None:
+    """The CPU weight of the group ``dirs`` names: v1 ``cpu.shares`` where the cpu
+    controller lives on v1 (as :func:`cpu_stat_files`), else v2 ``cpu.weight``; None
+    where the file is absent (the v2 root has none) or unreadable."""
+    for d, kind in ((dirs.v1_cpu, "v1"), (dirs.v2, "v2")):
+        if not d:
+            continue
+        name = WEIGHT_FILES[kind]
+        value = _read_int(os.path.join(d, name))
+        if value is None:
+            continue
+        mount = _mount_of(d, root)
+        rel = "/" + os.path.relpath(d, mount).replace(os.sep, "/") if mount else d
+        return CpuWeight(name, value, "/" if rel in ("/.", "//") else rel)
+    return None
+
+
+def _mount_of(d: str, root: str) -> str:
+    """The controller mount a group directory lies under: ``root/<first component>``
+    for v1 (``cpu``, ``cpu,cpuacct``), ``root/unified`` or ``root`` itself for v2."""
+    rel = os.path.relpath(d, root)
+    if rel.startswith(".."):
+        return ""
+    first = rel.split(os.sep, 1)[0]
+    if first in ("cpu", "cpu,cpuacct", "cpuacct,cpu", "unified"):
+        return os.path.join(root, first)
+    return root

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         "up to 0.5 s (its cost is per thread; default: the collector's "
         "ADAPT_ABOVE_THREADS, 16); 0 keeps it fixed",
     )
+    p.add_argument(
+        "--runstate-hot",
+        action="store_true",
+        help="the runstate grid stretches with the threads that ran or were runnable at "
+        "the last read of every thread (which is on the grid the whole count gives), "
+        "not with all of them: the busy threads keep --runstate-interval",
+    )
     p.add_argument("--ib-root", default="/sys/class/infiniband", help="RDMA sysfs root")
     p.add_argument("--prom-url", help="the engine's Prometheus /metrics URL")
     p.add_argument(

@@ -75,6 +75,52 @@ class TelemetryFacts:
             expects_rdma=bool(t.get("expects_rdma", False)))
 
 
+@dataclass(frozen=True)
+class SampleMetric:
+    """One series of the telemetry samples (``samples/<source>.csv``): who writes it, its
+    kind and unit, and what it means. The agent cannot import this (it is
+    self-contained, docs/agent.md); its tests hold what it emits to these rows."""
+
+    source: str
+    metric: str
+    device: str  # "" host-wide or the server's tree; else the device's pattern
+    kind: str  # "counter" (cumulative) or "gauge" (a level)
+    unit: str
+    meaning: str
+
+
+#: Sample series declared here as they are added (docs/formats.md lists the older ones).
+SAMPLE_METRICS = (
+    SampleMetric(
+        "runstate", "queued_s", "", "counter", "s",
+        "thread-seconds the server's threads were runnable without a CPU, counted while "
+        "the wait lasts: the kernel's run_delay (``wait_s``, booked only when a wait ends) "
+        "plus the span a thread in R has not run since the last sample, once longer than "
+        "the scheduler tick; at most about one interval late, never above what the kernel "
+        "books. Its growth over an interval against ``run_s``'s is the interval's split "
+        "between waiting for a CPU and running, however the CPU was lost"),
+    SampleMetric(
+        "runstate", "state_R_run", "", "gauge", "threads",
+        "threads in R at the sample whose run time over the interval just ended was at "
+        "least their queued time (on a CPU, mostly)"),
+    SampleMetric(
+        "runstate", "state_R_wait", "", "gauge", "threads",
+        "threads in R at the sample whose queued time over the interval just ended "
+        "exceeded their run time (kept from a CPU); state_R_run + state_R_wait = state_R"),
+    SampleMetric(
+        "allowance", "children_cpu_s", "pid<N> <command>", "counter", "s",
+        "CPU of the named process's children that ended and were reaped (cutime + "
+        "cstime), less what was counted under another name (a child's own series while "
+        "it was named, the server's tree, the path's proxies): the work of its short-"
+        "lived children. Its growth plus cpu_s's is the process's CPU as an actor; the "
+        "list is ranked by both"),
+    SampleMetric(
+        "cpu", "forks", "", "counter", "count",
+        "processes and threads started on the host (/proc/stat ``processes``); its rate "
+        "is the host's rate of process starts"),
+)
+
+
 def _positive(v: Any) -> float | None:
     try:
         x = float(v)

@@ -18,7 +18,12 @@ Emits, for the followed server's process tree (gauges):
   effective CPUs (v1 ``cpuset.effective_cpus``, v2 ``cpuset.cpus.effective``:
   ``agent/cgroups.py``), where a cpuset controller is mounted;
 * ``quota_cores`` (device ``""``): the tightest CFS quota of the server's cgroup and its
-  ancestors, in cores (quota / period), only while one is set.
+  ancestors, in cores (quota / period), only while one is set;
+* ``cpu_weight`` (device ``<file> <group>``, e.g. ``cpu.shares /batch``): the CPU weight
+  of the server's cpu cgroup (v1 ``cpu.shares``, v2 ``cpu.weight``: ``agent/cgroups.py``),
+  what decides its share when the CPUs are contended, where the file exists;
+* ``nice_min`` / ``nice_max`` (device ``""``): the least and the greatest nice value of
+  its threads (``getpriority`` per thread), the weight of each thread within its group.
 
 The CPU lists travel in the device names, so a window that saw the allowance change has
 one series per list; ``analysis/signals.py`` names the one that bound.
@@ -32,9 +37,26 @@ thread's ``[name]``): counter ``cpu_s`` (utime + stime of all its threads), gaug
 (the harness, locally), the load generator's workers; 0 otherwise) and gauge
 ``allowed_share`` (the share of its CPUs, by its affinity mask, that the server may use
 too: they are ranked by their cores times it, so a process pinned to the server's only
-CPU is named before a busier one elsewhere). A process that enters the list also gets
+CPU is named before a busier one elsewhere), gauge ``nice`` (its nice value, from the
+same stat read) and gauge ``cpu_weight`` under its own device ``pid<N> <file> <group>``
+(its cpu cgroup's weight, read when it enters the list: the server's weight beside its
+competitors'). A process that enters the list also gets
 its reading of the tick before, at that tick's time, and one that leaves it one more
 reading, so the counter's growth over any window is its CPU in that window.
+
+Work done by short-lived processes (a shell loop calling tools, a build, a cron storm)
+has no process that lives long enough to be read twice; what lives on is the parent that
+started and reaped them. So each named process also carries counter ``children_cpu_s``:
+the CPU of its children that ended and were reaped, as the kernel adds it to the
+parent's ``cutime`` + ``cstime`` (/proc/<pid>/stat fields 16-17, proc(5); a child's own
+reaped children come with it), less what of it was already counted under another name
+(a child's growth while it was named itself, or while it was the server's or a path
+proxy's), so that no CPU is counted twice. Its growth over a window is the CPU of the
+children that ended in it, nearly all of it used in it where they live shorter than a
+tick (a shell loop calling tools, a build). Where a named child is reaped between its
+parent's reading and its own in one tick, the parent's figure waits for the next tick
+rather than step back. The list is ranked by both: ``cpu_s`` plus ``children_cpu_s``, times
+``allowed_share``. The host's rate of process starts is the ``cpu`` collector's ``forks``.
 
 Cost: one ``sched_getaffinity`` per server thread and one or two small cgroup reads per
 server process; one ``pread`` of ``/proc/<pid>/stat`` per process on the host (the files
@@ -52,8 +74,10 @@ from typing import TYPE_CHECKING
 from .. import procfs
 from ..cgroups import (
     CGROUP_ROOT,
+    CpuWeight,
     cgroup_dirs,
     cpu_quota_limit,
+    cpu_weight,
     cpuset_file,
     format_cpulist,
     parse_cpulist,
@@ -80,8 +104,9 @@ _TICK = float(procfs.CLK_TCK)
 
 
 class _Other:
-    __slots__ = ("cpu_s", "device", "file", "own", "prev_cpu", "prev_wall", "start", "top",
-                 "wall")
+    __slots__ = ("counted", "cpu_s", "device", "file", "kids", "kids_raw", "nice", "own",
+                 "ppid", "prev_cpu", "prev_kids", "prev_wall", "seen", "start", "top",
+                 "wall", "weight")
 
     def __init__(self, file: PreadFile | None) -> None:
         self.file = file
@@ -93,13 +118,33 @@ class _Other:
         self.top = False
         self.prev_wall = 0
         self.prev_cpu = -1.0
+        self.nice = 0
+        self.weight: CpuWeight | None = None
+        self.ppid = 0
+        # children_cpu_s (module docstring): cutime + cstime as read, what of it was
+        # counted under its reaped descendants' own names, and the value emitted
+        self.kids_raw = 0.0
+        self.seen = 0.0
+        self.kids = -1.0
+        self.prev_kids = -1.0
+        # cpu_s + children_cpu_s at its first and last reading counted under its own name
+        # (emitted while named; every reading for the server's tree and the excluded)
+        self.counted = (-1.0, -1.0)
 
 
-def _stat_fields(data: bytes) -> tuple[float, int]:
-    """(utime + stime in seconds, starttime in ticks) from a /proc/<pid>/stat text."""
+def _count(o: _Other, total: float) -> None:
+    """A reading of ``o`` (cpu_s + children_cpu_s) counted under its own name."""
+    o.counted = (o.counted[0] if o.counted[0] >= 0 else total, total)
+
+
+def _stat_fields(data: bytes) -> tuple[float, int, int, float, int]:
+    """(utime + stime in seconds, starttime in ticks, nice, cutime + cstime in seconds,
+    the parent's PID) from a /proc/<pid>/stat text (proc(5): fields 14, 15, 22, 19, 16,
+    17 and 4)."""
     rpar = data.rfind(b")")
     f = data[rpar + 2 :].split(None, 20)
-    return (int(f[11]) + int(f[12])) / _TICK, int(f[19])
+    return ((int(f[11]) + int(f[12])) / _TICK, int(f[19]), int(f[16]),
+            (int(f[13]) + int(f[14])) / _TICK, int(f[1]))
 
 
 class AllowanceCollector(Collector):
@@ -182,6 +227,7 @@ class AllowanceCollector(Collector):
         affinity: set[int] = set()
         allowed: set[int] = set()
         cpusets: set[int] = set()
+        nices: set[int] = set()
         any_cpuset = False
         for pid in tree:
             cs = self._cpuset(pid)
@@ -196,6 +242,9 @@ class AllowanceCollector(Collector):
             for tid in tids:
                 try:
                     masks.add(frozenset(os.sched_getaffinity(int(tid))))
+                    # a thread's nice: PRIO_PROCESS with a thread ID is that thread's
+                    # (setpriority(2), Linux notes)
+                    nices.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
                 except OSError:  # a thread that just ended
                     continue
             for m in masks:
@@ -207,11 +256,19 @@ class AllowanceCollector(Collector):
         if not affinity:
             return  # the tree ended between the scan and the reads
         n: float = float(len(allowed))
-        quota = cpu_quota_limit(cgroup_dirs(tree[0], self.cgroup_root), self.cgroup_root)
+        dirs = cgroup_dirs(tree[0], self.cgroup_root)
+        quota = cpu_quota_limit(dirs, self.cgroup_root)
         if quota is not None:
             n = min(n, quota)
             out.append((wall, "", "quota_cores", quota, "gauge"))
         out.append((wall, "", "allowed_cpus", n, "gauge"))
+        weight = cpu_weight(dirs, self.cgroup_root)
+        if weight is not None:
+            out.append((wall, f"{weight.file} {weight.path}", "cpu_weight", weight.value,
+                        "gauge"))
+        if nices:
+            out.append((wall, "", "nice_min", min(nices), "gauge"))
+            out.append((wall, "", "nice_max", max(nices), "gauge"))
         out.append((wall, f"affinity {format_cpulist(affinity)}", "affinity_cpus",
                     len(affinity), "gauge"))
         if any_cpuset:
@@ -230,8 +287,9 @@ class AllowanceCollector(Collector):
         ranked: list[tuple[float, int]] = []
         others = self._others
         for pid in pids:
-            if pid in skip:
-                continue
+            # The server's tree and the excluded are read too (never ranked): a parent
+            # reaps them like any child, and what was read of them must not be counted
+            # again in its children_cpu_s.
             o = others.get(pid)
             if o is None:
                 o = _Other(PreadFile(f"{procfs.PROC}/{pid}/stat", 1024)
@@ -243,19 +301,31 @@ class AllowanceCollector(Collector):
                     o.file.close()
                 continue
             try:
-                cpu, start = _stat_fields(data)
+                cpu, start, nice, kids, ppid = _stat_fields(data)
             except (IndexError, ValueError):
                 continue
             if start != o.start:  # a new process (or a PID reused): no previous reading
+                if o.start >= 0:
+                    self._reaped(o)
                 o.start, o.cpu_s, o.wall, o.device, o.top = start, -1.0, 0, "", False
-            if o.cpu_s >= 0 and dt > 0:
-                ranked.append(((cpu - o.cpu_s) / dt, pid))
+                o.kids, o.seen, o.weight, o.counted = -1.0, 0.0, None, (-1.0, -1.0)
             seen[pid] = o
-            o.prev_wall, o.prev_cpu = o.wall, o.cpu_s
-            o.wall, o.cpu_s = wall, cpu
+            o.ppid, o.nice = ppid, nice
+            o.prev_wall, o.prev_cpu, o.prev_kids = o.wall, o.cpu_s, o.kids
+            o.wall, o.cpu_s, o.kids_raw = wall, cpu, kids
         for pid, o in others.items():
-            if pid not in seen and o.file is not None:
-                o.file.close()
+            if pid not in seen:
+                self._reaped(o, seen)
+                if o.file is not None:
+                    o.file.close()
+        for pid, o in seen.items():
+            # never stepped back: a child reaped after its parent was read this tick is
+            # taken off before its CPU is in the parent's cutime (the next tick has both)
+            o.kids = max(o.kids, o.kids_raw - o.seen, 0.0)
+            if pid in skip:  # counted as the server's or its path's
+                _count(o, o.cpu_s + o.kids)
+            elif o.prev_cpu >= 0 and dt > 0:
+                ranked.append(((o.cpu_s - o.prev_cpu + o.kids - o.prev_kids) / dt, pid))
         # Ranked by the CPU each could have taken from the server: its cores times the
         # share of its own CPUs that the server may use too (a process pinned to the
         # server's only CPU before a busier one that runs anywhere).
@@ -268,19 +338,42 @@ class AllowanceCollector(Collector):
         weighted.sort(reverse=True)
         top = {pid for _w, _c, pid in weighted[: self.top]}
         for pid, o in seen.items():
+            if pid in skip:
+                continue
             if pid in top or o.top:
                 if not o.device:
                     o.device, o.own = self._describe(pid)
+                    o.weight = cpu_weight(cgroup_dirs(pid, self.cgroup_root),
+                                          self.cgroup_root)
                 if not o.top:  # entering the list: its reading of the tick before too
                     if o.prev_wall and o.prev_cpu >= 0:
                         out.append((o.prev_wall, o.device, "cpu_s", o.prev_cpu, "counter"))
+                        out.append((o.prev_wall, o.device, "children_cpu_s", o.prev_kids,
+                                    "counter"))
+                        _count(o, o.prev_cpu + o.prev_kids)
                 out.append((wall, o.device, "cpu_s", o.cpu_s, "counter"))
+                out.append((wall, o.device, "children_cpu_s", o.kids, "counter"))
+                _count(o, o.cpu_s + o.kids)
                 out.append((wall, o.device, "strata_own", o.own, "gauge"))
+                out.append((wall, o.device, "nice", o.nice, "gauge"))
+                if o.weight is not None:
+                    out.append((wall, f"pid{pid} {o.weight.file} {o.weight.path}",
+                                "cpu_weight", o.weight.value, "gauge"))
                 out.append((wall, o.device, "allowed_share",
                             share[pid] if pid in share else self._overlap(pid), "gauge"))
             o.top = pid in top
         self._others = seen
         self._last_wall = wall
+
+    def _reaped(self, child: _Other, live: dict[int, _Other] | None = None) -> None:
+        """A process read before has ended, and its parent reaps it: the kernel adds all
+        its CPU, its own reaped children's included, to the parent's cutime + cstime.
+        What of it was already counted under a name (its own while it was named, its
+        descendants' under theirs) is the parent's to take off children_cpu_s."""
+        parent = (live if live is not None else self._others).get(child.ppid)
+        if parent is not None:
+            first, last = child.counted
+            parent.seen += child.seen + (last - first if first >= 0 else 0.0)
 
     def _overlap(self, pid: int) -> float:
         """The share of ``pid``'s CPUs (its main thread's mask) that the server may use

@@ -7,8 +7,10 @@ which is exact for any window and needs no state in the agent.
 * per core (device ``cpu<N>``) and host-wide (device ``""``): ``busy_s``
   (user+nice+system+irq+softirq), ``iowait_s``, ``steal_s``, ``idle_s``; the
   host line adds ``user_s``, ``system_s``, ``irq_s``, ``softirq_s``;
-* host counters ``ctxt``, ``intr``; gauges ``procs_running``, ``procs_blocked``,
-  ``load1``, ``load5``, ``load15``, ``runnable`` (from /proc/loadavg);
+* host counters ``ctxt``, ``intr``, ``forks`` (the ``processes`` line: processes and
+  threads started since boot, its rate the host's rate of starts); gauges
+  ``procs_running``, ``procs_blocked``, ``load1``, ``load5``, ``load15``, ``runnable``
+  (from /proc/loadavg);
 * PSI (/proc/pressure/*, when present): ``psi_<cpu|io|memory>_<some|full>_s``;
 * cgroup (v2 cpu.stat, or the v1 cpu controller's) of the server process
   (``--cgroup server`` / ``pid:<N>``; ``self`` is the agent's own): ``cgroup_usage_s``,
@@ -179,6 +181,8 @@ class CpuCollector(Collector):
             elif line.startswith(b"ctxt ") or line.startswith(b"intr "):
                 key, val = line.split(None, 2)[:2]
                 out.append((wall_ns, "", key.decode(), int(val), "counter"))
+            elif line.startswith(b"processes "):
+                out.append((wall_ns, "", "forks", int(line.split()[1]), "counter"))
             elif line.startswith(b"procs_"):
                 key, val = line.split()
                 out.append((wall_ns, "", key.decode(), int(val), "gauge"))
