@@ -312,3 +312,61 @@ def test_the_share_of_the_allowed_cpus_is_at_most_all_of_them():
     one = dataclasses.replace(s, server_allowed_cpus=1.0, allowed_cpus_other_cores=0.4)
     assert next(e.value for e in classify(one).evidence
                 if e.metric == "other_processes_allowed_cpus_frac") == 0.4
+
+
+# --- the weights: the server's cgroup weight and nice beside its competitors' (issue 42) --
+
+
+def test_the_weights_are_read_from_the_collectors_samples():
+    """The server's cgroup weight (the least, where it moved mid-window), its threads'
+    nice range, and each named process's nice and group weight, by PID."""
+    rows = [gauge("cpu.shares /batch", "cpu_weight", 256),
+            gauge("cpu.shares /x", "cpu_weight", 512),
+            gauge("", "nice_min", 0), gauge("", "nice_max", 5),
+            gauge(f"pid4242 {HOG_CMD}", "nice", -5),
+            gauge("pid4242 cpu.shares /", "cpu_weight", 1024),
+            gauge("pid77 pytest", "nice", 0)]
+    w = signals.cpu_weights(signals.HwView(rows), NODE)
+    assert w["server_cpu_weight"] == ("cpu.shares", 256, "/batch")
+    assert w["server_nice"] == (0, 5)
+    assert w["other_weights"] == ((77, 0, None), (4242, -5, ("cpu.shares", 1024, "/")))
+    none = signals.cpu_weights(signals.HwView([]), NODE)
+    assert none == dict(server_cpu_weight=None, server_nice=None, other_weights=())
+
+
+#: the server's cgroup weighs a quarter of its neighbour's (the issue's case)
+WEIGHED = dict(server_cpu_weight=("cpu.shares", 256.0, "/batch"), server_nice=(0.0, 0.0))
+
+
+def _contended(**kw) -> object:
+    others = ((4242, HOG_CMD, 0.75, False),)
+    s = dataclasses.replace(CPU_CLEAN, **{**ONE_CPU, "n_cores": 8, "host_busy_cores": 1.0,
+                                          "allowed_cpus_other_cores": 0.75},
+                            server_cpu_cores=0.25, runq_delay_per_cpu_s=3.0,
+                            ctx_involuntary_per_cpu_s=300.0, other_processes=others,
+                            server_runnable_cores=1.0, **kw)
+    v = classify(s)
+    return next(e for e in v.evidence if e.cls == "cpu_contention"
+                and e.threshold == "other_cpu_frac")
+
+
+def test_contention_names_the_weights_where_they_differ():
+    """The server's cgroup weighs a quarter of its neighbour's: both weights are in
+    cpu_contention's evidence, and the server's (with its nice) in the allowance line."""
+    ev = _contended(**WEIGHED, other_weights=((4242, 0.0, ("cpu.shares", 1024.0, "/")),))
+    assert ev.met, ev
+    assert ev.detail == (
+        f"other processes: pid 4242 {HOG_CMD} 0.75 cores (not Strata's; cpu.shares 1024 (/) "
+        "against the server's 256 (/batch)); named: all 0.75 cores other work held "
+        "host-wide; the server: 1 allowed CPU (cpuset 0); weight cpu.shares 256 (/batch), "
+        "nice 0")
+
+
+def test_a_neighbours_nice_is_named_only_where_it_differs():
+    same = _contended(**WEIGHED, other_weights=((4242, 0.0, ("cpu.shares", 256.0, "/batch")),))
+    assert "against the server's" not in same.detail, same.detail
+    nicer = _contended(**WEIGHED, other_weights=((4242, -5.0, ("cpu.shares", 256.0, "/batch")),))
+    assert "(not Strata's; nice -5 against the server's 0)" in nicer.detail, nicer.detail
+    # unobserved: the line is as before, nothing made up
+    bare = _contended()
+    assert "weight" not in bare.detail and "nice" not in bare.detail, bare.detail

@@ -109,6 +109,9 @@ CASES: tuple[Boundary, ...] = (
     Boundary("delivery_frac", "outside_server", CPU_CLEAN, one("delivery_clumped_frac")),
     # the time ledger (analysis/ledger.py)
     Boundary("server_stalled_frac", "server_stalled", CPU_CLEAN, one("server_stalled_frac")),
+    # the window with requests in flight, however little of the metric shows the stalls
+    Boundary("server_stalled_window_lead", "server_stalled", CPU_CLEAN,
+             one("server_stalled_inflight_frac", server_stalled_frac=0.02)),
     Boundary("ledger_residual_max", "unexplained", CPU_CLEAN, one("ledger_residual_frac")),
     Boundary("kv_usage_high", "kv_cache_capacity", CPU_CLEAN, one("kv_usage_max")),
     Boundary("preemptions_max", "kv_cache_capacity", CPU_CLEAN, one("preemptions"),
@@ -253,7 +256,7 @@ PINNED = {
     "mem_available_frac_min": 0.10, "net_link_frac": 0.7, "net_wire_busy": 1.0,
     "net_drop_events": 1.0, "waiting_requests_mean": 0.5, "server_queue_frac": 0.5,
     "outside_server_frac": 0.1, "outside_server_min_ms": 20.0,
-    "server_stalled_frac": 0.1, "ledger_residual_max": 0.1,
+    "server_stalled_frac": 0.1, "server_stalled_window_lead": 0.2, "ledger_residual_max": 0.1,
     "ledger_stall_factor": 3.0, "ledger_clock_error_ms": 1.0,
     "delivery_gap_min_ms": 5.0, "delivery_frac": 0.1, "delivery_burst_events": 3.0,
     "delivery_running_frac": 0.5, "delivery_server_held_frac": 0.8,

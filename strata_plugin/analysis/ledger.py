@@ -31,14 +31,19 @@ and each segment into parts, on the client's monotonic clock:
   split by what the server did during the gap (``stall_stalled``, ``stall_waiting``,
   ``stall_io``, ``stall_sleeping``, the rest ``stall_running``); a
   stall no run-state sample covers is ``residual_decode``: no clock explains it.
-* **Tail** (last token -> last byte): ``tail``.
+* **Tail** (last token -> last byte): ``tail``; by cause, the time the server's threads
+  were stopped in it is a stall (``stall:stopped``), the time they waited for a CPU is
+  waiting (``tail:waiting``, ``tail:throttled``), the rest the tail's own.
 
 **By cause** (issue 30): each server-side part is split again by what the server's threads
 did during it, from the run-state grid (analysis/run_states.py): the queue, prefill and
 decode at its pace are the server's clocks, so their time is ``running`` except where the
 threads were held back from a CPU (``waiting`` in the run queue, ``throttled`` by the
 quota) or blocked in I/O (``io``); a stall keeps its own state (``stopped`` for the
-frozen/stopped time, ``sleeping`` for a stall its threads slept through). A token that
+frozen/stopped time, ``sleeping`` for a stall its threads slept through). Stopped,
+traced or frozen is a stall wherever it falls (the queue, the way there, prefill, a decode
+gap, the tail), and waiting for a CPU is waiting wherever it falls (the front end's wait
+before the way there's floor). A token that
 took 40x its clean time because its threads queued for one CPU is at its pace, but its
 time is ``waiting``, not compute. Each such cause is ``group:state`` (groups ``queue``,
 ``prefill``, ``decode``, ``stall``; the parts outside the server are ``outside:<part>``,
@@ -53,7 +58,10 @@ time is ``running``: its own clock's word, and the case says so.
 and the ledger states its clock error (the client's loop lag p99 from its self-check, at
 least ``ledger_clock_error_ms``). Per case, each part's share of TTFT, of the decode
 time (TPOT/ITL) and of end-to-end time (ratios of sums, so the shares sum to 100%); the
-case's metric decides which the verdict weighs.
+case's metric decides which the verdict weighs. Beside them, the share of the window the
+server was stalled while any request was in flight (``stalled_inflight_frac``): a stall
+the metric's definition leaves out (TPOT when the freezes fell in TTFT) is still the
+case's story (rules/verdict.py, ``server_stalled_window_lead``).
 """
 
 from __future__ import annotations
@@ -116,7 +124,7 @@ METRICS = {"ttft": TTFT_PARTS, "itl": DECODE_PARTS, "e2e": PARTS}
 #: The level-1 split of a case's metric by cause (module docstring): it sums to 100%.
 LEVEL1 = ("running", "waiting", "blocked", "stopped", "outside", "unexplained")
 #: The server's parts by cause: where each group's time is (module docstring).
-CAUSE_GROUPS = ("queue", "prefill", "decode", "stall")
+CAUSE_GROUPS = ("queue", "prefill", "decode", "stall", "tail")
 #: The states a server clock's time is split into (the rest of it is ``running``).
 _IMPEDED = (*WAITING_STATES, "io")
 #: Each part outside the server, and the residual, as a cause of its own.
@@ -160,7 +168,7 @@ def level1_of(cause: str) -> str:
 
 
 _GROUP_WORDS = {"queue": "the server's queue", "prefill": "prefill", "decode": "decode",
-                "stall": "decode stalls"}
+                "stall": "decode stalls", "tail": "the tail"}
 _OUTSIDE_WORDS = {"client_send": "the client's send", "before_server": "before the server",
                   "ttft_delivery": "the first token's delivery", "delivery": "delivery",
                   "tail": "the tail", "residual_ttft": "what no clock explains in TTFT",
@@ -530,22 +538,31 @@ def request_ledger(
         pre_states = _state_ms(states, a, p0)
         take_pf = min(in_pf["stalled"], pf)
         pf -= take_pf
-        # A freeze before prefill: from the server's own wait first, then the way there.
-        take = min(pre_states["stalled"], front + q + before)
-        for have in ("front", "q", "before"):
-            got = min(take, {"front": front, "q": q, "before": before}[have])
+        # A freeze before prefill: from the server's own wait first, then the way there,
+        # then the first token's delivery (stalled time wins over delivery, as in a gap:
+        # a stopped server's own sender holds the token too)
+        take = min(pre_states["stalled"], front + q + before + held_first)
+        for have in ("front", "q", "before", "held"):
+            got = min(take, {"front": front, "q": q, "before": before,
+                             "held": held_first}[have])
             take -= got
             stalled_ttft += got
             if have == "front":
                 front -= got
             elif have == "q":
                 q -= got
-            else:
+            elif have == "before":
                 before -= got
+            else:
+                held_first -= got
         stalled_ttft += take_pf
         # The server's own wait, by what it did meanwhile: runnable without a CPU, in I/O.
-        waiting_ttft = min(sum(pre_states[k] for k in WAITING_STATES), front)
-        front -= waiting_ttft
+        # Waiting for a CPU is waiting wherever it falls: from the server's own wait first,
+        # then the way there (a front end that could not run reads as a path otherwise).
+        waiting_ttft = min(sum(pre_states[k] for k in WAITING_STATES), front + before)
+        took = min(waiting_ttft, front)
+        front -= took
+        before -= waiting_ttft - took
         io_ttft = min(pre_states["io"], front)
         front -= io_ttft
     parts.update(client_send=send, before_server=before, server_queue=q + front, prefill=pf,
@@ -606,7 +623,8 @@ def request_ledger(
     for state in STATES:
         add("itl", f"stall:{'stopped' if state == 'stalled' else state}",
             parts[f"stall_{state}"])
-    add("tail", "outside:tail", parts["tail"])
+    for cause, ms in _tail_split(parts["tail"], (last, end), states, anchor).items():
+        add("tail", cause, ms)
 
     server_pace = None
     if t is not None and t.predicted_ms is not None and (n_pred := t.predicted_n or 0) >= 2:
@@ -620,6 +638,28 @@ def request_ledger(
         n_stalls=n_stalls, merged=tuple(merged), delivery=dv,
         causes=tuple((seg, c, ms) for (seg, c), ms in causes.items()),
     )
+
+
+def _tail_split(tail_ms: float, span: tuple[int, int], states: RunStates | None,
+                anchor: ClockAnchor | None) -> dict[str, float]:
+    """The tail (last token event -> last byte) by what the server's threads did: the
+    response's last bytes are the server's to send, so time its threads were stopped is a
+    stall (``stall:stopped``) and time they waited for a CPU or the quota is waiting
+    (``tail:waiting``, ``tail:throttled``), as anywhere else in the request; the rest is
+    the tail's own (``outside:tail``). No samples over half of it: all the tail's."""
+    out = {"outside:tail": tail_ms}
+    if tail_ms <= 0 or states is None or anchor is None:
+        return out
+    st = _state_ms(states, anchor.to_wall_ns(span[0]), anchor.to_wall_ns(span[1]))
+    left = tail_ms
+    for state, cause in (("stalled", "stall:stopped"), *((k, f"tail:{k}")
+                                                          for k in WAITING_STATES)):
+        take = min(left, st[state])
+        if take > 0:
+            out[cause] = take
+            left -= take
+    out["outside:tail"] = left
+    return out
 
 
 def _gap_fractions(gaps: Sequence[_Gap], states: RunStates | None,
@@ -676,6 +716,10 @@ class CaseLedger:
     clocks: ServerClocks = ServerClocks()
     has_run_state: bool = False
     stalled_window_frac: float | None = None
+    #: the share of the window with the server stalled while any of the case's requests
+    #: was in flight (dispatch to last byte): a stall the requests waited out, whatever
+    #: share of the case's metric (a median, a per-request mean) it shows in
+    stalled_inflight_frac: float | None = None
     states_seen: tuple[tuple[str, float], ...] = ()
     merged: tuple[str, ...] = field(default=())
     #: the run states the stalls were classified with (for the timeline picture)
@@ -837,8 +881,9 @@ class CaseLedger:
                                                + (st.throttled_cores or 0.0))
             out["ledger_runstate_samples"] = st.n_window
         if self.has_run_state:
-            out["server_stalled_frac"] = _rn(self.share_of(("ttft_stalled", "stall_stalled")))
+            out["server_stalled_frac"] = _rn(self.stalled_share())
             out["server_stalled_window_frac"] = _rn(self.stalled_window_frac)
+            out["server_stalled_inflight_frac"] = _rn(self.stalled_inflight_frac)
         dv = self.delivery
         if dv is not None and dv.evidence:
             # its share of the case's metric, by what it rests on: the server's own token
@@ -847,14 +892,28 @@ class CaseLedger:
             out[key] = _rn(self.share_of(("ttft_delivery", "delivery")))
         return out
 
+    def stalled_share(self, seg: str | None = None) -> float | None:
+        """The share of the segment's time the server's threads were stopped, frozen or
+        made no progress, wherever it fell: the queue, prefill, decode or the tail; None
+        where the segment took no time."""
+        split = dict(self.level1(seg))
+        return split.get("stopped", 0.0) if split else None
+
+    def stalled_ms(self) -> float:
+        """The milliseconds the server was stalled in the requests' time, summed."""
+        return sum(ms for r in self.requests for _seg, c, ms in r.causes
+                   if level1_of(c) == "stopped")
+
     def stall_line(self) -> str:
         """The evidence of ``server_stalled`` beyond its share: gaps, states seen."""
         gaps = sum(r.n_gaps for r in self.requests)
         n_st = sum(r.n_stalls for r in self.requests)
-        ms = sum(r.part("stall_stalled") + r.part("ttft_stalled") for r in self.requests)
+        ms = self.stalled_ms()
         seen = ", ".join(f"{k} {v:.0%} of the window" for k, v in self.states_seen) or "none"
         win = ("" if self.stalled_window_frac is None
                else f"; stalled {self.stalled_window_frac:.1%} of the window")
+        if self.stalled_inflight_frac is not None and self.stalled_window_frac:
+            win += f" ({self.stalled_inflight_frac:.1%} with requests in flight)"
         who = ""
         st = self.states
         if st is not None and st.stall_threads:
@@ -865,13 +924,44 @@ class CaseLedger:
                    + ", ".join(f"{v:.3g} {k}" for k, v in th.items())
                    + (f", the cgroup frozen {frozen:.0%} of that time" if frozen else ""))
         return (f"server stalled {ms / max(self.n, 1):.1f} ms per request "
-                f"({(self.share_of(('ttft_stalled', 'stall_stalled')) or 0):.1%} of "
+                f"({self.stalled_share() or 0.0:.1%} of "
                 f"{METRIC_LABELS[self.metric]}); {n_st} of {gaps} decode gaps were stalls"
                 f"{win}; state seen: {seen}{who}")
 
 
 def _rn(x: float | None) -> float | None:
     return None if x is None else round(float(x), 4)
+
+
+def _stalled_in_flight(records: Sequence[RequestRecord], states: RunStates,
+                       anchor: ClockAnchor | None, window_ns: tuple[int, int]) -> float | None:
+    """The share of the window (of what the run-state samples cover of it) with the
+    server stalled while at least one request was in flight, dispatch to last byte: the
+    union of the requests' spans, so a stall that several requests waited out at once
+    counts once. None where the records cannot be put on the harness clock."""
+    if anchor is None:
+        return None
+    spans = []
+    for r in records:
+        ends = [e.t_ns for e in r.events] + [x for x in (r.done_ns,) if x is not None]
+        if ends:
+            spans.append((max(window_ns[0], anchor.to_wall_ns(r.dispatched_ns)),
+                          min(window_ns[1], anchor.to_wall_ns(max(ends)))))
+    _, covered = states.over(*window_ns)
+    if covered <= 0:
+        return None
+    stalled = 0.0
+    lo = hi = None
+    for a, b in sorted(x for x in spans if x[1] > x[0]):
+        if hi is not None and a <= hi:
+            hi = max(hi, b)
+            continue
+        if lo is not None and hi is not None:
+            stalled += states.over(lo, hi)[0]["stalled"]
+        lo, hi = a, b
+    if lo is not None and hi is not None:
+        stalled += states.over(lo, hi)[0]["stalled"]
+    return min(1.0, stalled / covered)
 
 
 def server_clocks(
@@ -937,14 +1027,17 @@ def case_ledger(
     )
     if metric == "itl" and reqs and not any(r.decode_ms > 0 for r in reqs):
         metric, why = "e2e", NO_DECODE_TIME
-    win = None
+    win = inflight = None
     if states is not None and window_ns is not None:
         win = states.share(window_ns[0], window_ns[1], "stalled")
+        if win is not None:
+            inflight = _stalled_in_flight(measured, states, anchor, window_ns)
     merged = tuple(sorted({m for r in reqs for m in r.merged}))
     dv = case_delivery([r.delivery for r in reqs if r.delivery is not None])
     sources = Counter(r.engine.source for r in measured if r.engine is not None)
     return CaseLedger(case_id=case_id, metric=metric, metric_why=why, requests=reqs,
                       clocks=clocks, has_run_state=states is not None,
-                      stalled_window_frac=win, states_seen=states.seen if states else (),
+                      stalled_window_frac=win, stalled_inflight_frac=inflight,
+                      states_seen=states.seen if states else (),
                       merged=merged, states=states, delivery=dv,
                       engine_sources=tuple(sorted(sources.items())))

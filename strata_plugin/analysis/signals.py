@@ -434,6 +434,43 @@ def other_processes(view: HwView, node: str | None, duration_s: float
     return tuple(x[2] for x in ranked[:OTHER_PROCESSES_NAMED])
 
 
+#: A CPU weight's device: ``<file> <group>`` for the server's cgroup, ``pid<N> <file>
+#: <group>`` for a named other process's (agent/collectors/allowance.py).
+_WEIGHT_DEVICE = re.compile(r"^(?:pid(\d+) )?(cpu\.shares|cpu\.weight) (.*)$", re.S)
+
+
+def cpu_weights(view: HwView, node: str | None) -> dict:
+    """The server's CPU weight and its threads' nice values, and the named other
+    processes' (what decides each one's share of contended CPUs): ``server_cpu_weight``
+    (file, value, group; the least in the window where it changed), ``server_nice``
+    (least, greatest over its threads), ``other_weights`` ((PID, nice, weight or None),
+    each PID the allowance collector named)."""
+    server: list[tuple[float, str, str]] = []
+    others: dict[int, tuple[str, float, str]] = {}
+    for r in view.select(ALLOWANCE, "cpu_weight", node):
+        m = _WEIGHT_DEVICE.match(r.device)
+        if m is None or r.min is None:
+            continue
+        if m.group(1) is None:
+            server.append((r.min, m.group(2), m.group(3)))
+        else:
+            others[int(m.group(1))] = (m.group(2), r.min, m.group(3))
+    lo = [r.min for r in view.select(ALLOWANCE, "nice_min", node) if r.min is not None]
+    hi = [r.max for r in view.select(ALLOWANCE, "nice_max", node) if r.max is not None]
+    nice: dict[int, float] = {}
+    for r in view.select(ALLOWANCE, "nice", node):
+        m = _OTHER_DEVICE.match(r.device)
+        if m is not None and r.mean is not None:
+            nice[int(m.group(1))] = round(r.mean)
+    weight = min(server) if server else None
+    return dict(
+        server_cpu_weight=None if weight is None else (weight[1], weight[0], weight[2]),
+        server_nice=(min(lo), max(hi)) if lo and hi else None,
+        other_weights=tuple((pid, nice.get(pid), others.get(pid))
+                            for pid in sorted(set(nice) | set(others))),
+    )
+
+
 def _allowance_signals(view: HwView, node: str | None, duration_s: float,
                        server_cpu: float | None, path_cpu: float | None) -> dict:
     allowed, by, cpus = allowance(view, node)
@@ -461,6 +498,7 @@ def _allowance_signals(view: HwView, node: str | None, duration_s: float,
         server_runnable_cores=None if run is None or wait is None
         else run + wait + (throttled or 0.0),
         other_processes=other_processes(view, node, duration_s),
+        **cpu_weights(view, node),
         server_frozen_frac=max(frozen) if frozen else None,
         server_stopped_frac=min(1.0, max(stopped) / max(threads))
         if stopped and threads else None,

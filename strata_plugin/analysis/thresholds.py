@@ -464,6 +464,21 @@ THRESHOLDS: tuple[Threshold, ...] = (
         f"{VAL}, Time ledger: 0 in 15 clean cases, 0.33-0.34 with the freezer at a third",
     ),
     Threshold(
+        "server_stalled_window_lead",
+        0.2,
+        "of the case's window, requests in flight",
+        "[inferred] the server stalled (frozen, stopped, no progress) for a fifth of the "
+        "window while requests were in flight is the case's story, first, whatever share "
+        "of the metric it shows in: a stall is time the server did nothing, so a "
+        "headline that leaves it out (TPOT without TTFT, a median) hides it, and compute "
+        "is the largest cause of any healthy case. Set on the project's fault arms: the "
+        "freezer at 200 of every 600 ms read 0.255 of the window as stalled with 0.020 of "
+        "TPOT/ITL (ledger/freezer_third, the freezes fell in TTFT), the freezer and "
+        "SIGSTOP set-aside arms 0.26-0.34, clean arms 0 (15 cases); a fifth is four "
+        "fifths of the lowest fault arm. "
+        f"{VAL}, Time ledger; Fault injection",
+    ),
+    Threshold(
         "ledger_residual_max",
         0.1,
         "of the case's metric",

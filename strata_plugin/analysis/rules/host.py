@@ -35,12 +35,51 @@ def _cpu_word(n: float) -> str:
 
 def _allowance_words(s: WindowSignals) -> str:
     """The CPUs the server may use, in words: "2 allowed CPUs (affinity 0-1)", or the
-    host's cores where the allowance was not observed."""
+    host's cores where the allowance was not observed; then the weights that decide its
+    share of them when contended, where observed: "; weight cpu.shares 256 (/batch),
+    nice 0"."""
+    weight = _weight_words(s.server_cpu_weight, s.server_nice)
+    weight = f"; weight {weight}" if weight else ""
     if s.server_allowed_cpus is None:
-        return f"{_cpu_word(float(s.n_cores or 0))} of the host (allowance not observed)"
+        return (f"{_cpu_word(float(s.n_cores or 0))} of the host (allowance not observed)"
+                f"{weight}")
     by = re.sub(r" \(\d[^()]*\)$", "", s.server_allowance_by)  # its count is said already
     n = s.server_allowed_cpus
-    return f"{n:g} allowed CPU{'' if n == 1 else 's'}" + (f" ({by})" if by else "")
+    return f"{n:g} allowed CPU{'' if n == 1 else 's'}" + (f" ({by})" if by else "") + weight
+
+
+def _nice_words(lo: float, hi: float) -> str:
+    return f"nice {lo:g}" if lo == hi else f"nice {lo:g} to {hi:g}"
+
+
+def _weight_words(weight: tuple[str, float, str] | None,
+                  nice: tuple[float, float] | None) -> str:
+    """A cgroup weight and nice values in words: "cpu.shares 256 (/batch), nice 0"."""
+    out = []
+    if weight is not None:
+        out.append(f"{weight[0]} {weight[1]:g} ({weight[2]})")
+    if nice is not None:
+        out.append(_nice_words(*nice))
+    return ", ".join(out)
+
+
+def _competitor_weight(s: WindowSignals, pid: int) -> str:
+    """A named other process's weights where they differ from the server's (its group's
+    weight, its nice value): what gave it more or less of the contended CPUs."""
+    row = next((w for w in s.other_weights if w[0] == pid), None)
+    if row is None:
+        return ""
+    _pid, nice, weight = row
+    out = []
+    if weight is not None and s.server_cpu_weight is not None and (
+            tuple(weight) != tuple(s.server_cpu_weight)):
+        out.append(f"{weight[0]} {weight[1]:g} ({weight[2]}) against the server's "
+                   f"{s.server_cpu_weight[1]:g} ({s.server_cpu_weight[2]})")
+    if nice is not None and s.server_nice is not None and not (
+            s.server_nice[0] == nice == s.server_nice[1]):
+        out.append(f"nice {nice:g} against the server's "
+                   f"{_nice_words(*s.server_nice)[len('nice '):]}")
+    return "; ".join(out)
 
 
 def rule_cpu_compute(s: WindowSignals) -> Outcome:
@@ -146,7 +185,8 @@ def _others_words(s: WindowSignals, where: str) -> str:
     if not s.other_processes:
         return ""
     return "other processes: " + "; ".join(
-        f"pid {pid} {cmd} {cores:.2f} cores ({_OWN[own]})"
+        f"pid {pid} {cmd} {cores:.2f} cores ({_OWN[own]}"
+        + (f"; {w}" if (w := _competitor_weight(s, pid)) else "") + ")"
         for pid, cmd, cores, own in s.other_processes) + "".join(
         f"; {w}" for w in (named_share_words(s), f"the server: {where}") if w)
 
@@ -331,18 +371,35 @@ def _stall_words(frozen: float | None, stopped: float | None, threads: int | Non
             "while not asleep (swapped in, a paused VM)")
 
 
+def stalled_lead(s: WindowSignals) -> bool:
+    """The server was stalled for ``server_stalled_window_lead`` of the window while
+    requests were in flight: the case's story, first (the verdict's ledger-led step)."""
+    x = s.server_stalled_inflight_frac
+    return x is not None and x >= _v("server_stalled_window_lead")
+
+
 def rule_server_stalled(s: WindowSignals) -> Outcome:
     """The server neither ran nor could run for part of the time the case is about:
     its cgroup frozen, its threads stopped (T), or neither run time nor run-queue wait
     advancing while its threads were not asleep (swapped in, a hypervisor pause). The
-    time ledger gives the share: decode gaps and pre-first-token time in that state."""
+    time ledger gives the share: the queue, prefill, decode and the tail in that state;
+    or the window does: stalled for ``server_stalled_window_lead`` of it while requests
+    were in flight, however little of the metric's definition shows it."""
     r = RuleCheck("server_stalled", s)
     if not r.need("server_stalled_frac"):
         return r.unassessable(TRACE_RUNSTATE)
     words = _stall_words(s.server_frozen_frac, s.server_stopped_frac, s.server_threads)
-    if not r.cmp("server_stalled_frac", ">=", "server_stalled_frac", detail=words):
+    margins = []
+    if r.cmp("server_stalled_frac", ">=", "server_stalled_frac", detail=words):
+        margins.append(signal_margin(s, "server_stalled_frac", "server_stalled_frac"))
+    if s.server_stalled_inflight_frac is not None and r.cmp(
+        "server_stalled_inflight_frac", ">=", "server_stalled_window_lead",
+        detail="" if margins else words,  # the actors said once
+    ):
+        margins.append(signal_margin(s, "server_stalled_inflight_frac",
+                                     "server_stalled_window_lead"))
+    if not margins:
         return r.o
-    margins = [signal_margin(s, "server_stalled_frac", "server_stalled_frac")]
     # corroboration: the window itself, not only the requests' time (adds a met row)
     if s.server_stalled_window_frac is not None and r.cmp(
         "server_stalled_window_frac", ">=", "server_stalled_frac"

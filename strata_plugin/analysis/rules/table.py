@@ -75,6 +75,11 @@ ALLOWED_BY = ("server_allowance_by",
               "names)")
 RUNNABLE = ("server_runnable_cores", "runstate:run_s+wait_s+throttled_s")
 OTHERS = ("other_processes", "allowance:cpu_s/strata_own (device pid<N> <command>)")
+WEIGHT = ("server_cpu_weight", "allowance:cpu_weight (device <file> <group>: v1 cpu.shares, "
+          "v2 cpu.weight of the server's cpu cgroup)")
+NICE = ("server_nice", "allowance:nice_min/nice_max (its threads' nice values)")
+OTHER_WEIGHTS = ("other_weights", "allowance:nice/cpu_weight (device pid<N> ...: the named "
+                 "other processes')")
 STALLS = "requests: token events against dispatch..first token of prefills"
 
 #: Every rule, in the order that breaks score ties (``CLASSES``); within a group, the
@@ -107,7 +112,8 @@ RULES: tuple[Rule, ...] = (
          "nvml:gpu_util_pct/gpm_sm_activity_pct/power_w (per GPU, per node)"))),
     Rule("cpu_compute", "cpu_server", host.rule_cpu_compute, (
         SERVER_CPU, N_CORES, HOST_BUSY,
-        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"), ALLOWED, ALLOWED_BY),
+        ("server_threads", "proc:num_threads (or thread_cpu_s devices)"), ALLOWED, ALLOWED_BY,
+        WEIGHT, NICE),
         core=("cpu",)),
     Rule("cpu_contention", "host", host.rule_cpu_contention, (
         ("steal_frac", "cpu:steal_s"), HOST_BUSY, SERVER_CPU, N_CORES, RUNQ,
@@ -115,10 +121,10 @@ RULES: tuple[Rule, ...] = (
         ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)"),
         ("allowed_cpus_other_cores",
          "cpu:busy_s (the server's allowed CPUs) - proc:cpu_user_s/cpu_system_s"),
-        ALLOWED, ALLOWED_BY, OTHERS),
+        ALLOWED, ALLOWED_BY, OTHERS, WEIGHT, NICE, OTHER_WEIGHTS),
         core=("cpu",)),
     Rule("cpu_limited", "host", host.rule_cpu_limited, (
-        THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES)),
+        THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES, WEIGHT, NICE)),
     Rule("memory_pressure", "host", host.rule_memory_pressure, (
         ("cgroup_mem_events",
          "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)"),
@@ -134,8 +140,12 @@ RULES: tuple[Rule, ...] = (
         ("socket_fallback_bytes_s", "net:rx_bytes/tx_bytes (beside rdma:xmit_bytes/rcv_bytes)"))),
     Rule("server_stalled", "host", host.rule_server_stalled, (
         ("server_stalled_frac",
-         "runstate:frozen/state_T/run_s/wait_s over the ledger's decode gaps and TTFT"),
+         "runstate:frozen/state_T/run_s/wait_s over the ledger's queue, prefill, decode "
+         "and tail"),
         ("server_stalled_window_frac", "runstate:frozen/state_T/run_s/wait_s"),
+        ("server_stalled_inflight_frac",
+         "runstate:frozen/state_T/run_s/wait_s while requests were in flight "
+         "(requests: dispatched..done)"),
         ("server_frozen_frac", "runstate:frozen (the window's samples)"),
         ("server_stopped_frac", "runstate:state_T/threads (the window's samples)"),
         ("server_threads", "proc:num_threads (or thread_cpu_s devices)"))),

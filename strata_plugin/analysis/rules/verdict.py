@@ -14,7 +14,9 @@ is put together in steps (:func:`_classify`), each a function of its own:
    behind it (:func:`first_cause`: running -> the device's compute, waiting for a CPU
    -> ``cpu_limited`` or ``cpu_contention``, blocked -> I/O, stopped -> the stall,
    outside -> the path or the client, the queue -> ``queueing``), with the resource
-   rules as its evidence and the strongest other class past threshold second;
+   rules as its evidence and the strongest other class past threshold second; a server
+   stalled for ``server_stalled_window_lead`` of the window while requests were in
+   flight is first whatever its share of the metric (:func:`_stall_first`);
 5. :func:`_rule_led`: without a ledger, the classes past threshold by rank, as before.
 
 There is always a largest cause, so there is no "headroom" class: the spare capacity
@@ -31,7 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from strata_plugin.analysis.ledger import METRIC_LABELS, cause_words
-from strata_plugin.analysis.rules.host import named_share_words, others_host_cores
+from strata_plugin.analysis.rules.host import (
+    named_share_words,
+    others_host_cores,
+    stalled_lead,
+)
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
 from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
@@ -66,15 +72,42 @@ def _missing_text(signal: str, s: WindowSignals, distrusted: tuple[str, ...] = (
 def classify(s: WindowSignals, background: frozenset[str] | set[str] = frozenset()) -> Verdict:
     """Every rule over one window, then the verdict: top classes, evidence, confidence.
 
-    ``background``: classes past threshold in the idle baseline before the load (host
-    background, from the case analysis). They rank after the classes that appeared
-    with the load, so a busy host's standing contention does not push the cause of
-    this window out of the named slots; they stay in the verdict, marked background.
+    ``background``: classes past threshold in the idle baseline before the load (from
+    the case analysis). Being there before the run is a fact about the host, stated
+    beside the class, never a lower rank: a co-tenant that runs all the time is still
+    the case's cause where it takes the largest share of its metric
+    (:func:`with_background`).
     """
-    v = _classify(s, frozenset(background))
+    return with_background(_classify(s), s, background)
+
+
+def with_background(v: Verdict, s: WindowSignals,
+                    background: frozenset[str] | set[str] | tuple[str, ...]) -> Verdict:
+    """The verdict with the idle baseline's classes said beside it: ``background``, those
+    the case feels too (past threshold in the case, and, where the run-state grid
+    split the ledger and measures the class, ``ledger_second_min_share`` of the metric
+    or more), in the verdict's order; ``baseline_unfelt``, those the baseline showed that
+    the case's ledger does not feel (not past threshold in the case, or a share of the
+    metric under that). Neither changes a rank."""
     if not background:
-        return v
-    return replace(v, background=tuple(c for c in v.past_threshold if c in background))
+        return replace(v, background=(), baseline_unfelt=())
+    a = _assess(s)
+    fc = first_cause(a)
+    small = _v("ledger_second_min_share")
+
+    def felt(cls: str) -> bool:
+        if cls not in v.past_threshold:
+            return False
+        if fc is None or not s.ledger_run_state or cls not in MEASURED_BY_RUN_STATE:
+            return True
+        o = a.outcomes.get(cls)
+        return cls == fc.cls or (o is not None and _ledger_share(fc, o) >= small)
+
+    order = {c: i for i, c in enumerate(a.t.classes)}
+    return replace(
+        v, background=tuple(c for c in v.past_threshold if c in background and felt(c)),
+        baseline_unfelt=tuple(sorted((c for c in background if not felt(c)),
+                                     key=lambda c: (order.get(c, len(order)), c))))
 
 
 @dataclass(frozen=True)
@@ -94,13 +127,13 @@ class _Assessed:
     penalty: float
 
 
-def _classify(s: WindowSignals, background: frozenset[str]) -> Verdict:
-    a = _assess(s, background)
+def _classify(s: WindowSignals) -> Verdict:
+    a = _assess(s)
     v = _disagreeing(a) or _contradicted(a) or _ledger_led(a) or _rule_led(a)
     return _with_capacity(v, a)
 
 
-def _assess(s: WindowSignals, background: frozenset[str]) -> _Assessed:
+def _assess(s: WindowSignals) -> _Assessed:
     gpu_mode = s.gpu_present or s.gpu_expected
     notes: list[str] = []
     distrusted: tuple[str, ...] = ()
@@ -123,7 +156,7 @@ def _assess(s: WindowSignals, background: frozenset[str]) -> _Assessed:
     # a client that fell behind is beside the classes (first only where the ledger's
     # largest cause is its own time: _ledger_led)
     modifiers = tuple(o.cls for o in fired if o.cls in t.modifiers or o.cls == CLIENT)
-    ordered = _rank([o for o in fired if o.cls not in modifiers], background)
+    ordered = _rank([o for o in fired if o.cls not in modifiers])
     missing_signals = sorted({m for o in outcomes.values() for m in o.missing} | set(distrusted))
     penalty = threshold("missing_penalty").value ** len(
         {t.signal_sources.get(m, m).split(":", 1)[0] for m in missing_signals}
@@ -321,6 +354,9 @@ class FirstCause:
     rival_share: float = 0.0
     residual_share: float = 0.0
     by_class: tuple[tuple[str, float], ...] = ()  # every class's share, largest first
+    #: set where the stall leads by the window (``server_stalled_window_lead``), not by
+    #: its share of the metric: the share of the window it held with requests in flight
+    window_frac: float | None = None
 
     def share_of(self, cls: str) -> float:
         return dict(self.by_class).get(cls, 0.0)
@@ -332,6 +368,9 @@ class FirstCause:
 
     def words(self) -> str:
         top, top_share = self.causes[0]
+        if self.window_frac is not None:
+            return (f"{cause_words(top)} {self.window_frac:.0%} of the window with requests "
+                    f"in flight, {self.share:.0%} of {self.metric}")
         if top_share >= 2 / 3 * self.share or len(self.causes) == 1:
             what = cause_words(top)
             if self.cls == "client_bound" and top in ("outside:delivery",
@@ -347,7 +386,9 @@ class FirstCause:
 def first_cause(a: _Assessed) -> FirstCause | None:
     """The largest cause of the case's metric in the ledger, summed by the class each
     cause maps to; None without a ledger by cause. Ties break by the order the causes
-    are listed in (largest single cause first)."""
+    are listed in (largest single cause first). A server stalled for
+    ``server_stalled_window_lead`` of the window while requests were in flight is first
+    whatever its share of the metric (:func:`_stall_first`)."""
     s = a.s
     if not s.ledger_causes:
         return None
@@ -360,11 +401,31 @@ def first_cause(a: _Assessed) -> FirstCause | None:
     metric = METRIC_LABELS.get(s.ledger_metric or "", s.ledger_metric or "the metric")
     rivals = [x for x, _, c in totals[1:] if c != "unexplained"]
     residual = sum(abs(x) for _, x in by_class.get("unexplained", ()))
-    return FirstCause(cls=cls, share=share, next_share=totals[1][0] if len(totals) > 1 else 0.0,
-                      causes=tuple(sorted(by_class[cls], key=lambda kv: -kv[1])),
-                      metric=metric, rival_share=rivals[0] if rivals else 0.0,
-                      residual_share=0.0 if cls == "unexplained" else residual,
-                      by_class=tuple((c, x) for x, _, c in totals))
+    fc = FirstCause(cls=cls, share=share, next_share=totals[1][0] if len(totals) > 1 else 0.0,
+                    causes=tuple(sorted(by_class[cls], key=lambda kv: -kv[1])),
+                    metric=metric, rival_share=rivals[0] if rivals else 0.0,
+                    residual_share=0.0 if cls == "unexplained" else residual,
+                    by_class=tuple((c, x) for x, _, c in totals))
+    return _stall_first(fc, by_class, a)
+
+
+def _stall_first(fc: FirstCause, by_class: dict[str, list[tuple[str, float]]],
+                 a: _Assessed) -> FirstCause:
+    """A server that did nothing for ``server_stalled_window_lead`` of the window while
+    requests waited on it is the case's story, first, whatever share of the metric the
+    stall shows in: compute is the largest cause of any healthy case, and a headline
+    that leaves the stall out (TPOT when the stalls fell in TTFT, a median) must not
+    hide it. Its rule must be past threshold (it reads the same window row)."""
+    own = a.outcomes.get("server_stalled")
+    if fc.cls == "server_stalled" or own is None or not own.fired or not stalled_lead(a.s):
+        return fc
+    causes = by_class.get("server_stalled") or [("stall:stopped", 0.0)]
+    share = sum(x for _, x in causes)
+    rivals = [x for c, x in fc.by_class if c not in ("server_stalled", "unexplained")]
+    return replace(fc, cls="server_stalled", share=share, next_share=fc.share,
+                   causes=tuple(sorted(causes, key=lambda kv: -kv[1])),
+                   rival_share=rivals[0] if rivals else 0.0,
+                   window_frac=a.s.server_stalled_inflight_frac)
 
 
 def _ledger_row(fc: FirstCause) -> Evidence:
@@ -393,8 +454,8 @@ def _ledger_led(a: _Assessed) -> Verdict | None:
     if fc is None:
         return None
     s = a.s
-    if fc.cls == "unexplained" or (not fc.robust and "unexplained" in
-                                   {o.cls for o in a.ordered}):
+    if fc.cls == "unexplained" or (fc.window_frac is None and not fc.robust
+                                   and "unexplained" in {o.cls for o in a.ordered}):
         # what no clock explains is the largest cause, or could hold a larger one than
         # the first: the escalation round takes it
         return _unexplained(a)
@@ -435,15 +496,21 @@ def _ledger_led(a: _Assessed) -> Verdict | None:
     shown = [*([own] if own is not None else []), *(o for o in a.ordered if o.cls != fc.cls),
              *(a.outcomes[c] for c in modifiers)]
     rest = [o for o in a.outcomes.values() if o.assessable and all(o is not x for x in shown)]
-    evidence = [_ledger_row(fc), *_evidence(shown + rest)]
+    # a stall first by the window: its rule's window row is the lead's evidence
+    evidence = [*(() if fc.window_frac is not None else (_ledger_row(fc),)),
+                *_evidence(shown + rest)]
     named = {fc.cls, *(o.cls for o in second)}
     also = tuple(o.cls for o in others if o.cls not in named)
+    confidence = (round_sig(max(_v("confidence_floor"), _class_confidence(own) * a.penalty))
+                  if fc.window_frac is not None and own is not None
+                  else _ledger_confidence(fc, backed, a.penalty))
+    if fc.window_frac is not None:
+        notes.append(_stall_lead_note(fc))
     return Verdict(
         classes=(fc.cls, *(o.cls for o in second)),
         evidence=tuple(evidence),
-        confidence=(min(_v("confidence_conflict_max"),
-                        _ledger_confidence(fc, backed, a.penalty)) if unmeasured
-                    else _ledger_confidence(fc, backed, a.penalty)),
+        confidence=(min(_v("confidence_conflict_max"), confidence) if unmeasured
+                    else confidence),
         inconclusive=unmeasured,
         finer_trace=_in_question(a.unassessed, s) if a.missing_any else (),
         missing_signals=a.missing_text,
@@ -454,6 +521,16 @@ def _ledger_led(a: _Assessed) -> Verdict | None:
         weights=_weights(s, (fc.cls, *(o.cls for o in second))),
         lead=fc.words(),
     )
+
+
+def _stall_lead_note(fc: FirstCause) -> str:
+    """Why a stall leads that the metric's ledger ranks lower: the ledger's own largest
+    cause, beside it."""
+    top = next(((c, x) for c, x in fc.by_class if c != "server_stalled"), None)
+    largest = f"; the ledger's largest cause of {fc.metric}: {top[0]}, {top[1]:.0%}" if top else ""
+    return (f"server_stalled first: the server did nothing for {fc.window_frac:.0%} of the "
+            "window while requests were in flight (server_stalled_window_lead), whatever "
+            f"share of {fc.metric} it shows in ({fc.share:.0%}){largest}")
 
 
 def _ledger_notes(a: _Assessed, fc: FirstCause, modifiers: tuple[str, ...],
@@ -664,8 +741,7 @@ def _in_question(unassessed: list[Outcome], s: WindowSignals) -> tuple[str, ...]
     }))
 
 
-def _rank(fired: list[Outcome], background: frozenset[str] | set[str] = frozenset()
-          ) -> list[Outcome]:
+def _rank(fired: list[Outcome]) -> list[Outcome]:
     """The order classes are named in: a resource, a serving symptom, the rest.
 
     The strongest resource class (what the hardware waited on), then the strongest
@@ -674,13 +750,11 @@ def _rank(fired: list[Outcome], background: frozenset[str] | set[str] = frozense
     ``unexplained`` (what no clock explains) last, since any class that fired explains
     part of it. A client that fell behind is not ranked: it is a modifier (first only
     where the ledger's largest cause is the client's own time). Score ties break by
-    ``CLASSES`` order. Within each kind, classes already
-    past threshold in the idle baseline (``background``) come after those that appeared
-    with the load.
+    ``CLASSES`` order. A class past threshold in the idle baseline too ranks as any
+    other (:func:`with_background`).
     """
     t = active()
-    ranked = sorted(fired, key=lambda o: (o.cls in background, -o.score,
-                                          t.classes.index(o.cls)))
+    ranked = sorted(fired, key=lambda o: (-o.score, t.classes.index(o.cls)))
     resource = [o for o in ranked if o.cls not in t.serving]
     serving = [o for o in ranked if o.cls in t.serving and o.cls not in LAST]
     last = [o for o in ranked if o.cls == "unexplained"]

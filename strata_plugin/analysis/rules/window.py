@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: A named other process's weights (``WindowSignals.other_weights``): its PID, its nice
+#: value and its cpu cgroup's (file, weight, group), each None where not read.
+OtherWeight = tuple[int, float | None, tuple[str, float, str] | None]
+
 
 @dataclass(frozen=True)
 class WindowSignals:
@@ -76,6 +80,13 @@ class WindowSignals:
     # the busiest other processes in the window, busiest first: (PID, command, cores,
     # Strata's own: the harness, the agent, the load workers)
     other_processes: tuple[tuple[int, str, float, bool], ...] = ()
+    # the weights that decide the server's share of contended CPUs (agent source
+    # ``allowance``): its cpu cgroup's (file "cpu.shares" | "cpu.weight", value, group),
+    # its threads' least and greatest nice value, and the named other processes' (PID,
+    # nice, their group's weight as the server's), where observed
+    server_cpu_weight: tuple[str, float, str] | None = None
+    server_nice: tuple[float, float] | None = None
+    other_weights: tuple[OtherWeight, ...] = ()
     # what a stall was, from the runstate grid's samples in the window: the share of them
     # with the server's cgroup frozen, and the share of its threads' samples stopped
     # (state T: SIGSTOP or a tracer); with the thread count, server_stalled's actors
@@ -148,6 +159,10 @@ class WindowSignals:
     # the metric's time (its share of the ledger) and during the window
     server_stalled_frac: float | None = None
     server_stalled_window_frac: float | None = None
+    # the share of the window with the server stalled while any request was in flight
+    # (dispatch to last byte): a stall the requests waited out, however little of the
+    # metric's definition (a median, a per-request mean, TPOT without TTFT) shows it
+    server_stalled_inflight_frac: float | None = None
     chunk_gap_p99_p50: float | None = None
     # prefill-decode interference (analysis/interference.py); ab_*: against the A/B
     # control, only for a treatment arm
@@ -198,8 +213,9 @@ class Verdict:
     modifiers: tuple[str, ...] = ()  # e.g. ("throttling",)
     also_flagged: tuple[str, ...] = ()  # classes past threshold beyond the top two
     notes: tuple[str, ...] = ()
-    # of the classes past threshold, those past it in the idle baseline too (host
-    # background, there before the load); set by the case analysis, which has the baseline
+    # of the classes past threshold, those past it in the idle baseline too and felt in
+    # the case (there before the run: a fact beside the class, never a lower rank); set by
+    # the case analysis, which has the baseline (rules/verdict.py, with_background)
     background: tuple[str, ...] = ()
     # the time ledger's parts as shares of the case's metric, named classes first
     # (class-like part name, share 0..1): each class's weight in the time the case is about
@@ -210,6 +226,10 @@ class Verdict:
     lead: str = ""
     spare: str = ""
     spare_cores: float | None = None  # idle allowed CPUs (cores); None: not measured
+    # classes past threshold in the idle baseline that this case's ledger does not feel
+    # (not past threshold in the case, or a share of its metric under
+    # ledger_second_min_share where the run-state grid measures them): said instead
+    baseline_unfelt: tuple[str, ...] = ()
 
     @property
     def past_threshold(self) -> tuple[str, ...]:
