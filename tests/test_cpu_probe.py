@@ -4,6 +4,8 @@ cases (run/roofline_facts.py)."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,9 +35,17 @@ def test_a_real_probe_on_one_cpu_measures_memory_cache_and_flops():
 
 
 def _fake(flops: float, contended: bool):
-    return {"cpus": [0], "dram": [{"kernel": "read", "bytes_s": flops / 10}],
-            "llc": [{"kernel": "read", "bytes_s": flops}], "matmul": {"flops_s": flops},
-            "contended": contended, "fingerprint": cpu_probe.fingerprint([0])}
+    """A measurement of CPU 0 shaped as measure() makes it (every key the cache's check
+    reads), its rates from ``flops``."""
+    def run(kernel: str, bytes_s: float) -> dict:
+        return {"kernel": kernel, "bytes_s": bytes_s, "array_bytes": 1 << 20, "reps": 4,
+                "bytes_per_element": 16, "arrays_per_cpu": 3, "best_s": 0.1, "median_s": 0.1}
+
+    return {"cpus": [0], "dram": [run("read", flops / 10)], "llc": [run("read", flops)],
+            "matmul": {"kernel": "matmul", "flops_s": flops, "n": 2048, "reps": 4},
+            "contended": contended, "other_busy_cores": 0.5 if contended else 0.0,
+            "llc_bytes": 32 << 20, "measured_utc": "2026-12-07T00:00:00Z",
+            "fingerprint": cpu_probe.fingerprint([0])}
 
 
 def test_the_cache_is_used_when_quiet_and_a_busy_measurement_is_improved(tmp_path,
@@ -61,6 +71,132 @@ def test_merging_keeps_the_faster_figure_of_each():
     m = cpu_probe._best(a, b)
     assert m["matmul"]["flops_s"] == 500.0 and m["dram"][0]["bytes_s"] == 99.0
     assert m["llc"][0]["bytes_s"] == 500.0 and m["contended"]
+
+
+def _measuring(monkeypatch, tmp_path, runs: list[dict]) -> list[int]:
+    """cpu_limits over a cache in ``tmp_path``, each measurement the next of ``runs``
+    (the probe itself is tested above; here what is kept and what is trusted)."""
+    monkeypatch.setenv("STRATA_CACHE", str(tmp_path))
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_probe, "measure", lambda cpus, python=None, engine_python=None:
+                        calls.append(1) or runs.pop(0))
+    return calls
+
+
+def _cache_file(tmp_path) -> Path:
+    (path,) = (tmp_path / "device-limits").glob("cpu-*.json")
+    return path
+
+
+def _poison(tmp_path, monkeypatch, entry) -> Path:
+    """The cache as a first quiet measurement wrote it, then edited to ``entry``."""
+    _measuring(monkeypatch, tmp_path, [_fake(300.0, False)])
+    cpu_probe.cpu_limits([0])
+    path = _cache_file(tmp_path)
+    path.write_text(entry if isinstance(entry, str) else json.dumps(entry))
+    return path
+
+
+def _set(entry: dict, dotted: str, value) -> dict:
+    """``entry`` with one key set (``value`` None: removed); ``dram.0.bytes_s`` indexes."""
+    entry = json.loads(json.dumps(entry))
+    *parents, last = dotted.split(".")
+    d = entry
+    for p in parents:
+        d = d[int(p)] if isinstance(d, list) else d[p]
+    if value is None:
+        del d[last]
+    else:
+        d[last] = value
+    return entry
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("matmul.flops_s", None), "matmul: flops_s None is not a finite number"),
+    (("matmul.flops_s", "300"), "matmul: flops_s 300 is not a finite number"),
+    (("matmul.flops_s", -10.0), "matmul: flops_s -10.0 is not"),
+    (("matmul.flops_s", float("nan")), "matmul: flops_s nan is not"),
+    (("matmul.flops_s", 1e30), "within CPU_FLOPS_PER_CPU_MAX a CPU"),
+    (("dram.0.bytes_s", 1e30), "dram read: bytes_s 1e+30 is not"),
+    (("llc", None), "llc is not a list of measurements"),
+    (("contended", "no"), "contended is not true or false"),
+    (("matmul_bf16", {"flops_s": True, "n": 256, "reps": 4}), "matmul_bf16: flops_s True"),
+])
+def test_a_wrong_cached_entry_is_discarded_measured_again_and_rewritten(
+        tmp_path, monkeypatch, edit, words):
+    path = _poison(tmp_path, monkeypatch, _set(_fake(300.0, False), *edit))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, False)])
+    got = cpu_probe.cpu_limits([0])
+    assert len(calls) == 1 and got["matmul"]["flops_s"] == 200.0
+    assert words in got["cache_discarded"]
+    written = json.loads(path.read_text())
+    assert written["matmul"]["flops_s"] == 200.0 and "cache_discarded" not in written
+    again = cpu_probe.cpu_limits([0])  # the rewritten file answers now
+    assert len(calls) == 1 and again["matmul"]["flops_s"] == 200.0
+
+
+def test_the_plausible_ceiling_is_per_cpu_and_held_at_its_value(tmp_path, monkeypatch):
+    from strata_plugin.limits import CPU_FLOPS_PER_CPU_MAX
+
+    _poison(tmp_path, monkeypatch, _set(_fake(300.0, False), "matmul.flops_s",
+                                        float(CPU_FLOPS_PER_CPU_MAX)))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, False)])
+    assert cpu_probe.cpu_limits([0])["matmul"]["flops_s"] == CPU_FLOPS_PER_CPU_MAX
+    assert not calls  # at the ceiling: used
+    _poison(tmp_path, monkeypatch, _set(_fake(300.0, False), "matmul.flops_s",
+                                        CPU_FLOPS_PER_CPU_MAX * 1.001))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, False)])
+    assert cpu_probe.cpu_limits([0])["matmul"]["flops_s"] == 200.0 and calls
+
+
+def test_a_fresh_quiet_measurement_wins_over_a_faster_contended_cache(tmp_path, monkeypatch):
+    """A contended entry is measured again; a quiet measurement is the machine's own and
+    replaces it whole, never kept below a faster cached figure (which would then be
+    trusted as quiet for ever)."""
+    path = _poison(tmp_path, monkeypatch, _fake(900.0, True))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, False)])
+    got = cpu_probe.cpu_limits([0])
+    assert len(calls) == 1 and got["matmul"]["flops_s"] == 200.0 and not got["contended"]
+    assert got["llc"][0]["bytes_s"] == 200.0 and got["measurements"] == 2
+    assert json.loads(path.read_text())["matmul"]["flops_s"] == 200.0
+
+
+def test_a_poisoned_contended_entry_is_rewritten(tmp_path, monkeypatch):
+    path = _poison(tmp_path, monkeypatch, _set(_fake(300.0, True), "matmul.flops_s", 1e30))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, True)])
+    got = cpu_probe.cpu_limits([0])
+    assert len(calls) == 1 and got["matmul"]["flops_s"] == 200.0
+    assert json.loads(path.read_text())["matmul"]["flops_s"] == 200.0
+
+
+def test_a_cache_file_past_its_limit_or_a_fifo_is_not_read(tmp_path, monkeypatch):
+    from strata_plugin.limits import CPU_CACHE_BYTES_MAX
+
+    good = json.dumps(_fake(300.0, False))
+    path = _poison(tmp_path, monkeypatch, good + " " * (CPU_CACHE_BYTES_MAX - len(good)))
+    calls = _measuring(monkeypatch, tmp_path, [_fake(200.0, False)])
+    assert cpu_probe.cpu_limits([0])["matmul"]["flops_s"] == 300.0 and not calls  # at it
+    path.write_text(good + " " * (CPU_CACHE_BYTES_MAX + 1 - len(good)))
+    got = cpu_probe.cpu_limits([0])
+    assert got["matmul"]["flops_s"] == 200.0 and "CPU_CACHE_BYTES_MAX" in got["cache_discarded"]
+    with open(path, "r+b") as fh:  # 3 GB, sparse: never read
+        fh.truncate(3 << 30)
+    calls = _measuring(monkeypatch, tmp_path, [_fake(100.0, False)])
+    got = cpu_probe.cpu_limits([0])
+    assert got["cache_discarded"] == (f"{path}: {3 << 30} bytes, past CPU_CACHE_BYTES_MAX "
+                                      f"({CPU_CACHE_BYTES_MAX} bytes): not read")
+    assert path.stat().st_size < 10_000  # rewritten
+    path.unlink()
+    os.mkfifo(path)
+    calls = _measuring(monkeypatch, tmp_path, [_fake(50.0, False)])
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(cpu_probe.cpu_limits([0])), daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # let the waiting read go before failing
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert done and "a FIFO, not a regular file" in done[0]["cache_discarded"]
+    assert path.is_file()  # the FIFO replaced by the measurement
 
 
 class _Recorder:

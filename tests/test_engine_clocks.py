@@ -256,3 +256,122 @@ def test_sglang_without_enable_metrics_and_older_spec_names() -> None:
                                   spec_verify_ct=3))])
     eng = p.engine_clocks()
     assert eng is not None and (eng.draft_tokens, eng.accepted_tokens) == (6, 3)
+
+
+# --- an engine clock field sent wrong: dropped, counted, the request stands ---------------
+# The fields are optional: a wrong one costs that clock (named in the record's
+# extra.engine_clock_dropped with its reason), never the request, and never reaches
+# requests.jsonl as Infinity or NaN.
+
+BIG = "9" * 400  # a 400-digit integer: JSON allows it, a float cannot hold it
+
+
+def _vllm_raw(metrics_json: str) -> list[str]:
+    lines = _vllm_stream({"queue_time_ms": 0})
+    lines[3] = lines[3].replace('"metrics":{"queue_time_ms":0}', f'"metrics":{metrics_json}')
+    assert metrics_json in lines[3]
+    return lines
+
+
+@pytest.mark.parametrize("value, why", [
+    (BIG, "a 400-digit integer, past a float's range"),
+    ('"7.75"', "a string, not a number"),
+    ("Infinity", "inf, not a finite number"),
+    ("NaN", "nan, not a finite number"),
+    ("-1", "-1, negative"),
+])
+def test_a_bad_vllm_clock_field_is_dropped_and_counted_not_a_client_error(send, value, why):
+    metrics = ('{"queue_time_ms":' + value + ',"time_to_first_token_ms":31.25,'
+               '"generation_time_ms":40.5,"mean_itl_ms":20.25}')
+    with ScriptServer(_reply(_vllm_raw(metrics))) as srv:
+        rec = _send(send, srv.url, "completions", _spec())
+    assert rec.ok, rec.error
+    assert len(rec.events) == 3 and rec.output_text == " a b c"
+    assert rec.engine is not None and rec.engine.queue_ms is None
+    assert (rec.engine.prefill_ms, rec.engine.decode_ms) == (31.25, 40.5)
+    assert rec.extra["engine_clock_dropped"] == {"metrics.queue_time_ms": why}
+    line = rec.to_json()
+    assert "Infinity" not in line and "NaN" not in line
+    assert RequestRecord.from_json(line) == rec
+
+
+def test_a_good_vllm_clock_drops_nothing(send) -> None:
+    """The control: an integer clock at the edge of the float range is a clock."""
+    metrics = '{"queue_time_ms":0,"time_to_first_token_ms":' + str(2**53) + "}"
+    with ScriptServer(_reply(_vllm_raw(metrics))) as srv:
+        rec = _send(send, srv.url, "completions", _spec())
+    assert rec.ok and "engine_clock_dropped" not in rec.extra
+    assert rec.engine is not None and rec.engine.prefill_ms == float(2**53)
+
+
+def test_bad_vllm_draft_counts_are_dropped_and_counted() -> None:
+    p = OpenAIParser()
+    sd = ('{"num_draft_tokens":' + BIG + ',"num_accepted_draft_tokens":-3,'
+          '"draft_acceptance_rate":"high"}')
+    _feed(p, _vllm_raw('{"queue_time_ms":7.75,"speculative_decoding":' + sd + "}"))
+    eng = p.engine_clocks()
+    assert eng is not None and (eng.queue_ms, eng.draft_tokens, eng.accepted_tokens) == (
+        7.75, None, None)
+    assert p.clock_dropped == {
+        "metrics.speculative_decoding.num_draft_tokens": "a 400-digit integer, past 2^53",
+        "metrics.speculative_decoding.num_accepted_draft_tokens": "-3, negative",
+        "metrics.speculative_decoding.draft_acceptance_rate": "a string, not a number"}
+    assert "spec_draft_acceptance_rate" not in p.extra
+
+
+def test_llamacpp_timings_of_infinity_or_400_digits_are_dropped(send) -> None:
+    end = LLAMA_END.replace('"predicted_ms":28.009', '"predicted_ms":Infinity').replace(
+        '"prompt_n":4', f'"prompt_n":{BIG}')
+    assert "Infinity" in end and BIG in end
+    toks = [_tok("a", 0.001), _tok("b", 2.3), _tok("c", 28.0)]
+    with ScriptServer(_reply([*toks, end])) as srv:
+        rec = _send(send, srv.url, "llamacpp", _spec())
+    assert rec.ok, rec.error
+    assert rec.timings is not None
+    assert (rec.timings.predicted_ms, rec.timings.prompt_n, rec.timings.prompt_ms) == (
+        None, None, 58.908)
+    assert rec.extra["engine_clock_dropped"] == {
+        "timings.predicted_ms": "inf, not a finite number",
+        "timings.prompt_n": "a 400-digit integer, past 2^53"}
+    assert "Infinity" not in rec.to_json()
+    # the token clock of the events is the engine's still
+    assert rec.engine is not None and rec.engine.token_ms == (0.0, 2.299, 27.999)
+
+
+def test_a_400_digit_token_stamp_drops_the_token_clock_not_the_request(send) -> None:
+    toks = [_tok("a", 0.001), _tok("b", 2.3).replace("2.3", BIG), _tok("c", 28.0)]
+    with ScriptServer(_reply([*toks, LLAMA_END])) as srv:
+        rec = _send(send, srv.url, "llamacpp", _spec())
+    assert rec.ok, rec.error
+    assert rec.engine is not None and rec.engine.token_ms == ()
+    assert rec.engine.decode_ms == 28.009
+    assert rec.extra["engine_clock_dropped"] == {
+        "timings.predicted_ms (per token)": "a 400-digit integer, past a float's range"}
+
+
+def test_sglang_clocks_past_a_float_are_dropped_and_counted(send) -> None:
+    sched = {**_SCHED, "forward_entry_time": 0}
+    final = {**_FINAL, "decode_throughput": 5e-324}
+    last = _sgl(" a b c", 3, _meta(3, {"type": "length", "length": 3}, **sched, **final))
+    last = last.replace('"forward_entry_time": 0', f'"forward_entry_time": {BIG}')
+    assert BIG in last
+    with ScriptServer(_reply([_sgl(" a", 1, _meta(1)), last, "[DONE]"])) as srv:
+        rec = _send(send, srv.url, "sglang", _spec())
+    assert rec.ok, rec.error
+    eng = rec.engine
+    assert eng is not None and eng.prefill_ms is None and eng.decode_ms is None
+    assert eng.ttft_ms == pytest.approx(60.0, abs=1e-3)  # received -> prefill done
+    assert rec.extra["engine_clock_dropped"] == {
+        "meta_info.decode_throughput": "5e-324 tokens/s gives no finite decode time",
+        "meta_info.forward_entry_time": "a 400-digit integer, past a float's range"}
+    assert "Infinity" not in rec.to_json()
+
+
+def test_sglang_stamps_that_run_backwards_are_counted() -> None:
+    p = SGLangParser()
+    back = {**_SCHED, "prefill_finished_time": _SCHED["forward_entry_time"] - 0.5}
+    _feed(p, [_sgl("x", 1, _meta(1, "stop", **back, **_FINAL))])
+    eng = p.engine_clocks()
+    assert eng is not None and eng.prefill_ms is None and eng.ttft_ms is None
+    assert p.clock_dropped["meta_info.forward_entry_time -> prefill_finished_time"] == (
+        "-500 ms, negative")

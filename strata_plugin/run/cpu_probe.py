@@ -31,7 +31,14 @@ device-limits/``) under a fingerprint: the CPU model, the CPUs, the last-level c
 the memory size, numpy's version and the boot. A measurement taken while other processes
 held a quarter of the probed CPUs (``other_cpu_frac``, analysis/thresholds.py) says so
 (``contended``, with their load), and the next run measures again and keeps the faster
-figure of each: contention only lowers a measured rate.
+figure of each while every measurement is contended: contention only lowers a measured
+rate. A quiet measurement is the machine's own, so it replaces what was cached.
+
+The cache is a file anyone on the machine could have written: it is read only when it is
+a regular file within CPU_CACHE_BYTES_MAX, and every figure is checked (a finite number
+above zero, at most CPU_FLOPS_PER_CPU_MAX / CPU_BYTES_S_PER_CPU_MAX a CPU: no machine
+measures more); an entry that fails a check is discarded, the CPUs measured again and
+the file rewritten.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import resource
 import subprocess
@@ -398,9 +406,88 @@ def _cache_path(fp: dict[str, Any]) -> Path:
     return Path(cache_root()) / "device-limits" / f"cpu-{key}.json"
 
 
+def _rate(v: Any, most: float) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 < v <= most)
+
+
+def _whole(v: Any, least: int = 1) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def cache_problem(entry: Any, fp: dict[str, Any], cpus: Sequence[int]) -> str:
+    """Why a cached measurement of ``cpus`` cannot be used ("" when it can): every key
+    the roofline reads, of its type, each rate finite, above zero and within the
+    plausible ceiling per CPU (CPU_FLOPS_PER_CPU_MAX, CPU_BYTES_S_PER_CPU_MAX)."""
+    from strata_plugin.limits import CPU_BYTES_S_PER_CPU_MAX, CPU_FLOPS_PER_CPU_MAX
+
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    if entry.get("fingerprint") != fp:
+        return "another machine's fingerprint"
+    if entry.get("cpus") != list(cpus):
+        return "cpus is not the probed CPUs"
+    n = len(cpus)
+    for level in ("dram", "llc"):
+        runs = entry.get(level)
+        if not isinstance(runs, list) or not runs:
+            return f"{level} is not a list of measurements"
+        for r in runs:
+            if not isinstance(r, dict) or r.get("kernel") not in ("triad", "read"):
+                return f"{level}: a measurement without its kernel (triad or read)"
+            if not _rate(r.get("bytes_s"), CPU_BYTES_S_PER_CPU_MAX * n):
+                return (f"{level} {r['kernel']}: bytes_s {str(r.get('bytes_s'))[:40]} is not "
+                        "a finite number above zero within CPU_BYTES_S_PER_CPU_MAX a CPU")
+            if not (_whole(r.get("array_bytes")) and _whole(r.get("reps"))):
+                return f"{level} {r['kernel']}: array_bytes or reps is not a whole number"
+    for key in ("matmul", "matmul_bf16"):
+        mm = entry.get(key)
+        if key == "matmul_bf16" and (mm is None or (isinstance(mm, dict)
+                                                    and isinstance(mm.get("unavailable"), str))):
+            continue
+        if not isinstance(mm, dict):
+            return f"{key} is not an object"
+        if not _rate(mm.get("flops_s"), CPU_FLOPS_PER_CPU_MAX * n):
+            return (f"{key}: flops_s {str(mm.get('flops_s'))[:40]} is not a finite number "
+                    "above zero within CPU_FLOPS_PER_CPU_MAX a CPU")
+        if not (_whole(mm.get("n")) and _whole(mm.get("reps"))):
+            return f"{key}: n or reps is not a whole number"
+    if not isinstance(entry.get("contended"), bool):
+        return "contended is not true or false"
+    busy = entry.get("other_busy_cores")
+    if not (busy == 0 or _rate(busy, n)):
+        return "other_busy_cores is not a number from 0 to the CPUs probed"
+    llc = entry.get("llc_bytes")
+    if llc is not None and not _whole(llc):
+        return "llc_bytes is not a whole number"
+    if not _whole(entry.get("measurements", 1)):
+        return "measurements is not a whole number"
+    if not isinstance(entry.get("measured_utc", ""), str):
+        return "measured_utc is not a string"
+    return ""
+
+
+def _read_cache(path: Path, fp: dict[str, Any], cpus: Sequence[int]
+                ) -> tuple[dict[str, Any] | None, str]:
+    """The cached entry when it can be used, else (None, why not)."""
+    from strata_plugin.formats.bounded import read_json
+    from strata_plugin.limits import CPU_CACHE_BYTES_MAX
+
+    try:
+        entry = read_json(path, CPU_CACHE_BYTES_MAX, "CPU_CACHE_BYTES_MAX")
+    except (OSError, ValueError) as e:  # BoundedReadError: too large, a FIFO, not JSON
+        return None, str(e)
+    why = cache_problem(entry, fp, cpus)
+    return (None, why) if why else (entry, "")
+
+
 def _best(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two measurements of the same CPUs, the faster of each figure kept: contention only
-    ever lowers a rate, so the best seen is the nearer the machine's."""
+    """A cached measurement ``a`` and a fresh one ``b`` of the same CPUs. Fresh and quiet,
+    ``b`` is the machine's and wins whole; both contended, the faster of each figure is
+    kept (contention only ever lowers a rate, so the best seen is the nearer the
+    machine's), and the entry stays contended: measured again next time."""
+    if not b.get("contended"):
+        return {**b, "measurements": int(a.get("measurements", 1)) + 1}
     out = dict(b)
     for level in ("dram", "llc"):
         runs = {r["kernel"]: r for r in a.get(level) or ()}
@@ -419,29 +506,29 @@ def cpu_limits(cpus: Sequence[int], *, use_cache: bool = True,
                ) -> dict[str, Any]:
     """The measured limits of these CPUs. This machine's cache is used when its
     fingerprint matches and it was measured on a quiet host; else the CPUs are measured
-    now (a few seconds), merged with a contended cached measurement (the faster figure of
-    each), and the result cached."""
+    now (a few seconds), merged with a contended cached measurement while this one is
+    contended too (the faster figure of each), and the result cached. A cache entry that
+    fails its checks (cache_problem) is discarded, said as ``cache_discarded``, and the
+    file rewritten."""
     cpus = sorted(cpus)
     fp = fingerprint(cpus, engine_python)
     path = _cache_path(fp)
-    cached = None
-    if use_cache and path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = None
-        if not isinstance(cached, dict) or cached.get("fingerprint") != fp:
-            cached = None
-        elif not cached.get("contended"):
+    cached, why = None, ""
+    if use_cache and os.path.lexists(path):
+        cached, why = _read_cache(path, fp, cpus)  # a wrong entry: measured, rewritten
+        if cached is not None and not cached.get("contended"):
             return {**cached, "cached_from": str(path)}
     result = measure(cpus, python, engine_python)
+    if use_cache and cached is None and os.path.lexists(path):
+        result["cache_discarded"] = why[:500]
     if cached is not None:
         result = _best(cached, result)
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+            kept = {k: v for k, v in result.items() if k != "cache_discarded"}  # this run's
+            tmp.write_text(json.dumps(kept, indent=2, sort_keys=True, allow_nan=False) + "\n")
             os.replace(tmp, path)
         except OSError:
             pass  # a read-only cache: measured again next time

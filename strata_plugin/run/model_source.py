@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.configure.model_facts import GGML_ELEM_BYTES, KvCacheSetting
+from strata_plugin.limits import MODEL_ID_SHOWN_MAX
 
 _KV_NAMED = {"fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0, "bfloat16": 2.0,
              "float16": 2.0, "half": 2.0, "float32": 4.0, "fp16": 2.0, "bf16": 2.0,
@@ -40,6 +41,23 @@ class ModelLocation:
     located_by: str
     why: str = ""
     kv: KvCacheSetting | None = None
+
+
+def shown_id(v: str) -> str:
+    """A model id or path as a reason shows it: at most MODEL_ID_SHOWN_MAX characters,
+    a longer one cut with its length said (the reason is repeated per fact)."""
+    if len(v) <= MODEL_ID_SHOWN_MAX:
+        return v
+    return f"{v[:MODEL_ID_SHOWN_MAX]}... ({len(v)} characters)"
+
+
+def _local(v: str) -> bool:
+    """Whether ``v`` names a path on this machine; a name too long for a path (past
+    PATH_MAX, or with a NUL) names none."""
+    try:
+        return Path(v).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _flag(argv: Sequence[str], *names: str) -> str | None:
@@ -108,7 +126,7 @@ def from_argv(engine: str, argv: Sequence[str], cwd: Path | None = None) -> Mode
         how = "llama.cpp argv -m"
         if path is None and hf:
             return ModelLocation(None, "llama.cpp argv", f"the server downloads its model "
-                                 f"({hf}); no local file named", kv)
+                                 f"({shown_id(hf)}); no local file named", kv)
     elif engine in ("vllm", "sglang"):
         kv = _hf_kv(argv, engine)
         if engine == "vllm":
@@ -123,9 +141,9 @@ def from_argv(engine: str, argv: Sequence[str], cwd: Path | None = None) -> Mode
     p = Path(os.path.expanduser(path))
     if not p.is_absolute():
         p = cwd / p
-    if not p.exists():
-        return ModelLocation(None, how, f"{path} is not a path on this machine (a hub id, or "
-                             "a path inside a container or on another host)", kv)
+    if not _local(str(p)):
+        return ModelLocation(None, how, f"{shown_id(path)} is not a path on this machine (a "
+                             "hub id, or a path inside a container or on another host)", kv)
     return ModelLocation(str(p), how, "", kv)
 
 
@@ -141,8 +159,8 @@ def from_server(engine: str, base_url: str,
     props = get(base_url.rstrip("/") + "/props")
     if isinstance(props, dict) and isinstance(props.get("model_path"), str):
         path = props["model_path"]
-        tried.append(f"/props model_path {path}")
-        if Path(path).exists():
+        tried.append(f"/props model_path {shown_id(path)}")
+        if _local(path):
             return ModelLocation(path, "the server's /props model_path", "", _NOT_VISIBLE)
     models = get(base_url.rstrip("/") + "/v1/models")
     data = models.get("data") if isinstance(models, dict) else None
@@ -150,8 +168,8 @@ def from_server(engine: str, base_url: str,
         for key in ("root", "id"):
             v = data[0].get(key)
             if isinstance(v, str):
-                tried.append(f"/v1/models {key} {v}")
-                if Path(v).exists():
+                tried.append(f"/v1/models {key} {shown_id(v)}")
+                if _local(v):
                     return ModelLocation(v, f"the server's /v1/models {key}", "",
                                          _NOT_VISIBLE)
     why = ("the server names no path on this machine (" + "; ".join(tried) + ")") if tried else (

@@ -73,12 +73,7 @@ class LlamaCppParser(BaseParser):
             self.text_parts.append(content)
         n = len(toks) if isinstance(toks, list) and toks else (1 if content else 0)
         if n:  # the server's stamp of this token event (timings_per_token)
-            tm = obj.get("timings")
-            pm = tm.get("predicted_ms") if type(tm) is dict else None
-            if type(pm) is float or type(pm) is int:
-                self.token_ms.append(pm)
-            else:
-                self.token_clock_ok = False
+            self.token_stamp(obj.get("timings"), 1)
         if stop:
             self._finish(obj, data)
         return ((n, "content"),) if n else NO_TOKENS
@@ -99,7 +94,7 @@ class LlamaCppParser(BaseParser):
         if st is not None:
             self.extra["stop_type"] = st
             self.finish_reason = _FINISH.get(st)
-        t = timings_of(obj.get("timings"))
+        t = timings_of(obj.get("timings"), self.clock_dropped)
         self.timings = t
         if t is not None:
             self.engine = llamacpp_clocks(t)

@@ -18,7 +18,6 @@ from strata_plugin.load.client.parse_base import (
     BaseParser,
     as_id,
     as_int,
-    as_ms,
     split_tokens,
     wrong_type,
 )
@@ -152,11 +151,7 @@ class OpenAIParser(BaseParser):
         else:
             return NO_TOKENS
         if out:  # the server's stamp of these token events (llama.cpp timings_per_token)
-            pm = tm.get("predicted_ms") if type(tm) is dict else None
-            if type(pm) is float or type(pm) is int:
-                self.token_ms.extend([pm] * len(out))
-            else:
-                self.token_clock_ok = False
+            self.token_stamp(tm, len(out))
         return out
 
     def _take_metrics(self, m: object, data: str) -> None:
@@ -168,18 +163,21 @@ class OpenAIParser(BaseParser):
         (``--per-request-spec-decode-metrics``) the drafts proposed and accepted."""
         if type(m) is not dict:
             raise wrong_type("metrics", m, data, "an object")
-        q = as_ms(m.get("queue_time_ms"))
-        pf = as_ms(m.get("time_to_first_token_ms"))
-        dec = as_ms(m.get("generation_time_ms"))
-        itl = as_ms(m.get("mean_itl_ms"))
+        q = self.clock(m, "queue_time_ms", "metrics.queue_time_ms")
+        pf = self.clock(m, "time_to_first_token_ms", "metrics.time_to_first_token_ms")
+        dec = self.clock(m, "generation_time_ms", "metrics.generation_time_ms")
+        itl = self.clock(m, "mean_itl_ms", "metrics.mean_itl_ms")
         sd = m.get("speculative_decoding")
         drafts = accepted = None
         if isinstance(sd, dict):
-            drafts = as_int(sd.get("num_draft_tokens"))
-            accepted = as_int(sd.get("num_accepted_draft_tokens"))
+            sdw = "metrics.speculative_decoding."
+            drafts = self.count(sd, "num_draft_tokens", sdw + "num_draft_tokens")
+            accepted = self.count(sd, "num_accepted_draft_tokens",
+                                  sdw + "num_accepted_draft_tokens")
             for k in ("mean_acceptance_length", "draft_acceptance_rate"):
-                if as_ms(sd.get(k)) is not None:
-                    self.extra[f"spec_{k}"] = sd[k]
+                v = self.clock(sd, k, sdw + k)
+                if v is not None:
+                    self.extra[f"spec_{k}"] = v
         if all(x is None for x in (q, pf, dec, itl, drafts, accepted)):
             return  # an empty metrics object: nothing measured for this request
         self.engine = EngineClocks(

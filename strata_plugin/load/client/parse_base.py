@@ -1,8 +1,18 @@
-"""State every stream parser shares: text, usage, finish, and token counting by growth."""
+"""State every stream parser shares: text, usage, finish, and token counting by growth.
+
+The engine's own clocks (llama.cpp's ``timings``, vLLM's ``metrics``, SGLang's
+``meta_info``) are optional fields a server may send wrong: each value is taken only as a
+finite number >= 0 (a count: a whole number up to 2^53), and one that is not (a string, a
+400-digit integer, Infinity, NaN) is dropped and counted with its reason in the record
+(``extra.engine_clock_dropped``), so it never fails the request and never reaches
+requests.jsonl as Infinity or NaN. (A clock longer than the request itself is a reading
+of the record: analysis/engine_clocks.py.)
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -53,6 +63,43 @@ class BaseParser:
         #: (``timings_per_token``), one entry per token event the parser returned
         self.token_ms: list[float] = []
         self.token_clock_ok = True  # False once a token event came without its stamp
+        #: the engine's clock fields dropped, each with why ("metrics.queue_time_ms":
+        #: "a string, not a number"): the record's ``extra.engine_clock_dropped``
+        self.clock_dropped: dict[str, str] = {}
+
+    def clock(self, obj: dict[str, Any], key: str, where: str, scale: float = 1.0
+              ) -> float | None:
+        """``obj[key]`` as ms (times ``scale``: 1e3 for seconds), or None: absent, or
+        dropped with its reason under ``where``."""
+        v = obj.get(key)
+        if v is None:
+            return None
+        ms, why = clock_ms(v, scale)
+        if why:
+            self.clock_dropped[where] = why
+        return ms
+
+    def count(self, obj: dict[str, Any], key: str, where: str) -> int | None:
+        """``obj[key]`` as a count of the engine's clocks (drafts, tokens), or None."""
+        v = obj.get(key)
+        if v is None:
+            return None
+        n, why = clock_count(v)
+        if why:
+            self.clock_dropped[where] = why
+        return n
+
+    def token_stamp(self, tm: Any, n: int) -> None:
+        """The engine's stamp (``timings.predicted_ms``) of a token-bearing event of ``n``
+        entries; one missing or unusable drops the token clock, never shifts it."""
+        pm = tm.get("predicted_ms") if type(tm) is dict else None
+        ms, why = clock_ms(pm) if pm is not None else (None, "")
+        if ms is None:
+            if why:
+                self.clock_dropped["timings.predicted_ms (per token)"] = why
+            self.token_clock_ok = False
+        else:
+            self.token_ms.extend([ms] * n)
 
     def engine_clocks(self) -> EngineClocks | None:
         """The record's engine clocks: what the response reported, with the per-token
@@ -72,7 +119,8 @@ class BaseParser:
     def timings(self) -> Timings | None:
         """llama.cpp's ``timings`` as the last event that carried them gave them."""
         if self._timings_raw is not None:
-            self._timings, self._timings_raw = timings_of(self._timings_raw), None
+            self._timings = timings_of(self._timings_raw, self.clock_dropped)
+            self._timings_raw = None
         return self._timings
 
     @timings.setter
@@ -139,12 +187,21 @@ def json_type(v: Any) -> str:
     return "a list" if isinstance(v, list) else "an object"
 
 
-def timings_of(d: Any) -> Timings | None:
-    """llama.cpp ``timings``; unknown keys ignored, missing ones (and values that are not
-    numbers) left None, so nothing but numbers reaches the report's arithmetic."""
+def timings_of(d: Any, dropped: dict[str, str] | None = None) -> Timings | None:
+    """llama.cpp ``timings``; unknown keys ignored, missing ones left None, and values
+    that are not finite numbers >= 0 (counts: whole numbers) dropped, each with its
+    reason into ``dropped``, so nothing but numbers reaches the report's arithmetic."""
     if not isinstance(d, dict):
         return None
-    kw: dict[str, Any] = {k: _number(d.get(k), k.endswith("_ms")) for k in _TIMING_KEYS}
+    kw: dict[str, Any] = {}
+    for k in _TIMING_KEYS:
+        v = d.get(k)
+        if v is None:
+            kw[k] = None
+            continue
+        kw[k], why = clock_ms(v) if k.endswith("_ms") else clock_count(v)
+        if why and dropped is not None:
+            dropped[f"timings.{k}"] = why
     return Timings(**kw)
 
 
@@ -160,25 +217,42 @@ def llamacpp_clocks(t: Timings) -> EngineClocks:
         draft_tokens=t.draft_n, accepted_tokens=t.draft_n_accepted)
 
 
-def _number(v: Any, real: bool) -> int | float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int) or (real and isinstance(v, float) and v == v):
-        return v
-    return None
+#: a count past this is not a float's exact integer: no engine counts that far
+_COUNT_MAX = 2**53
+
+
+def clock_ms(v: Any, scale: float = 1.0) -> tuple[float | None, str]:
+    """``v`` times ``scale`` as a finite float >= 0, or (None, why not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None, f"{json_type(v)}, not a number"
+    try:
+        ms = float(v) * scale
+    except OverflowError:  # an integer past a float's range
+        return None, f"a {len(str(abs(v)))}-digit integer, past a float's range"
+    if not math.isfinite(ms):
+        return None, f"{v!r}{'' if scale == 1.0 else ' (scaled)'}, not a finite number"
+    if ms < 0:
+        return None, f"{v!r}, negative"
+    return ms, ""
+
+
+def clock_count(v: Any) -> tuple[int | None, str]:
+    """``v`` as a whole number from 0 to 2^53, or (None, why not)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None, f"{json_type(v)}, not a whole number"
+    if v < 0:
+        return None, f"{v}, negative"
+    if v > _COUNT_MAX:
+        digits = len(str(v))
+        return None, (f"a {digits}-digit integer, past 2^53" if digits > 20 else
+                      f"{v}, past 2^53")
+    return v, ""
+
+
 
 
 def as_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def as_ms(v: Any, scale: float = 1.0) -> float | None:
-    """A finite non-negative number (times ``scale``: 1e3 for seconds) or None: what an
-    engine's clock may put in the record; anything else is left out, not guessed."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-        return None
-    ms = float(v) * scale
-    return ms if ms != float("inf") else None
 
 
 def as_id(v: Any) -> str | None:

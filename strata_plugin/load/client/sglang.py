@@ -22,6 +22,7 @@ It stamps no token: there is no per-token clock.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from strata_plugin.formats.records import EngineClocks, Usage
@@ -31,7 +32,6 @@ from strata_plugin.load.client.parse_base import (
     BaseParser,
     as_id,
     as_int,
-    as_ms,
     wrong_type,
 )
 from strata_plugin.load.client.spec import RequestSpec
@@ -119,26 +119,45 @@ class SGLangParser(BaseParser):
     def _take_clocks(self, meta: dict[str, Any]) -> None:
         """The last chunk's clocks (see the module docstring); wall-clock differences
         are of one host's clock, converted from the same perf_counter by SGLang."""
-        fwd = as_ms(meta.get("forward_entry_time"), 1e3)
-        pf_end = as_ms(meta.get("prefill_finished_time"), 1e3)
-        recv = as_ms(meta.get("request_received_ts"), 1e3)
-        prefill = pf_end - fwd if pf_end is not None and fwd is not None else None
-        ttft = pf_end - recv if pf_end is not None and recv is not None else None
+        def ms(key: str, scale: float = 1e3) -> float | None:
+            return self.clock(meta, key, f"meta_info.{key}", scale)
+
+        def count(*keys: str) -> int | None:
+            key = next((k for k in keys if meta.get(k) is not None), keys[0])
+            return self.count(meta, key, f"meta_info.{key}")
+
+        fwd, pf_end = ms("forward_entry_time"), ms("prefill_finished_time")
+        recv = ms("request_received_ts")
+        prefill = self._span(fwd, pf_end, "forward_entry_time -> prefill_finished_time")
+        ttft = self._span(recv, pf_end, "request_received_ts -> prefill_finished_time")
         n = as_int(meta.get("completion_tokens"))
-        tput = as_ms(meta.get("decode_throughput"))
-        decode = n / tput * 1e3 if n and tput else None
-        drafts = as_int(meta.get("spec_num_proposed_drafts", meta.get("spec_draft_token_num")))
-        accepted = as_int(meta.get("spec_num_correct_drafts",
-                                   meta.get("spec_accept_token_num")))
-        e2e = as_ms(meta.get("e2e_latency"), 1e3)
+        tput = ms("decode_throughput", 1.0)
+        decode = None
+        if n and tput:
+            decode = n / tput * 1e3
+            if not math.isfinite(decode):  # a rate so near zero the time is past a float
+                self.clock_dropped["meta_info.decode_throughput"] = (
+                    f"{tput!r} tokens/s gives no finite decode time")
+                decode = None
+        drafts = count("spec_num_proposed_drafts", "spec_draft_token_num")
+        accepted = count("spec_num_correct_drafts", "spec_accept_token_num")
+        e2e = ms("e2e_latency")
         if e2e is not None:
             self.extra["engine_e2e_ms"] = round(e2e, 3)
-        clocks: dict[str, Any] = dict(queue_ms=as_ms(meta.get("queue_time"), 1e3),
-                      prefill_ms=prefill if prefill is None or prefill >= 0 else None,
-                      ttft_ms=ttft if ttft is None or ttft >= 0 else None,
-                      decode_ms=decode, draft_tokens=drafts, accepted_tokens=accepted)
+        clocks: dict[str, Any] = dict(queue_ms=ms("queue_time"), prefill_ms=prefill,
+                                      ttft_ms=ttft, decode_ms=decode, draft_tokens=drafts,
+                                      accepted_tokens=accepted)
         if any(v is not None for v in clocks.values()):
             self.engine = EngineClocks(source="sglang meta_info", **clocks)
+
+    def _span(self, start: float | None, end: float | None, what: str) -> float | None:
+        """``end - start`` of two wall-clock stamps (ms), dropped where it runs backwards."""
+        if start is None or end is None:
+            return None
+        if end < start:
+            self.clock_dropped[f"meta_info.{what}"] = f"{end - start:.6g} ms, negative"
+            return None
+        return end - start
 
     def _take_finish(self, fr: Any, data: str) -> None:
         if not fr:
