@@ -32,21 +32,38 @@ first case's verdict or the report. A plugin that fails to import, or refers to
 something of the wrong kind, or takes a name a built-in (or another plugin) has, raises
 :class:`PluginError` naming the distribution and the entry point.
 
+A plugin's import is its own code, run in Strata's process: it may raise anything
+(``SystemExit`` and ``KeyboardInterrupt`` included), hang, or print without end. Each
+entry point is therefore imported in a thread of its own (:func:`_import`), waited for
+at most ``PLUGIN_IMPORT_S`` (limits.py), with what it prints kept to
+``PLUGIN_OUTPUT_CHARS``. Whatever it raises refuses the plugin, named: a
+``KeyboardInterrupt`` raised in that thread is the plugin's own (Python delivers a real
+Ctrl-C to the main thread only), and a real Ctrl-C while the main thread waits goes
+through as ever. A thread cannot be killed: a hung import's thread is left behind (a
+daemon, so it does not hold the process's exit) and the plugin refused.
+
 This module imports nothing of Strata but the agent's collector registry (the
-standard-library list of built-in collector names): every layer may read it.
+standard-library list of built-in collector names), the limits table and
+formats/printable.py: every layer may read it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
-from collections.abc import Iterable
+import io
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from strata_plugin.agent.collectors import registry as collector_registry
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.printable import printable
+from strata_plugin.limits import PLUGIN_IMPORT_S, PLUGIN_OUTPUT_CHARS
 
 ENGINES = "strata.engines"
 COLLECTORS = "strata.collectors"
@@ -93,7 +110,7 @@ def _dist(ep: importlib.metadata.EntryPoint) -> str:
     d = getattr(ep, "dist", None)  # Python 3.10+: the distribution that declared it
     if d is None:
         return ""
-    return f"{d.metadata['Name']} {d.version}"
+    return printable(f"{d.metadata['Name']} {d.version}")  # the package's words, in messages
 
 
 @functools.cache
@@ -131,19 +148,94 @@ def load(group: str) -> tuple[Plugin, ...]:
     out = []
     for ep in _declared()[group]:
         stub = Plugin(group, ep.name, ep.value, _dist(ep), None)
-        try:
-            obj = ep.load()
-        except Exception as e:  # the plugin's own code: any error it raises at import
-            raise stub.error(
-                f"failed to import: {type(e).__name__}: {e}. Fix or uninstall "
-                f"{stub.dist.split(' ')[0] or 'the package that declares it'}") from e
-        out.append(Plugin(group, ep.name, ep.value, stub.dist, obj))
+        out.append(Plugin(group, ep.name, ep.value, stub.dist, _import(ep, stub)))
     names = [p.name for p in out]
     for p in out:
         if names.count(p.name) > 1:
             others = [q.where() for q in out if q.name == p.name and q is not p]
             raise p.error(f"the name is also declared by {'; '.join(others)}")
     return tuple(out)
+
+
+class _Output(io.TextIOBase):
+    """What a plugin prints while it imports: the first ``PLUGIN_OUTPUT_CHARS``
+    characters kept, the rest counted."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.n_kept = 0
+        self.n_total = 0
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # a print's caller may read it
+        return "utf-8"
+
+    def write(self, text: str) -> int:
+        text = str(text)
+        self.n_total += len(text)
+        room = PLUGIN_OUTPUT_CHARS - self.n_kept
+        if room > 0:
+            self.kept.append(text[:room])
+            self.n_kept += min(room, len(text))
+        return len(text)
+
+    def shown(self) -> str:
+        """The output, its controls escaped (it goes to the terminal), the rest counted."""
+        text = printable("".join(self.kept).rstrip("\n"), keep_lines=True)
+        more = self.n_total - self.n_kept
+        return text + (f"\n... ({more} more characters not shown)" if more > 0 else "")
+
+
+@contextmanager
+def _printed_to(out: _Output) -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` into ``out`` meanwhile (Python-level writes; a
+    write to the file descriptors themselves is not seen). Put back only where nobody
+    replaced them since."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = out
+    try:
+        yield
+    finally:
+        if sys.stdout is out:
+            sys.stdout = saved[0]
+        if sys.stderr is out:
+            sys.stderr = saved[1]
+
+
+def _import(ep: importlib.metadata.EntryPoint, stub: Plugin) -> Any:
+    """``ep.load()`` in a thread of its own, within ``PLUGIN_IMPORT_S``; whatever it
+    raises, a hang or what it prints becomes a PluginError naming it (see the module's
+    docstring for why a thread)."""
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["obj"] = ep.load()
+        except BaseException as e:  # the plugin's own code: SystemExit(0) refuses it too
+            got["error"] = e
+
+    fix = f"Fix or uninstall {stub.dist.split(' ')[0] or 'the package that declares it'}"
+    out = _Output()
+    thread = threading.Thread(target=run, name=f"strata plugin import {ep.name}", daemon=True)
+    with _printed_to(out):
+        thread.start()
+        thread.join(PLUGIN_IMPORT_S)  # a real Ctrl-C here goes through: the main thread's
+    said = f"; it printed:\n{out.shown()}" if out.n_total else ""
+    if thread.is_alive():
+        raise stub.error(
+            f"did not finish importing within {PLUGIN_IMPORT_S:g} s (PLUGIN_IMPORT_S; its "
+            f"import thread is left running). {fix}{said}")
+    if "error" in got:
+        e = got["error"]
+        words = printable(e)
+        raise stub.error(f"failed to import: {type(e).__name__}{': ' + words if words else ''}"
+                         f". {fix}{said}") from e
+    if out.n_total:
+        sys.stderr.write(f"Strata plugin {stub.where()} printed at import:\n{out.shown()}\n")
+    return got["obj"]
 
 
 def check_names(plugins: Iterable[Plugin], taken: Iterable[str], what: str) -> None:

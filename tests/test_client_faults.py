@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import tracemalloc
@@ -234,6 +235,76 @@ def test_secrets_never_reach_errors(send: Send) -> None:
     rec, _ = _send(send, url, headers={"Authorization": f"Bearer {secret}", "X-Key": secret})
     assert rec.error is not None
     assert secret not in rec.to_json()
+
+
+def _closes_before_answering() -> socket.socket:
+    """A listener that reads each request and closes without a byte of response, until
+    it is closed."""
+    lst = socket.create_server(("127.0.0.1", 0))
+    lst.settimeout(0.1)  # a blocked accept() is not woken by close(): look again
+
+    def serve() -> None:
+        while lst.fileno() != -1:
+            try:
+                conn, _ = lst.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return lst
+
+
+def test_a_header_that_is_no_credential_is_not_hidden_from_messages(send: Send) -> None:
+    # "Connection: close" is sent with every request of a case without keep-alive; its
+    # value is a word of the client's own message and must stay one.
+    lst = _closes_before_answering()
+    with lst:
+        url = f"http://127.0.0.1:{lst.getsockname()[1]}"
+        rec, _ = _send(send, url, headers={"Connection": "close", "Accept": "text/event-stream"})
+    assert rec.error is not None
+    assert rec.error.message.startswith("connection closed before a response"), rec.error
+    assert "***" not in rec.error.message
+
+
+def test_credentials_a_server_echoes_are_hidden(send: Send) -> None:
+    # A gateway that quotes what it was sent: the bearer token, the Basic password and the
+    # API key are hidden wherever they appear; the rest of its words are kept.
+    from strata_plugin.configure.credentials import UrlAuth
+
+    token, password, key = "sk-live-0123456789", "hunter2-pw", "k3y-abcdef"
+    basic = UrlAuth("alice", password).header()
+    body = (f'{{"error":"token {token} refused; Authorization: {basic}; password {password}; '
+            f'api key {key}; Connection: close"}}').encode()
+    reply = Reply(items=[(0, body)], status=401, framing="length",
+                  content_type="application/json")
+    with ScriptServer(reply) as srv:
+        rec, _ = _send(send, srv.url, headers={"Authorization": f"Bearer {token}",
+                                               "Proxy-Authorization": basic, "X-API-Key": key,
+                                               "Connection": "close"})
+    assert rec.error is not None and rec.error.http_status == 401
+    msg = rec.error.message
+    for secret in (token, password, key, basic):
+        assert secret not in msg, msg
+    assert "refused" in msg and "Connection: close" in msg and "api key ***" in msg, msg
+
+
+def test_secret_values_are_the_credential_headers_only() -> None:
+    from strata_plugin.configure.credentials import UrlAuth, secret_values
+
+    basic = UrlAuth("alice", "hunter2-pw").header()
+    got = secret_values({"Authorization": "Bearer abcd", "Connection": "close",
+                         "Content-Type": "application/json", "Cookie": "sid=s3ss10n; x=1",
+                         "Proxy-Authorization": basic, "Accept": "text/event-stream"})
+    assert set(got) == {"Bearer abcd", "abcd", "sid=s3ss10n; x=1", "s3ss10n", basic,
+                        basic.split(" ")[1], "alice:hunter2-pw", "hunter2-pw"}
+    # a part of three characters would hide those letters in every word; the whole
+    # header value is hidden whatever its length
+    assert secret_values({"Authorization": "Bearer abc"}) == ("Bearer abc",)
+    assert got[0] == max(got, key=len)  # the whole value goes before its parts
 
 
 def test_keep_alive_connection_is_reused(send: Send) -> None:

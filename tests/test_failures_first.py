@@ -182,6 +182,29 @@ def test_a_server_answering_http_500(pytester, monkeypatch):
 
 
 @pytest.mark.integration
+def test_a_server_error_body_is_shown_not_obeyed(pytester, monkeypatch):
+    # Escape sequences (window title, clear screen), a bidi override and a CR LF faking a
+    # line of output: the terminal and report.md show them as escapes, on one line.
+    _setup(pytester, monkeypatch)
+    body = ("{\"error\": \"boom\x1b]0;pwned\x07\x1b[2J\u202eevil\r\nPASSED fake line\"}"
+            ).encode()
+    err = Reply([(0.0, body)], status=500, framing="length", content_type="application/json")
+    with ScriptServer(_health_then(err)) as srv:
+        result, _, run = _run(pytester, srv.url, "hostile")
+    _assert_failed_run(result, run, says="HTTP 500")
+    out = result.stdout.str() + result.stderr.str()
+    report = (run / "report.md").read_text()
+    for text in (out, report):
+        assert "\x1b" not in text and "\u202e" not in text and "\r" not in text
+        assert not any(line.startswith("PASSED fake line") for line in text.splitlines())
+    shown = "boom\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil"
+    assert f"run incomplete: case adhoc: requests_failed: 4 of 4 requests failed " \
+           f"(http_status: 4); first: HTTP 500: {{\"error\": \"{shown} PASSED fake line\"}}" in out
+    assert "adhoc/measured/0: http_status: HTTP 500: " in out  # the case's own failure
+    assert "**Run incomplete:** " in report and shown in report
+
+
+@pytest.mark.integration
 def test_a_server_answering_plain_json(pytester, monkeypatch):
     _setup(pytester, monkeypatch)
     body = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from strata_plugin.analysis.rules import Evidence, Verdict
 from strata_plugin.analysis.thresholds import threshold
+from strata_plugin.formats.printable import printable
 from strata_plugin.formats.records import RequestRecord
 
 VERDICT_CLASS = "requests_failed"
@@ -50,7 +51,8 @@ class RequestsFailed:
         """``4 of 4 requests failed (http_status: 4); first: HTTP 500: ...``"""
         counts = ", ".join(f"{cls}: {n}" for cls, n in self.by_class)
         what = "warm-up requests" if self.phase == "warmup" else "requests"
-        first = " ".join(self.first_message.split())[:300]
+        # the server's words, on one line, its controls shown rather than obeyed
+        first = printable(" ".join(self.first_message.split())[:300])
         return (f"{self.n_failed} of {self.n_total} {what} failed ({counts})"
                 + (f"; first: {first}" if first else ""))
 

@@ -19,7 +19,9 @@ commands and URLs, other processes' command lines the agent records) goes throug
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+import binascii
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -27,11 +29,49 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 # The one redaction function: the agent's (it records other processes' command lines).
 from strata_plugin.agent.redact import HIDDEN, redact
 
-__all__ = ["HIDDEN", "UrlAuth", "redact", "redact_argv", "redact_json", "split_credentials"]
+__all__ = ["HIDDEN", "UrlAuth", "redact", "redact_argv", "redact_json", "secret_values",
+           "split_credentials"]
+
+#: A request header that carries a credential, by its name: ``Authorization`` (the
+#: profile's API key as a bearer token, a URL's user and password as Basic auth),
+#: ``Proxy-Authorization``, ``Cookie``, and the API-key headers gateways take
+#: (``X-API-Key``, ``api-key``, ``X-Auth-Token``). Only these values are secrets; the
+#: others (``Connection: close``, ``Accept``) are words an error message may well hold.
+_CREDENTIAL_HEADER = re.compile(r"auth|key|token|secret|passw|cookie|credential", re.I)
+#: A part of a credential shorter than this (a one-letter password, a cookie's "1") is
+#: not looked for in messages: it would hide the same letters in every word. The whole
+#: header value is always hidden, whatever its length.
+_PART_CHARS_MIN = 4
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
     """A command line with every URL's credentials hidden (:func:`redact` per word)."""
     return [redact(str(a)) for a in argv]
+
+
+def secret_values(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The secrets among request ``headers``, to be hidden from any message: each
+    credential header's value (:data:`_CREDENTIAL_HEADER`), the token after its scheme
+    word (``Bearer``, ``Basic``), a Basic token's ``user:password`` and password, and a
+    cookie's values; longest first, so a value is hidden whole before its parts."""
+    out: set[str] = set()
+    for name, value in headers.items():
+        if not value or not _CREDENTIAL_HEADER.search(name):
+            continue
+        out.add(value)
+        parts = [value]
+        scheme, _, token = value.strip().partition(" ")
+        if token:
+            parts.append(token.strip())
+            if scheme.lower() == "basic":
+                try:
+                    pair = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+                except (binascii.Error, UnicodeDecodeError):
+                    pair = ""
+                parts += [pair, pair.partition(":")[2]] if ":" in pair else []
+        if "cookie" in name.lower():
+            parts += [c.partition("=")[2].strip() for c in value.split(";")]
+        out.update(p for p in parts if len(p) >= _PART_CHARS_MIN)
+    return tuple(sorted(out, key=lambda s: (-len(s), s)))
 
 
 def redact_json(value: Any) -> Any:

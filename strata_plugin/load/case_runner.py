@@ -21,6 +21,7 @@ from strata_plugin.analysis.sufficiency import SampleTarget
 from strata_plugin.configure.load_spec import LoadSpec
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.cases import CaseLine
+from strata_plugin.formats.printable import printable
 from strata_plugin.formats.records import ERROR_CLASSES, RequestRecord
 from strata_plugin.limits import max_phase_requests
 from strata_plugin.load.client import RequestSpec, Timeouts
@@ -329,7 +330,7 @@ def check_case(w: Workload, records: tuple[RequestRecord, ...],
     for r in records:
         if not r.ok:
             assert r.error is not None
-            problems.append(f"{r.request_id}: {r.error.cls}: {r.error.message}")
+            problems.append(f"{r.request_id}: {r.error.cls}: {printable(r.error.message)}")
             continue
         u = r.usage
         if exact_isl and u.prompt_tokens is not None and u.prompt_tokens != w.isl:

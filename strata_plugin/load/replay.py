@@ -8,6 +8,7 @@ checked against its own trace line (input and output length).
 
 from __future__ import annotations
 
+from strata_plugin.formats.printable import printable
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import RequestSpec
 from strata_plugin.load.generator import Job
@@ -40,7 +41,7 @@ def check_trace(jobs: list[Job], records: tuple[RequestRecord, ...],
         want_in, want_out = spec.isl, spec.max_tokens
         if not r.ok:
             assert r.error is not None
-            problems.append(f"{r.request_id}: {r.error.cls}: {r.error.message}")
+            problems.append(f"{r.request_id}: {r.error.cls}: {printable(r.error.message)}")
             continue
         u = r.usage
         if u.prompt_tokens is not None and u.prompt_tokens != want_in:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from strata_plugin.formats.printable import printable
 from strata_plugin.plugin.options import PROGRESS_SETTINGS as SETTINGS
 from strata_plugin.plugin.options import progress_setting
 
@@ -78,7 +79,7 @@ class ProgressLine:
             if self._mode == "lines" and not final and now - self._last < LOG_EVERY_S:
                 return
             self._last = now
-            text = f"  [strata {self._label}] {line}{' (done)' if final else ''}"
+            text = printable(f"  [strata {self._label}] {line}{' (done)' if final else ''}")
             if self._capman is None:
                 self._write(text, final)
                 return

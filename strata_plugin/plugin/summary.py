@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from strata_plugin.formats.printable import printable
+
 if TYPE_CHECKING:
     import pytest
 
@@ -27,7 +29,7 @@ def note_skip(state: RunState, report: pytest.TestReport) -> None:
 
 def skipped_lines(skipped: list[tuple[str, str]]) -> list[str]:
     """Each skipped case and why, one line each (pytest's own ``-rs`` groups them)."""
-    return [f"skipped {nodeid}: {reason}" for nodeid, reason in skipped]
+    return [printable(f"skipped {nodeid}: {reason}") for nodeid, reason in skipped]
 
 
 def write_summary(tr: pytest.TerminalReporter, state: RunState) -> None:
@@ -53,4 +55,4 @@ def write_summary(tr: pytest.TerminalReporter, state: RunState) -> None:
     elif (sess.run_dir / "report.md").exists():
         tr.write_line(f"report: {sess.run_dir / 'report.md'}")
     if sess.incomplete_reason:
-        tr.write_line(f"run incomplete: {sess.incomplete_reason}")
+        tr.write_line(f"run incomplete: {printable(sess.incomplete_reason)}")

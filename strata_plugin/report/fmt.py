@@ -11,6 +11,8 @@ import json
 import math
 from typing import Any
 
+from strata_plugin.formats.printable import printable
+
 CSV_DIGITS = 10
 JSON_DIGITS = 12
 MD_DIGITS = 4
@@ -62,9 +64,11 @@ def md_num(x: Any, digits: int = MD_DIGITS) -> str:
 
 
 def md_cell(x: Any) -> str:
-    """Any value as a markdown table cell (pipes escaped, no newlines)."""
+    """Any value as a markdown table cell: one line (a line feed is a space, every other
+    control shown as its escape: formats/printable.py), pipes escaped, so that text from
+    a server or a file stays in its cell."""
     s = md_num(x) if isinstance(x, (int, float, bool)) or x is None else str(x)
-    return s.replace("|", "\\|").replace("\n", " ")
+    return printable(s.replace("\n", " ")).replace("|", "\\|")
 
 
 def json_clean(obj: Any) -> Any:

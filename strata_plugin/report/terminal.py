@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.formats.printable import printable
 from strata_plugin.report.fmt import md_num
 
 #: The A/B metrics shown beside the table's own columns (the rest are in report.md).
@@ -35,6 +36,9 @@ def _pair(m: Mapping[str, Any], dist: str) -> str:
 
 
 def _cut(text: str, width: int) -> str:
+    """``text`` within ``width`` (cut in the middle), its controls shown, not obeyed: a
+    case id, a verdict and a group name hold a server's or a file's words."""
+    text = printable(text)
     if len(text) <= width:
         return text
     keep = width - 3
@@ -107,7 +111,7 @@ def ab_rows(ab: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 if e is None:
                     continue
                 change = e.get("change_pct")
-                rows.append([str(g.get("group", "")), arms, AB_LABELS[metric],
+                rows.append([printable(g.get("group", "")), printable(arms), AB_LABELS[metric],
                              "-" if change is None else f"{change:+.1f}%", _interval(e)])
     return rows
 

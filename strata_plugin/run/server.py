@@ -28,6 +28,7 @@ import requests
 
 from strata_plugin.configure.credentials import UrlAuth, redact_json
 from strata_plugin.errors import StrataError
+from strata_plugin.formats.printable import printable
 from strata_plugin.run.reaper import die_with_parent
 
 if TYPE_CHECKING:
@@ -91,7 +92,8 @@ def log_tail(path: Path | None, n_lines: int = 40) -> str:
         size = fh.tell()
         fh.seek(max(0, size - 64 * 1024))
         lines = fh.read().decode("utf-8", "replace").splitlines()
-    return "\n".join(lines[-n_lines:])
+    # the engine's own words, quoted to the terminal: its escapes shown, not obeyed
+    return printable("\n".join(lines[-n_lines:]), keep_lines=True)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import http.client
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import requests
 from urllib3.exceptions import (
@@ -17,6 +17,7 @@ from urllib3.exceptions import (
     ProtocolError,
 )
 
+from strata_plugin.configure.credentials import secret_values
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.limits import max_events
 from strata_plugin.load.client.core import StreamCore
@@ -57,7 +58,8 @@ class Attempt:
         body = merge_body(f.body(spec), spec.extra_body)
         hdrs = dict(_BASE_HEADERS)
         hdrs.update(headers or {})
-        self.secrets = [v for v in (headers or {}).values() if v]
+        # the credential headers' values only: "Connection: close" is not a secret
+        self.secrets = secret_values(headers or {})
         self.prep = session.prepare_request(
             requests.Request(
                 "POST",
@@ -173,6 +175,9 @@ class Attempt:
         if self.error is not None:
             self.error.message = scrub(self.error.message, self.secrets)
             err = self.error.to_record()
+        timings, engine = p.timings, p.engine_clocks()
+        if p.clock_dropped:  # counted per case with the reasons (analysis/engine_clocks.py)
+            extra["engine_clock_dropped"] = dict(sorted(p.clock_dropped.items()))
         return RequestRecord(
             request_id=self.spec.request_id,
             case_id=self.spec.case_id,
@@ -184,7 +189,7 @@ class Attempt:
             events=tuple(core.events),
             done_ns=core.done_ns if core.done_ns is not None else core.eof_ns,
             usage=p.usage,
-            timings=p.timings,
+            timings=timings,
             finish_reason=p.finish_reason,
             output_text=text,
             output_sha256=hashlib.sha256(text.encode()).hexdigest(),
@@ -192,7 +197,7 @@ class Attempt:
             isl=self.spec.isl,
             osl=self.spec.max_tokens,
             extra=extra,
-            engine=p.engine_clocks(),
+            engine=engine,
             server_request_id=p.server_id or as_id(self.id_header),
         )
 
@@ -290,10 +295,11 @@ def _error_body(resp: requests.Response) -> str:
 _USERINFO = re.compile(r"//[^/@\s]+@")
 
 
-def scrub(msg: str, secrets: list[str]) -> str:
-    """Drop URL credentials and any header value from an error message."""
+def scrub(msg: str, secrets: Sequence[str]) -> str:
+    """Drop URL credentials and the given secrets (the credential headers' values,
+    :func:`~strata_plugin.configure.credentials.secret_values`) from an error message."""
     msg = _USERINFO.sub("//***@", msg)
     for s in secrets:
-        if len(s) >= 4:
+        if s:
             msg = msg.replace(s, "***")
     return msg
