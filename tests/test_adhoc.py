@@ -164,6 +164,105 @@ def test_bench_command_writes_the_same_run(tmp_path):
     assert "Warning" not in out.stdout + out.stderr  # no warning of Strata's own making
 
 
+#: A scripted server in a process of its own whose command line names its model as
+#: llama-server's does (``-m FILE``): what Strata reads of an attached server on this
+#: machine (the listener's argv: its model file and KV cache type).
+SERVE = """
+import sys
+from tests.sse_script_server import ScriptServer
+from tests.test_packaging import completions_reply
+with ScriptServer(completions_reply) as srv:
+    print(srv.url, flush=True)
+    sys.stdin.read()  # serves until the test closes stdin
+"""
+
+
+@pytest.mark.integration
+def test_a_bench_run_has_its_roofline_per_case(tmp_path):
+    """An attached (bench) run: the model's facts are recorded under the configuration its
+    cases carry (``attached``), so its case is held against the roofline: report.md's
+    section has the case's row and summary.json its figures, from the model's file."""
+    from strata_plugin.embedded import make_model
+
+    model = tmp_path / "m.gguf"
+    assert make_model.main(["--out", str(model), "--dim", "64", "--layers", "2", "--heads",
+                            "4", "--ff", "96", "--vocab", "512"]) == 0
+    server = subprocess.Popen([sys.executable, "-c", SERVE, "-m", str(model)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        out = subprocess.run(
+            [sys.executable, "-m", "strata_plugin", "bench", url, "--api", "completions",
+             "--workload", "isl=32,osl=8,concurrency=2,requests=6",
+             "--reports-dir", str(tmp_path / "reports"), "--run-id", "r1"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = tmp_path / "reports" / "r1"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert list(manifest["roofline"]) == ["attached"]
+    assert manifest["roofline"]["attached"]["model"]["facts"]["layers"]["value"] == 2
+    (case,) = json.loads((run / "summary.json").read_text())["cases"]
+    assert case["config_id"] == "attached"
+    roof = case["roofline"]
+    assert roof is not None and roof["model"] == str(model)
+    assert roof["decode"] is not None and roof["decode"]["flops"] > 0, json.dumps(roof)
+    text = (run / "report.md").read_text()
+    sec = text[text.index("\n## Roofline\n"):text.index("<details><summary>The model's facts")]
+    assert re.search(r"^(\| `adhoc` \| (decode|prefill) \||- `adhoc`: device limits)", sec,
+                     re.M), sec
+
+
+@pytest.mark.integration
+def test_the_run_folder_stays_where_pytest_runs_whatever_the_profile_path(
+        pytester, monkeypatch, tmp_path_factory):
+    """``--strata-profile /elsewhere/p.toml``, the path a separate argument: pytest takes
+    an existing path among the arguments as a hint for its rootdir before Strata's options
+    are known (and then finds no configuration file there). The run folder is still the
+    invoking project's ``reports/``, not one beside the profile or above it."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeini("[pytest]\n")  # the project's: no strata_reports_dir, the default
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # beside the project, not in it
+    profile = elsewhere / "p.toml"
+    profile.write_text((ROOT / "strata_plugin" / "profiles" / "local.toml").read_text())
+    with ScriptServer(completions_reply) as srv:
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--strata-server-url={srv.url}",
+            "--strata-api=completions", "--strata-workload=isl=8,osl=2,requests=2",
+            "--strata-run-id=p1", "--strata-profile", str(profile))
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "reports" / "p1" / "report.md").is_file()
+    manifest = json.loads((pytester.path / "reports" / "p1" / "manifest.json").read_text())
+    assert manifest["profile"]["_path"] == str(profile)
+    assert not [p for p in (elsewhere, elsewhere.parent) if (p / "reports").exists()]
+
+
+def test_the_invoking_root_is_not_pytests_guess_from_a_profile_path(pytester,
+                                                                    tmp_path_factory):
+    """pytest's own configuration of such a command line (parsed, nothing run): its
+    rootdir is guessed from the profile's path; Strata's root is the project's folder,
+    the nearest one from where pytest runs that holds a pytest configuration."""
+    from strata_plugin.plugin.options import invoking_root
+
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    profile = elsewhere / "p.toml"
+    profile.write_text("")
+    sub = pytester.mkdir("sub")
+    pytester.makefile(".ini", tox="[tox]\nenvlist = py311\n[pytest]\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(sub)
+        guessed = pytester.parseconfig("--strata-profile", str(profile))
+        assert guessed.inipath is None and guessed.rootpath not in (pytester.path, sub)
+        assert invoking_root(guessed) == pytester.path
+        given = pytester.parseconfig(f"--strata-profile={profile}")
+        assert given.inipath == pytester.path / "tox.ini"
+        assert invoking_root(given) == pytester.path
+        (pytester.path / "tox.ini").write_text("[tox]\nenvlist = py311\n")  # not pytest's
+        assert invoking_root(pytester.parseconfig("--strata-profile", str(profile))) == sub
+
+
 def test_bench_without_a_workload_says_so(tmp_path):
     out = subprocess.run([sys.executable, "-m", "strata_plugin", "bench", "http://x:1"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -105,15 +105,16 @@ def test_a_report_that_fails_midway_keeps_every_previous_file(tmp_path):
     the size of some of its files, so a write fails with EFBIG part way (a full disk).
     Every file is then byte for byte the first report's: none is cut short.
 
-    Two cases (seven plots, the run's among them) are enough to have summary.json, written
-    after every plot and CSV, as the largest file: the write that fails comes last."""
+    The limit is one byte under the largest derived file (the run's timeline, or
+    summary.json where the timeline is smaller), so that write fails part way."""
     run = make_run(tmp_path, RunSpec([CaseSpec("a"), CaseSpec("b")]))
     inputs = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     write_report(run)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     derived = sorted((len(b), p.name) for p, b in before.items() if inputs.get(p) != b)
     assert len(derived) >= 8  # report.md, summary.json, the CSVs, the CI files, plots
-    assert derived[-1][1] == "summary.json" and (run / "plots" / "run.png").is_file()
+    assert derived[-1][1] in ("run.json", "summary.json"), derived[-3:]
+    assert (run / "plots" / "run.png").is_file() and (run / "timeline" / "run.json").is_file()
     limit = derived[-1][0] - 1  # the largest derived file is written part way, then fails
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK.format(tests=str(ROOT / "tests"), limit=limit,

@@ -14,6 +14,7 @@ from strata_plugin.analysis.roofline import (
     case_roofline,
     decode_phase,
     prefill_phase,
+    run_inputs,
 )
 from strata_plugin.analysis.roofline import _model as model_of
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
@@ -301,3 +302,134 @@ def test_a_share_above_one_says_the_peak_or_the_count_is_wrong():
     v = annotate(PLAIN, _roof_at(1.05), WindowSignals("c", 1.0))
     assert "above the peak, which a phase cannot be" in v.notes[0]
     assert "whatever the utilization counters say" not in v.notes[0]
+
+
+# --- inputs no reader should have let through: a roofline or its reason, never a crash ----
+
+def _decode_case(inp: RooflineInputs):
+    rs = [rec(0, t0=10**12, prompt=100, out=33, gap_ms=10, prompt_ms=1.0)]
+    return case_roofline(inp, rs)
+
+
+def _note(roof) -> str:
+    return annotate(PLAIN, roof, WindowSignals("c", 1.0)).notes[0]
+
+
+@pytest.mark.parametrize("name, bad, good, words", [
+    # a head count as some exported config.json files give it
+    ("heads", "32", 32, "heads: '32' (read from test) is a str, not a number"),
+    ("heads", 0, 1, "heads: 0 (read from test) is not above zero"),
+    ("heads", True, 1, "heads: True (read from test) is a bool, not a number"),
+    ("stored_bytes", float("nan"), 1_100_000, "stored_bytes: nan (read from test) is not "
+                                              "a finite number"),
+    ("stored_bytes_experts", -1, 0, "stored_bytes_experts: -1 (read from test) is negative"),
+    ("kv_bytes_per_token", -1000, 0, "kv_bytes_per_token: -1000 (read from test) is negative"),
+    ("params_lm_head", 10**400, 100_000, "params_lm_head: 1000000000000000000000000000000000"
+                                         "000000 (read from test) is too large"),
+    ("tied_embeddings", "false", False, "tied_embeddings: 'false' (read from test) is a str, "
+                                        "not true or false"),
+], ids=["heads-str", "heads-zero", "heads-bool", "bytes-nan", "experts-negative",
+        "kv-negative", "head-overflow", "tied-str"])
+def test_a_fact_of_the_wrong_type_or_sign_is_unavailable_with_its_name(name, bad, good, words):
+    """Just inside (the ``good`` value) the case has its share; the ``bad`` one says which
+    fact, where it was read and what is wrong, and the verdict gets no note from it (no
+    "nan%" or "-41174.6% of its memory roof")."""
+    ok = _decode_case(RooflineInputs(facts(**{name: good}), cpu(1e15, 1e10)))
+    assert ok.unavailable == "" and ok.decode.share > 0
+    assert _note(ok).startswith("roofline: decode at ")
+    r = _decode_case(RooflineInputs(facts(**{name: bad}), cpu(1e15, 1e10)))
+    assert r.headline is None and r.unavailable.startswith("model facts unusable: ")
+    assert words in r.unavailable
+    assert _note(r) == PLAIN.notes[0]  # no roofline note at all
+
+
+def test_facts_that_leave_no_dense_weights_or_more_active_experts_than_there_are():
+    r = _decode_case(RooflineInputs(facts(stored_bytes=100_000), cpu(1e15, 1e10)))
+    assert r.unavailable == ("model facts unusable: stored_bytes 100000 is not more than the "
+                             "experts' and the embedding's bytes")
+    assert _decode_case(RooflineInputs(facts(stored_bytes=100_001), cpu(1e15, 1e10))).decode.share
+    r = _decode_case(RooflineInputs(facts(experts=8, experts_per_token=9), cpu(1e15, 1e10)))
+    assert "experts_per_token 9 is more than experts 8" in r.unavailable
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e10, float("nan"), float("inf")])
+def test_a_peak_that_is_no_number_above_zero_is_left_out_with_its_value(bad):
+    """A bandwidth peak of 0, negative, NaN or infinite: the decode is held against no
+    memory roof, the reason names the value; the compute roof alone where it is known."""
+    both = _decode_case(RooflineInputs(facts(), cpu(flops=bad, dram=bad)))
+    assert both.headline.roof == "" and both.decode.share is None
+    assert f"the memory bandwidth (DRAM) recorded, {bad!r}, is not a finite number above " \
+           "zero: left out" in both.unavailable
+    assert "no peak of this device known" in both.unavailable
+    assert _note(both) == PLAIN.notes[0]
+    compute = _decode_case(RooflineInputs(facts(), cpu(flops=1e9, dram=bad)))
+    assert compute.decode.roof == "compute" and 0 < compute.decode.share < 1e9
+    tiny = _decode_case(RooflineInputs(facts(), cpu(flops=1e9, dram=1e-300)))  # just above 0
+    assert tiny.decode.roof == "memory" and tiny.decode.share > 1
+
+
+def test_a_clock_of_no_finite_positive_value_is_no_clock():
+    """The engine's prefill clock NaN or negative: the next clock (timings) times the
+    prefill; none left, no prefill phase rather than a NaN one."""
+    m, _ = model_of(facts())
+    for bad in (float("nan"), -5.0, float("inf")):
+        eng = EngineClocks("engine", prefill_ms=bad)
+        a = rec(0, t0=10**12, prompt=100, out=1, gap_ms=1, prompt_ms=80.0, engine=eng)
+        assert prefill_phase([a], m, None, "").seconds == pytest.approx(0.08)
+        b = rec(0, t0=10**12, prompt=100, out=1, gap_ms=1, engine=eng)
+        assert prefill_phase([b], m, None, "") is None
+
+
+def test_an_input_no_check_foresaw_costs_the_roofline_only():
+    """Whatever raises inside: the case's roofline says it failed, naming the exception
+    and where, and the verdict keeps its classes with a note saying so."""
+    r0 = rec(0, t0=10**12, prompt=100, out=33, gap_ms=10, prompt_ms=1.0)
+    from dataclasses import replace
+
+    odd = replace(r0, timings=replace(r0.timings, prompt_n="many"))  # typed readers refuse it
+    r = case_roofline(RooflineInputs(facts(), cpu()), [odd])
+    assert r.headline is None and r.unavailable == (
+        "roofline unavailable (ValueError in strata_plugin/analysis/roofline.py _prompt: "
+        "invalid literal for int() with base 10: 'many')")
+    broken = _roof_at(0.5)
+    broken = replace(broken, decode=replace(broken.decode, share="0.5"))
+    v = annotate(PLAIN, broken, WindowSignals("c", 1.0))
+    assert v.classes == PLAIN.classes and v.notes[0].startswith("roofline: unavailable (TypeError")
+
+
+def _manifest(servers: dict, entries: dict) -> dict:
+    return {"servers": servers, "roofline": entries}
+
+
+def _entry(**over) -> dict:
+    vals = {**BASE, **over}
+    return {"model": {"path": "/m.gguf", "format": "gguf", "facts": {
+        n: {"value": vals[n], "source": "test"} for n in vals}},
+        "cpu": {"cpus": [0, 1], "dram": [{"kernel": "triad", "bytes_s": 1e10,
+                                          "array_bytes": 1 << 24, "reps": 3}],
+                "matmul": {"flops_s": 1e11, "n": 512, "reps": 3}}}
+
+
+def test_an_attached_runs_facts_recorded_under_the_profiles_id_are_its_cases(tmp_path):
+    """A run recorded before the facts were kept under ``attached``: its one server's
+    entry is the attached cases'; a launched run gets no such alias."""
+    attached = run_inputs(_manifest({"default": {"base_url": "http://h:1"}},
+                                    {"default": _entry()}), tmp_path, gpu_run=False)
+    assert set(attached) == {"default", "attached"}
+    assert attached["attached"] is attached["default"]
+    launched = run_inputs(_manifest({"default": {"argv": ["llama-server"], "base_url": "x"}},
+                                    {"default": _entry()}), tmp_path, gpu_run=False)
+    assert set(launched) == {"default"}
+
+
+def test_an_entry_that_cannot_be_read_costs_its_configuration_only(tmp_path):
+    entries = {"a": _entry(), "b": {"model": ["not", "an", "object"], "cpu": {}},
+               "c": {**_entry(), "cpu": {"cpus": [0], "dram": [{"bytes_s": "fast"}]}}}
+    got = run_inputs(_manifest({}, entries), tmp_path, gpu_run=False)
+    assert got["a"].limits is not None and got["a"].why_no_limits == ""
+    assert got["b"].limits is None and got["b"].why_no_limits.startswith(
+        "the recorded facts could not be read: AttributeError in ")
+    assert "'list' object has no attribute 'get'" in got["b"].why_no_limits
+    assert got["c"].limits is None and "the recorded facts could not be read" in \
+        got["c"].why_no_limits
+    assert _decode_case(got["b"]).unavailable.startswith("model facts unavailable: ")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.analysis import interference, rails, roofline, run_states
+from strata_plugin.analysis import engine_clocks, interference, rails, roofline, run_states
 from strata_plugin.analysis.clocks import node_clocks
 from strata_plugin.analysis.failures import failed_verdict, mostly_failed
 from strata_plugin.analysis.ledger import CaseLedger, case_ledger, server_clocks
@@ -27,6 +27,7 @@ from strata_plugin.analysis.metrics import (
 )
 from strata_plugin.analysis.rules import Evidence, Verdict, WindowSignals, classify
 from strata_plugin.analysis.rules.registry import active as active_rules
+from strata_plugin.analysis.rules.verdict import with_background
 from strata_plugin.analysis.run_folder import CaseInfo, RunBundle, load_bundle
 from strata_plugin.analysis.signals import (
     GPU_SOURCES,
@@ -493,10 +494,8 @@ def analyze_case(
     # resource (analysis/failures.py); the rules are not consulted.
     failed = mostly_failed(records)
     verdict = failed_verdict(failed) if failed else the_verdict(info.line.verdict, sig, inter, idle)
-    if idle:  # a recorded verdict: mark its background classes all the same
-        verdict = replace(
-            verdict, background=tuple(c for c in verdict.past_threshold if c in idle)
-        )
+    if idle and not failed:  # a recorded verdict: its baseline's classes said all the same
+        verdict = with_background(verdict, sig, idle)
     if "server_stalled" in verdict.past_threshold:
         verdict = replace(verdict, notes=(*verdict.notes, ledger.stall_line()))
     if ("outside_server" in verdict.past_threshold and ledger.delivery is not None
@@ -506,6 +505,8 @@ def analyze_case(
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
             for _, why in lost))
+    if (clocks_left_out := engine_clocks.dropped_line(records)) is not None:
+        verdict = replace(verdict, notes=(*verdict.notes, clocks_left_out))
     inp = ctx.roofline.get(info.config_id)
     roof = roofline.case_roofline(inp, records, ledger, hw)
     if inp is not None and inp.limits is not None:  # the roofline as evidence (a note)

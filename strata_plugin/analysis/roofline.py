@@ -31,6 +31,7 @@ assumptions and their sources are in docs/roofline.md; in short:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +51,7 @@ from strata_plugin.analysis.metrics import first_token_ns
 from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
 from strata_plugin.analysis.thresholds import threshold
 from strata_plugin.configure.model_facts import FACT_NAMES, Fact, ModelFacts
+from strata_plugin.errors import failure_words
 from strata_plugin.formats.records import RequestRecord, Timings, TokenEvent
 
 #: token events of one request sampled for its decode steps' batch (evenly, at most)
@@ -163,7 +165,9 @@ def _r(x: float | None) -> float | None:
 def run_inputs(manifest: Mapping[str, Any], run_dir: Path | str, gpu_run: bool
                ) -> dict[str, RooflineInputs]:
     """Each configuration's model facts and its device's limits, from the manifest's
-    ``roofline`` entries (run/roofline_facts.py) and, for GPUs, the static snapshots."""
+    ``roofline`` entries (run/roofline_facts.py) and, for GPUs, the static snapshots.
+    An entry that cannot be read costs that configuration's roofline (said as its
+    reason), never the analysis of the run."""
     out: dict[str, RooflineInputs] = {}
     entries = manifest.get("roofline")
     if not isinstance(entries, dict):
@@ -172,23 +176,39 @@ def run_inputs(manifest: Mapping[str, Any], run_dir: Path | str, gpu_run: bool
     for cid, e in sorted(entries.items()):
         if not isinstance(e, dict):
             continue
-        model = ModelFacts.from_json(e.get("model") or {})
-        if gpu_run:
-            if not gpus:
-                out[cid] = RooflineInputs(model, None, "no GPU in the agents' static "
-                                          "snapshots (gpus.json)")
-                continue
-            dtype = compute_dtype(model.get("weight_dtype"))
-            out[cid] = RooflineInputs(model, gpu_limits(list(gpus), dtype), gpus=gpus)
-            continue
-        probe = e.get("cpu")
-        if isinstance(probe, dict) and probe.get("cpus"):
-            out[cid] = RooflineInputs(model, cpu_limits(
-                probe, compute_dtype(model.get("weight_dtype"))))
-        else:
-            why = (probe or {}).get("unavailable") if isinstance(probe, dict) else None
-            out[cid] = RooflineInputs(model, None, why or "no CPU probe recorded")
+        try:
+            out[cid] = _inputs(e, gpus, gpu_run)
+        except Exception as exc:  # a fact or a probe of a shape no reader expected
+            why = f"the recorded facts could not be read: {failure_words(exc)}"
+            out[cid] = RooflineInputs(ModelFacts.unavailable("", why), None, why)
+    servers = manifest.get("servers")
+    if (out and ATTACHED not in out and isinstance(servers, dict) and servers
+            and not any(isinstance(s, dict) and s.get("argv") for s in servers.values())):
+        # An attached run's cases carry the configuration ``attached``; a run recorded
+        # before the facts were kept under it has them under the profile's id. There is
+        # one server in such a run, so its entry is that server's.
+        out[ATTACHED] = out[min(out)]
     return out
+
+
+#: the configuration id of an attached server's cases (run/server.py, Server.config_id)
+ATTACHED = "attached"
+
+
+def _inputs(e: Mapping[str, Any], gpus: tuple[Mapping[str, Any], ...], gpu_run: bool
+            ) -> RooflineInputs:
+    model = ModelFacts.from_json(e.get("model") or {})
+    if gpu_run:
+        if not gpus:
+            return RooflineInputs(model, None, "no GPU in the agents' static snapshots "
+                                  "(gpus.json)")
+        dtype = compute_dtype(model.get("weight_dtype"))
+        return RooflineInputs(model, gpu_limits(list(gpus), dtype), gpus=gpus)
+    probe = e.get("cpu")
+    if isinstance(probe, dict) and probe.get("cpus"):
+        return RooflineInputs(model, cpu_limits(probe, compute_dtype(model.get("weight_dtype"))))
+    why = (probe or {}).get("unavailable") if isinstance(probe, dict) else None
+    return RooflineInputs(model, None, str(why or "no CPU probe recorded"))
 
 
 def _case_gpus(inp: RooflineInputs, hw: Sequence[Any]) -> DeviceLimits | None:
@@ -229,20 +249,75 @@ class _Model:
         return self.dense_bytes + self.expert_bytes * touched
 
 
+#: facts that are counts or sizes a step multiplies by: a finite number above zero
+_POSITIVE = ("params_matmul_active", "stored_bytes", "layers", "heads", "head_dim",
+             "experts", "experts_per_token")
+#: ... or at least zero (a dense model has no expert bytes; a tied head, no own bytes; a
+#: pass with no attention, no KV cache)
+_NON_NEGATIVE = ("params_lm_head", "stored_bytes_embedding", "stored_bytes_experts",
+                 "kv_bytes_per_token")
+
+
+def _unusable(m: ModelFacts, name: str) -> str:
+    """Why this fact cannot enter the arithmetic ("" when it can): its type, finiteness
+    and sign, named with where it was read."""
+    f = m.fact(name)
+    v = f.value
+    src = f" (read from {f.source})" if f.source else ""
+    shown = format(repr(v), ".40")
+    if name == "tied_embeddings":
+        return "" if isinstance(v, bool) else \
+            f"{name}: {shown}{src} is a {type(v).__name__}, not true or false"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"{name}: {shown}{src} is a {type(v).__name__}, not a number"
+    try:
+        x = float(v)
+    except OverflowError:
+        return f"{name}: {shown}{src} is too large for a number of this kind"
+    if not math.isfinite(x):
+        return f"{name}: {shown}{src} is not a finite number"
+    if name in _POSITIVE and x <= 0:
+        return f"{name}: {shown}{src} is not above zero"
+    if x < 0:
+        return f"{name}: {shown}{src} is negative"
+    return ""
+
+
 def _model(m: ModelFacts) -> tuple[_Model | None, str]:
     missing = m.missing(*_NEED)
     if missing:
         return None, "model facts unavailable: " + "; ".join(missing)
+    bad = [w for n in _NEED if (w := _unusable(m, n))]
+    if bad:
+        return None, "model facts unusable: " + "; ".join(bad)
     g = m.get
+    if g("experts_per_token") > g("experts"):
+        return None, (f"model facts unusable: experts_per_token {g('experts_per_token')} is "
+                      f"more than experts {g('experts')}")
     tied = bool(g("tied_embeddings"))
     dense = g("stored_bytes") - g("stored_bytes_experts")
     if not tied:  # the embedding is a lookup of a row per token, not a read of it all
         dense -= g("stored_bytes_embedding")
+    if dense <= 0:
+        return None, (f"model facts unusable: stored_bytes {g('stored_bytes')} is not more "
+                      "than the experts' and the embedding's bytes")
     return _Model(mm=float(g("params_matmul_active")), head=float(g("params_lm_head")),
                   attn=4.0 * g("layers") * g("heads") * g("head_dim"),
                   kv=float(g("kv_bytes_per_token")), dense_bytes=float(dense),
                   expert_bytes=float(g("stored_bytes_experts")), experts=int(g("experts")),
                   per_token=int(g("experts_per_token"))), ""
+
+
+def _positive(x: Any) -> float | None:
+    """A clock reading, a peak or a size the arithmetic can take and divide by: a finite
+    number above zero; None for anything else (NaN, a negative, a string, a bool)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        v = float(x)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 # --- per request --------------------------------------------------------------------------
@@ -266,13 +341,13 @@ def _prefill_ms(rec: RequestRecord, fallback_ms: float | None, fallback_src: str
                 ) -> tuple[float, str] | None:
     """The engine's own prefill time of the request, else the case's mean prefill."""
     e = rec.engine
-    if e is not None and e.prefill_ms is not None:
-        return float(e.prefill_ms), f"the engine's prefill clock ({e.source})"
+    if e is not None and (ms := _positive(e.prefill_ms)) is not None:
+        return ms, f"the engine's prefill clock ({e.source})"
     t = rec.timings
-    if t is not None and t.prompt_ms is not None:
-        return float(t.prompt_ms), "llama.cpp timings.prompt_ms"
-    if fallback_ms is not None:
-        return float(fallback_ms), f"the case's mean prefill ({fallback_src})"
+    if t is not None and (ms := _positive(t.prompt_ms)) is not None:
+        return ms, "llama.cpp timings.prompt_ms"
+    if (ms := _positive(fallback_ms)) is not None:
+        return ms, f"the case's mean prefill ({fallback_src})"
     return None
 
 
@@ -303,11 +378,12 @@ class _Stream:
 
 def _decode_seconds(rec: RequestRecord, s: _Stream, decoded: int) -> tuple[float, str] | None:
     e = rec.engine
-    if e is not None and e.decode_ms is not None and e.decode_ms > 0:
-        return e.decode_ms / 1e3, f"the engine's decode clock ({e.source})"
+    if e is not None and (ms := _positive(e.decode_ms)) is not None:
+        return ms / 1e3, f"the engine's decode clock ({e.source})"
     t = rec.timings
-    if t is not None and t.predicted_ms and t.predicted_n is not None and t.predicted_n >= 2:
-        return (t.predicted_ms / t.predicted_n * decoded / 1e3,
+    if (t is not None and (ms := _positive(t.predicted_ms)) is not None
+            and t.predicted_n is not None and t.predicted_n >= 2):
+        return (ms / t.predicted_n * decoded / 1e3,
                 "llama.cpp timings.predicted_ms / predicted_n")
     if s.last > s.first:
         return (s.last - s.first) / 1e9, "the client's first to last token"
@@ -456,16 +532,35 @@ def decode_phase(records: Sequence[RequestRecord], every: Sequence[RequestRecord
                      notes=notes)
 
 
+def _phase_unusable(p: PhaseRoof | None) -> str:
+    """Why a phase's own figures cannot be held against a roof ("" when they can): its
+    time, FLOPs and bytes each a finite number above zero (each clock reading is checked
+    as it is taken, but a sum of finite ones can still overflow)."""
+    if p is None:
+        return ""
+    bad = [f"{k} {v!r}" for k, v in (("seconds", p.seconds), ("FLOPs", p.flops),
+                                     ("bytes", p.bytes)) if _positive(v) is None]
+    return f"{p.phase}: {', '.join(bad)} not a finite number above zero" if bad else ""
+
+
+NO_PEAK = "no peak of this device known"
+
+
 def _against(p: PhaseRoof, lim: DeviceLimits, working_set: float) -> PhaseRoof:
     """The phase held against the device: the memory level its working set reaches,
     the balance, which roof, the share."""
     mem: Peak = lim.bandwidth
     level = "DRAM" if lim.kind == "cpu" else "HBM/GDDR"
     notes = list(p.notes)
-    if (lim.kind == "cpu" and lim.cache_bytes and lim.cache_bandwidth is not None
-            and lim.cache_bandwidth.value and working_set <= lim.cache_bytes):
+    cache = _positive(lim.cache_bytes)
+    if (lim.kind == "cpu" and cache and lim.cache_bandwidth is not None
+            and _positive(lim.cache_bandwidth.value) and working_set <= cache):
         mem, level = lim.cache_bandwidth, "last-level cache"  # its bytes a step fit there
-    fpk, bpk = lim.flops.value, mem.value
+    fpk, bpk = _positive(lim.flops.value), _positive(mem.value)
+    for peak, got in ((lim.flops, fpk), (mem, bpk)):
+        if got is None and peak.value is not None:  # a peak no roof can be
+            notes.append(f"the {peak.what or 'peak'} recorded, {format(repr(peak.value), '.40')}"
+                         ", is not a finite number above zero: left out")
     fsh = p.flops_s / fpk if fpk else None
     bsh = p.bytes_s / bpk if bpk else None
     balance = fpk / bpk if fpk and bpk else None
@@ -479,9 +574,12 @@ def _against(p: PhaseRoof, lim: DeviceLimits, working_set: float) -> PhaseRoof:
         roof = "compute"
         notes.append(f"no bandwidth peak ({mem.unavailable}): the compute roof only")
     else:
-        return replace(p, notes=(*notes, "no peak of this device known"))
+        return replace(p, notes=(*notes, NO_PEAK))
     limit = fpk if roof == "compute" else bpk
     share = fsh if roof == "compute" else bsh
+    if share is None or not math.isfinite(share) or share < 0:
+        return replace(p, notes=(*notes, f"its share of the {roof} roof came out "
+                                 f"{share!r}: no share"))
     return replace(p, roof=roof, memory_level=level, limit=limit, share=share,
                    flops_share=fsh, bytes_share=bsh, balance=balance, notes=tuple(notes))
 
@@ -489,9 +587,20 @@ def _against(p: PhaseRoof, lim: DeviceLimits, working_set: float) -> PhaseRoof:
 def case_roofline(inp: RooflineInputs | None, records: Sequence[RequestRecord],
                   ledger: Any = None, hw: Sequence[Any] = ()) -> CaseRoofline | None:
     """The case against its device's roofline; None where the run recorded no facts
-    (a run made before Strata read them)."""
+    (a run made before Strata read them). Whatever the facts, the peaks or the records
+    hold, the answer is a roofline or its reason: the roofline is a note beside the
+    verdict and a section of the report, and a failure in it costs only that."""
     if inp is None:
         return None
+    try:
+        return _case_roofline(inp, records, ledger, hw)
+    except Exception as exc:  # an input of a shape no check above foresaw
+        return CaseRoofline("", None, None, "-", str(inp.model.path or "-"),
+                            unavailable=f"roofline unavailable ({failure_words(exc)})")
+
+
+def _case_roofline(inp: RooflineInputs, records: Sequence[RequestRecord],
+                   ledger: Any, hw: Sequence[Any]) -> CaseRoofline:
     model = inp.model
     metric = getattr(ledger, "metric", "e2e") if ledger is not None else "e2e"
     lim = _case_gpus(inp, hw)
@@ -505,6 +614,10 @@ def case_roofline(inp: RooflineInputs | None, records: Sequence[RequestRecord],
     pre = prefill_phase(measured, m, getattr(clocks, "prefill_ms", None),
                         getattr(clocks, "prefill_source", ""))
     dec = decode_phase(measured, [r for r in records if r.ok], m)
+    bad = "; ".join(w for w in (_phase_unusable(pre), _phase_unusable(dec)) if w)
+    if bad:
+        return CaseRoofline("", None, None, device, where,
+                            unavailable=f"the case's figures are unusable: {bad}")
     if metric == "ttft":
         head = "prefill"
     elif metric == "itl":
@@ -526,10 +639,14 @@ def case_roofline(inp: RooflineInputs | None, records: Sequence[RequestRecord],
                      "whose peak on a CPU is above the float32 one measured, so the compute "
                      "share overstates how close the case came")
     why = ""
-    if (head == "prefill" and pre is None) or (head == "decode" and dec is None):
+    h = pre if head == "prefill" else dec
+    if h is None:
         why = (f"no {head} measured: no request with "
                + ("a prefill clock and token counts" if head == "prefill"
                   else "two token events and a decode clock"))
+    elif h.roof == "":  # no usable peak, or no usable share: the phase's notes say which
+        why = "; ".join(n for n in h.notes if n.endswith(("left out", "no share"))
+                        or n == NO_PEAK) or NO_PEAK
     return CaseRoofline(head, pre, dec, device, where, unavailable=why, notes=tuple(notes))
 
 
@@ -580,7 +697,18 @@ def annotate(v: Verdict, roof: CaseRoofline | None, sig: WindowSignals,
              device_kind: str = "cpu", n_cpus: int | None = None) -> Verdict:
     """The verdict with the roofline as evidence: one row (the headline phase's share
     against ``roof_near_frac``) and one note, first among the notes. Idempotent: an
-    earlier roofline row and note are replaced. Never changes the classes."""
+    earlier roofline row and note are replaced. Never changes the classes, and never
+    fails the verdict: a note that cannot be made is said as the note."""
+    try:
+        return _annotate(v, roof, sig, device_kind, n_cpus)
+    except Exception as exc:  # the verdict stands without its roofline note
+        notes = tuple(n for n in v.notes if not n.startswith(f"{ROOF_CLASS}:"))
+        return replace(v, notes=(f"{ROOF_CLASS}: unavailable ({failure_words(exc)})", *notes),
+                       evidence=tuple(e for e in v.evidence if e.cls != ROOF_CLASS))
+
+
+def _annotate(v: Verdict, roof: CaseRoofline | None, sig: WindowSignals,
+              device_kind: str, n_cpus: int | None) -> Verdict:
     notes = tuple(n for n in v.notes if not n.startswith(f"{ROOF_CLASS}:"))
     evidence = tuple(e for e in v.evidence if e.cls != ROOF_CLASS)
     v = replace(v, notes=notes, evidence=evidence)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.analysis.engine_clocks import within_request
 from strata_plugin.analysis.metrics import RequestMetrics, request_metrics
 from strata_plugin.analysis.rules.window import Verdict
 from strata_plugin.analysis.timeline import Window, case_windows, load_markers, run_windows
@@ -52,7 +53,7 @@ DERIVED = (
     "github-benchmark-smaller.json",
     "github-benchmark-bigger.json",
 )
-DERIVED_DIRS = ("plots",)
+DERIVED_DIRS = ("plots", "timeline")  # timeline: report/trace_events.py FOLDER
 
 
 def drop_derived(run_dir: Path, since: float) -> None:
@@ -234,7 +235,8 @@ def read_records(
     must = json.dumps(case_id).encode() if case_id is not None else None
     out: dict[str, list[RequestRecord]] = defaultdict(list)
     for n, d in lines.read(must, live=live):
-        rec = RequestRecord.from_dict(d, f"{path}:{n}")
+        # the engine's clocks the analysis may use: within the request (engine_clocks.py)
+        rec = within_request(RequestRecord.from_dict(d, f"{path}:{n}"))
         if case_id is None or rec.case_id == case_id:
             out[rec.case_id].append(rec)
     return dict(out), int(lines.torn is not None)

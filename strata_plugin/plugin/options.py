@@ -13,7 +13,8 @@ from strata_plugin.configure.profile import StrataConfig, load_profile, resolve_
 OPTIONS = (
     # (option, ini, help, default)
     ("--strata-profile", "strata_profile",
-     "deployment profile: a TOML path (relative to the rootdir) or a packaged name", "local"),
+     "deployment profile: a TOML path (relative to the project's folder: the rootdir) or "
+     "a packaged name", "local"),
     ("--strata-server-url", "strata_server_url",
      "attach to a running server at URL instead of launching one", ""),
     ("--strata-reports-dir", "strata_reports_dir", "where run folders go", "reports"),
@@ -121,11 +122,46 @@ def _run_id(config: pytest.Config) -> str:
     return value
 
 
+#: Files that make a folder a pytest project's root (pytest's own list, "rootdir"
+#: docs): the name, and the section it must hold ("" = the file alone).
+_PROJECT_FILES = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", ""),
+                  ("tox.ini", "[pytest]"), ("setup.cfg", "[tool:pytest]"), ("setup.py", ""))
+
+
+def _holds(path: Path, section: str) -> bool:
+    try:
+        with path.open("rb") as fh:  # a project file is a few KB: the head is enough
+            return section.encode() in fh.read(1 << 20) if section else True
+    except OSError:
+        return False
+
+
+def invoking_root(config: pytest.Config) -> Path:
+    """The folder Strata's relative paths (the reports folder, a profile's path) are
+    taken from: pytest's rootdir where a configuration file or ``--rootdir`` set it;
+    else the nearest folder from the invocation directory up that holds a project file,
+    else the invocation directory itself.
+
+    Why not pytest's rootdir alone: without a configuration file found, pytest takes the
+    command line's existing paths as hints for it, before the plugin's options are known,
+    so the value of ``--strata-profile /x/p.toml`` (a separate argument) made ``/x`` the
+    rootdir, and the run folder went to ``/x/reports``, outside the repository run from."""
+    if config.inipath is not None or config.getoption("rootdir", None):
+        return Path(config.rootpath)
+    start = Path(config.invocation_params.dir)
+    for folder in (start, *start.parents):
+        if any((folder / name).is_file() and _holds(folder / name, section)
+               for name, section in _PROJECT_FILES):
+            return folder
+    return start
+
+
 def build_config(config: pytest.Config) -> StrataConfig:
-    """Options + ini + profile, resolved against the invoking repository's rootdir."""
+    """Options + ini + profile, resolved against the invoking repository's root
+    (:func:`invoking_root`)."""
     from strata_plugin.run.run_folder import new_run_id
 
-    root = Path(config.rootpath)
+    root = invoking_root(config)
     try:
         max_reg = float(_value(config, "strata_max_regression"))
     except ValueError:

@@ -24,7 +24,9 @@ from strata_plugin.analysis.capacity import (
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.metrics import Slo
 from strata_plugin.analysis.run_folder import RunBundle
+from strata_plugin.errors import failure_words
 from strata_plugin.formats.atomic import atomic_open
+from strata_plugin.formats.printable import printable
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
@@ -106,7 +108,8 @@ class Sweep:
     items: tuple[tuple[CaseAnalysis, SweepStep, Slo, float], ...]
     knee: SweepStep | None
     capacity: SweepStep | None
-    png: str
+    png: str  # "" where the plot failed
+    why: str = ""  # why it failed
 
 
 def prepare(d: ReportData, plot_dir: Path) -> list[Sweep]:
@@ -116,9 +119,12 @@ def prepare(d: ReportData, plot_dir: Path) -> list[Sweep]:
         steps = [s for _, s, _, _ in items]
         slo, gf = items[0][2], items[0][3]
         k, cap = knee(steps), capacity_at_slo(steps, gf)
-        png = f"capacity-{_safe(name)}.png"
-        plot(plot_dir / png, name, steps, slo, k, cap)
-        out.append(Sweep(name, tuple(items), k, cap, png))
+        png, why = f"capacity-{_safe(name)}.png", ""
+        try:
+            plot(plot_dir / png, name, steps, slo, k, cap)
+        except Exception as e:  # the picture only: the sweep's table stands
+            png, why = "", failure_words(e)
+        out.append(Sweep(name, tuple(items), k, cap, png, why))
     return out
 
 
@@ -158,7 +164,10 @@ def section(groups: Sequence[Sweep]) -> str:
                              "ttft p50 ms",
                              "ttft p99 ms", "tpot p50 ms", "tpot p99 ms", "good", "saturated",
                              "verdict"), rows))
-        out.append(f"\n![capacity {name}](plots/{g.png})\n")
+        if g.png:
+            out.append(f"\n![capacity {name}](plots/{g.png})\n")
+        else:
+            out.append(f"\nCapacity plot: unavailable ({printable(g.why)}).\n")
     return "".join(out)
 
 

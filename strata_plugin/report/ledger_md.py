@@ -12,12 +12,15 @@ The pictures are drawn by :func:`prepare`, which the writer calls before renderi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, cause_words
 from strata_plugin.analysis.stats import mean_ci
 from strata_plugin.analysis.thresholds import value
+from strata_plugin.errors import failure_words
+from strata_plugin.formats.printable import printable
 from strata_plugin.report import ledger_plots
 from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
@@ -86,9 +89,20 @@ def _cases(analyses: Sequence[CaseAnalysis]) -> list[CaseAnalysis]:
     return [a for a in analyses if a.ledger is not None and a.ledger.n]
 
 
-def prepare(d: ReportData, plot_dir: Path) -> dict[str, tuple[str, bool]]:
-    """Each case's pictures drawn into ``plot_dir``: case id -> (file stem, whether the
-    stall timeline was drawn)."""
+@dataclass(frozen=True)
+class Drawn:
+    """One case's pictures as :func:`prepare` left them."""
+
+    stem: str  # the files' name under plots/, less ``.png`` / ``-timeline.png``
+    bars: bool  # the stacked bars were drawn
+    timeline: bool  # the stall timeline was drawn (False too: no request had tokens)
+    why: str = ""  # why a picture failed, "" when none did
+
+
+def prepare(d: ReportData, plot_dir: Path) -> dict[str, Drawn]:
+    """Each case's pictures drawn into ``plot_dir``, by case id. A picture that fails
+    costs itself only, said in its place: the table, the other pictures and the other
+    cases stand."""
     anchor = d.bundle.anchor
     used: set[str] = set()
     out = {}
@@ -101,15 +115,25 @@ def prepare(d: ReportData, plot_dir: Path) -> dict[str, tuple[str, bool]]:
         while name in used:
             name, k = f"{base}-{k}", k + 1
         used.add(name)
-        ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
-        drew = ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
-                                     f"{a.name}: requests, stalls by server state",
-                                     d.bundle.records.get(a.case_id, []), led, anchor)
-        out[a.case_id] = (name, drew)
+        failed = []
+        try:
+            ledger_plots.bars(plot_dir / f"{name}.png", f"{a.name}: time ledger", led)
+            bars = True
+        except Exception as e:
+            bars = False
+            failed.append(f"the ledger's bars: unavailable ({failure_words(e)})")
+        try:
+            drew = ledger_plots.timeline(plot_dir / f"{name}-timeline.png",
+                                         f"{a.name}: requests, stalls by server state",
+                                         d.bundle.records.get(a.case_id, []), led, anchor)
+        except Exception as e:
+            drew = False
+            failed.append(f"the stall timeline: unavailable ({failure_words(e)})")
+        out[a.case_id] = Drawn(name, bars, drew, "; ".join(failed))
     return out
 
 
-def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, bool]]) -> str:
+def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, Drawn]) -> str:
     """``drawn``: what :func:`prepare` drew, by case id."""
     cases = _cases(analyses)
     if not cases:
@@ -137,10 +161,14 @@ def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, tuple[str, boo
     for a in cases:
         led = a.ledger
         assert led is not None
-        name, timeline = drawn[a.case_id]
-        out.append(f"\n### {a.name} (`{a.case_id}`)\n\n![ledger](plots/{name}.png)\n")
-        if timeline:
-            out.append(f"\n![stalls by server state](plots/{name}-timeline.png)\n")
+        pic = drawn[a.case_id]
+        out.append(f"\n### {a.name} (`{a.case_id}`)\n\n")
+        if pic.bars:
+            out.append(f"![ledger](plots/{pic.stem}.png)\n")
+        if pic.timeline:
+            out.append(f"\n![stalls by server state](plots/{pic.stem}-timeline.png)\n")
+        if pic.why:
+            out.append(f"\nNot drawn: {printable(pic.why)}.\n")
         lv = [(k, x) for k, x in led.level1() if abs(x) >= 0.005]
         if lv:
             by = ("" if led.has_run_state else " (no run-state samples: the server's clocks "

@@ -8,6 +8,7 @@ before reading a table. Byte-for-byte reproducible, as report/plots.py's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,12 +74,23 @@ def _figure(w: float, h: float):  # -> (Figure, FigureCanvasAgg)
 
 
 def _num(x: float) -> str:
-    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+    if not math.isfinite(x):
+        return "-"
+    # a label's width is the picture's: 1e300 ms written out is 301 digits wide
+    return f"{x:.0f}" if 100 <= x < 1e7 else f"{x:.3g}"
+
+
+def _share(x: float) -> str:
+    """A part's share as its bar's label, the whole of it where the bar is cut."""
+    return f"{x:.0%}" if x < 100 else f"{100 * x:.3g}%"
 
 
 def bars(path: Path, title: str, led: CaseLedger) -> None:
     """Three stacked bars, one per metric, each 100%: the parts' shares, labelled where
-    wide enough; the case's metric marked."""
+    wide enough; the case's metric marked. The axis is 0-100% whatever the shares say:
+    where the engine's clocks claim more time than the client saw (a negative residual,
+    an engine reporting seconds as milliseconds) the parts pass 100%, and the bar is cut
+    there and labelled so, rather than the picture growing to hold them."""
     import matplotlib
 
     rows = [seg for seg in ("ttft", "itl", "e2e") if led.shares(seg)]
@@ -86,10 +98,14 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
         fig = _figure(7.5, 0.75 + 0.55 * len(rows))
         ax = fig.add_subplot(1, 1, 1)
         used: dict[str, object] = {}
+        cut: set[str] = set()
         for y, seg in enumerate(reversed(rows)):
             left = 0.0
             for part, share in led.shares(seg):
-                w = abs(share)
+                whole = w = abs(share) if math.isfinite(share) else 0.0
+                if w > 1.0 - left + 1e-9:  # past 100%: cut at the axis's end
+                    cut.add(seg)
+                    w = max(0.0, 1.0 - left)
                 if w <= 0:
                     continue
                 bar = ax.barh(y, w * 100, left=left * 100, height=0.6,
@@ -98,15 +114,17 @@ def bars(path: Path, title: str, led: CaseLedger) -> None:
                 if w >= 0.06:
                     dark = part in ("residual_ttft", "residual_decode", "before_server",
                                     "server_queue", "ttft_stalled", "stall_stalled")
-                    ax.text((left + w / 2) * 100, y, f"{w:.0%}", ha="center", va="center",
-                            fontsize=6.5, color="white" if dark else "black")
+                    ax.text((left + w / 2) * 100, y, _share(whole), ha="center", va="center",
+                            fontsize=6.5, color="white" if dark else "black", clip_on=True)
                 left += w
         labels = []
         for seg in reversed(rows):
             mean = led.ms_per_token() if seg == "itl" else led.mean_ms(seg)
             unit = "ms/token" if seg == "itl" else "ms"
             mark = " *" if seg == led.metric else ""
-            labels.append(f"{METRIC_LABELS[seg]}{mark}\n{_num(mean)} {unit}" if mean else seg)
+            over = "\n(parts past 100%: cut)" if seg in cut else ""
+            labels.append(f"{METRIC_LABELS[seg]}{mark}\n{_num(mean)} {unit}{over}" if mean
+                          else seg + over)
         ax.set_yticks(range(len(rows)), labels)
         ax.set_xlim(0, 100)
         ax.set_xlabel("share of the metric's time (%); * the metric this case is about")
@@ -151,6 +169,11 @@ def timeline(path: Path, title: str, records: Sequence[RequestRecord],
                     color=COLOURS["decode_compute"], linewidth=1.2, solid_capstyle="butt")
             for a, b, state in stall_spans(r, states, anchor,
                                            deliveries.get(r.request_id)):
+                # within the request's own tokens: a span past them is a clock's error,
+                # and would widen the axis for nothing
+                a, b = min(max(a, first), last), min(max(b, first), last)
+                if not (math.isfinite(a) and math.isfinite(b)) or b <= a:
+                    continue
                 (line,) = ax.plot([(a - t0) / 1e9, (b - t0) / 1e9], [y, y],
                                   color=STATE_COLOURS[state], linewidth=2.6,
                                   solid_capstyle="butt")

@@ -31,6 +31,7 @@ from strata_plugin.analysis.run_folder import RunBundle
 from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import all_thresholds
 from strata_plugin.analysis.timeline import SampleStore
+from strata_plugin.formats.printable import printable
 from strata_plugin.report import load_spread
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.tables import (
@@ -78,6 +79,11 @@ class ReportData:
     #: what each section's ``prepare`` returned (``report/sections.py``), by section name:
     #: the files it read, the plots it drew
     prepared: Mapping[str, Any] = field(default_factory=dict)
+    #: the line naming each case's slice of the run's timeline (report/trace_events.py)
+    case_traces: Mapping[str, str] = field(default_factory=dict)
+    #: why a plot was not drawn, by what it is (``case:<id>``, ``run``, ``ab:<group>``):
+    #: a plot that failed costs its picture only, said in its place (report/writer.py)
+    plot_failures: Mapping[str, str] = field(default_factory=dict)
 
 
 def _cmd(argv: Any) -> str:
@@ -153,8 +159,8 @@ def first_lines(d: ReportData) -> str:
     from strata_plugin.analysis.failures import VERDICT_CLASS
 
     reason = _incomplete(d)
-    lines = [f"**Run incomplete:** {reason}"] if reason else []
-    lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {a.verdict.notes[0]}"
+    lines = [f"**Run incomplete:** {printable(reason)}"] if reason else []
+    lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {printable(a.verdict.notes[0])}"
               for a in d.analyses if a.verdict.classes == (VERDICT_CLASS,) and a.verdict.notes
               and a.case_id not in reason]
     return "".join(f"\n{line}\n" for line in lines) + ("\n" if lines else "")
@@ -237,9 +243,9 @@ def run_details(d: ReportData) -> str:
 def _deciding(v: Verdict) -> str:
     """The one piece of evidence that decided the verdict, in a few words."""
     if v.inconclusive:
-        return (v.notes[-1] if v.notes else "inconclusive")[:160]
+        return printable((v.notes[-1] if v.notes else "inconclusive")[:160])
     if v.classes == ("requests_failed",) and v.notes:  # analysis/failures.py: its counts
-        return v.notes[0][:300]
+        return printable(v.notes[0][:300])
     parts = [v.lead] if v.lead else []
     for cls in v.classes[len(parts):]:
         e = next((e for e in v.evidence if e.cls == cls and e.met), None)
@@ -449,20 +455,26 @@ def verdict_md(v: Verdict, lacks: dict[str, str] | None = None) -> str:
         lines.append(f"\nModifier: {', '.join(v.modifiers)}.\n")
     if v.also_flagged:
         lines.append(f"\nAlso past threshold: {', '.join(v.also_flagged)}.\n")
-    if v.background:
+    if v.background:  # a fact about the host beside the classes, never a lower rank
         lines.append(
-            f"\nHost background (past threshold in the idle baseline too): "
-            f"{', '.join(v.background)}; appeared with the load: "
-            f"{', '.join(v.appeared_with_load) or 'none'}.\n"
+            f"\nPresent before the run (past threshold in the idle baseline too; ranked "
+            f"by this case's own figures): {', '.join(v.background)}; appeared with the "
+            f"load: {', '.join(v.appeared_with_load) or 'none'}.\n"
+        )
+    if v.baseline_unfelt:
+        lines.append(
+            f"\nIn the idle baseline, not felt by this case (past threshold before the "
+            f"run; here not past threshold, or under ledger_second_min_share of its "
+            f"metric): {', '.join(v.baseline_unfelt)}.\n"
         )
     for n in v.notes:
-        lines.append(f"\n- {n}")
+        lines.append(f"\n- {printable(n)}")
     if v.notes:
         lines.append("\n")
     named = [e for e in v.evidence if e.detail and e.met]
     if named:  # the actors behind the numbers: the allowance, the other processes
         lines.append("\n")
-        lines.extend(f"- `{e.cls}`: {e.detail}\n" for e in named)
+        lines.extend(f"- `{e.cls}`: {printable(e.detail)}\n" for e in named)
     if v.evidence:
         lines.append("\n")
         lines.append(
@@ -633,12 +645,16 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
         out.append("\n#### Rails, links and peers\n\n" + rails_md(a.rails))
     plot = d.case_plots.get(a.case_id)
     out.append("\n#### Timeline\n\n")
+    if (failed := d.plot_failures.get(f"case:{a.case_id}")) is not None:
+        out.append(f"Timeline plot: unavailable ({printable(failed)}).\n")
     if plot is not None:
         name, omitted = plot
         if name:
             out.append(f"![{a.case_id} timeline](plots/{name})\n")
         if omitted:
             out.append("\nPanels left out (no data): " + "; ".join(omitted) + ".\n")
+    if a.case_id in d.case_traces:
+        out.append(f"\n{d.case_traces[a.case_id]}\n")
     return "".join(out)
 
 
@@ -759,6 +775,8 @@ def ab_section(d: ReportData) -> str:
                 f"\n![A/B group {g.group}: request timeline, inter-token time, per repetition]"
                 f"(plots/{g.plot})\n"
             )
+        elif (failed := d.plot_failures.get(f"ab:{g.group}")) is not None:
+            out.append(f"\nA/B plot: unavailable ({printable(failed)}).\n")
         out.append(interference_md(d, g))
         if g.deltas:
             out.append(
@@ -836,6 +854,8 @@ RUN_PLOT_ONE_CASE = "one case"
 
 def run_timeline(d: ReportData) -> str:
     out = ["\n## Run timeline\n\n"]
+    if "run" in d.plot_failures:
+        return out[0] + f"Run timeline plot: unavailable ({printable(d.plot_failures['run'])}).\n"
     if d.run_plot is None:
         return out[0] + "No run window was marked.\n"
     name, omitted = d.run_plot

@@ -13,6 +13,7 @@ from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
 from strata_plugin.analysis.device_limits import DeviceLimits, Peak
 from strata_plugin.analysis.roofline import PhaseRoof, RooflineInputs
 from strata_plugin.configure.model_facts import FACTS
+from strata_plugin.formats.printable import printable
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.markdown import ReportData
 from strata_plugin.report.tables import md_table
@@ -48,11 +49,14 @@ def cases_table(analyses: Sequence[CaseAnalysis]) -> str:
     notes: dict[str, list[str]] = {}
     for a in analyses:
         r = a.roofline
-        if r is None:
+        if r is None:  # the run recorded facts, but none under this case's configuration
+            missing.append(f"- `{a.case_id}`: no model facts or device limits were recorded "
+                           f"for its configuration `{printable(a.config_id)}`")
             continue
         h = r.headline
         if h is None or h.roof == "":
-            missing.append(f"- `{a.case_id}`: {r.unavailable or 'no peak of this device known'}")
+            missing.append(f"- `{a.case_id}`: "
+                           f"{printable(r.unavailable or 'no peak of this device known')}")
             continue
         rows.append(phase_row(f"`{a.case_id}`", h))
         for n in (*r.notes, *h.notes):
@@ -64,7 +68,8 @@ def cases_table(analyses: Sequence[CaseAnalysis]) -> str:
                          "batch (decode)", "clock"), rows)
     if notes:
         out += "\n" + "".join(
-            f"- {n} ({'every case' if len(cs) == len(rows) else ', '.join(f'`{c}`' for c in cs)})\n"
+            f"- {printable(n)} "
+            f"({'every case' if len(cs) == len(rows) else ', '.join(f'`{c}`' for c in cs)})\n"
             for n, cs in notes.items())
     if missing:
         out += "\nNo row:\n\n" + "\n".join(missing) + "\n"
@@ -82,8 +87,8 @@ def limits_table(lim: DeviceLimits) -> str:
              lim.flops, *lim.links]
     extra = (f"Last-level cache: {md_num(lim.cache_bytes / 2**20)} MiB.\n\n"
              if lim.cache_bytes else "")
-    notes = "".join(f"\n- {n}" for n in lim.notes) + ("\n" if lim.notes else "")
-    return (f"Device: {lim.device}.\n\n{extra}"
+    notes = "".join(f"\n- {printable(n)}" for n in lim.notes) + ("\n" if lim.notes else "")
+    return (f"Device: {printable(lim.device)}.\n\n{extra}"
             + md_table(("peak", "value", "basis", "source"), [_peak_row(p) for p in peaks])
             + notes)
 
@@ -101,8 +106,8 @@ def facts_table(ctx: RunContext) -> str:
     for key, cids in groups.items():
         inp = first[key]
         m = inp.model
-        where = (f"`{m.path}` ({m.format}, located by {m.located_by or '-'})"
-                 if m.path else f"not found ({m.located_by or '-'})")
+        where = printable(f"`{m.path}` ({m.format}, located by {m.located_by or '-'})"
+                          if m.path else f"not found ({m.located_by or '-'})")
         rows = []
         for name, meaning in FACTS:
             f = m.fact(name)
@@ -117,7 +122,7 @@ def facts_table(ctx: RunContext) -> str:
         if inp.limits is not None:
             out.append("\n" + limits_table(inp.limits))
         else:
-            out.append(f"\nDevice limits: UNAVAILABLE ({inp.why_no_limits}).\n")
+            out.append(f"\nDevice limits: UNAVAILABLE ({printable(inp.why_no_limits)}).\n")
     return "".join(out)
 
 

@@ -10,9 +10,10 @@ once before rendering, with the run and the plots folder, and the section finds 
 it returned in ``d.prepared[name]``. Rendering itself reads no file and no clock, so
 the same run gives the same text.
 
-A plugin's section cannot take the report down with it: an exception in its
-``prepare`` or ``render`` becomes one line under its heading ("not rendered: ..."),
-naming the plugin, and every other section renders as before.
+No section can take the report down with it: an exception in a section's ``prepare``
+or ``render`` becomes one line under its heading, with the reason ("Roofline: unavailable
+(TypeError in ...: ...)"; a plugin's, "not rendered: ...", naming the plugin), and every
+other section renders as before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin import entry_points
+from strata_plugin.errors import failure_words
+from strata_plugin.formats.printable import printable
 from strata_plugin.report import (
     capacity_md,
     diagnostic,
@@ -82,9 +85,12 @@ def plugin_sections() -> tuple[Section, ...]:
 
 @dataclass(frozen=True)
 class _Failed:
-    """What a plugin section's ``prepare`` left when it raised."""
+    """What a section's ``prepare`` left when it raised."""
 
     why: str
+    #: caught here, around a section that does not say its own failure (a plugin's
+    #: guarded section does, naming the plugin)
+    unsaid: bool = False
 
 
 def _guarded(p: entry_points.Plugin) -> Section:
@@ -92,7 +98,7 @@ def _guarded(p: entry_points.Plugin) -> Section:
     who = f"plugin {p.name!r}" + (f" ({p.dist})" if p.dist else "")
 
     def failed(d: ReportData, why: str) -> str:
-        return f"\n## {sec.name}\n\nnot rendered: {who} raised {why}\n"
+        return f"\n## {sec.name}\n\nnot rendered: {who} raised {printable(why)}\n"
 
     def render(d: ReportData) -> str:
         got = d.prepared.get(sec.name)
@@ -148,10 +154,24 @@ def _sections(sections: Sequence[Section] | None) -> Sequence[Section]:
     return all_sections() if sections is None else sections
 
 
+def _unavailable(s: Section, why: str) -> str:
+    """What a section that failed leaves in its place: its heading, and why."""
+    return f"\n## {s.name}\n\n{s.name}: unavailable ({printable(why)})\n"
+
+
+def _prepared(s: Section, d: ReportData, plot_dir: Path) -> Any:
+    assert s.prepare is not None
+    try:
+        return s.prepare(d, plot_dir)
+    except Exception as e:  # the other sections, and the other files, stand
+        return _Failed(failure_words(e), unsaid=True)
+
+
 def prepare(d: ReportData, plot_dir: Path, sections: Sequence[Section] | None = None
             ) -> ReportData:
     """``d`` with every section's ``prepare`` result under its name (the writer's step:
-    the file reading and the drawing)."""
+    the file reading and the drawing); a ``prepare`` that raised leaves the reason, and
+    its section says it."""
     secs = _sections(sections)
     names = [s.name for s in secs]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -160,10 +180,23 @@ def prepare(d: ReportData, plot_dir: Path, sections: Sequence[Section] | None = 
                          "(strata_plugin/report/sections.py, SECTIONS)")
     return dataclasses.replace(
         d, prepared={**d.prepared,
-                     **{s.name: s.prepare(d, plot_dir) for s in secs if s.prepare is not None}})
+                     **{s.name: _prepared(s, d, plot_dir) for s in secs
+                        if s.prepare is not None}})
+
+
+def _rendered(s: Section, d: ReportData) -> str:
+    got = d.prepared.get(s.name)
+    if isinstance(got, _Failed) and got.unsaid:
+        return _unavailable(s, got.why)
+    try:
+        return s.render(d)
+    except Exception as e:  # the report stands without this section, saying why
+        return _unavailable(s, failure_words(e))
 
 
 def render(d: ReportData, sections: Sequence[Section] | None = None) -> str:
     """report.md: read in a minute, the summary, then the A/B groups, then the details
     (collapsed). Pure: the same ``d`` gives the same text, and no file is opened."""
-    return "".join(s.render(d) for s in _sections(sections))
+    # The last guard: what a plugin's section or a place not escaped at its insertion
+    # writes keeps its lines but shows its other controls (formats/printable.py).
+    return printable("".join(_rendered(s, d) for s in _sections(sections)), keep_lines=True)

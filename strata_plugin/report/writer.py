@@ -3,9 +3,9 @@
 Called by the plugin at session end and by ``python -m strata_plugin report DIR``.
 It reads only raw files (manifest, markers, cases, requests, samples) and rewrites
 case_summary.csv, case_hw_summary.csv, summary.json, benchmark.json, the CI files
-(report/ci_outputs.py), report.md, thresholds.md and plots/*.png. Nothing written depends
-on the time of writing, dict order or the machine's matplotlib settings, so the same raw
-files give the same bytes.
+(report/ci_outputs.py), report.md, thresholds.md, plots/*.png and timeline/*.json.
+Nothing written depends on the time of writing, dict order or the machine's matplotlib
+settings, so the same raw files give the same bytes.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from strata_plugin.analysis.static_diff import run_static
 from strata_plugin.analysis.sufficiency import SUFFICIENCY_METRICS, PercentileSupport, support
 from strata_plugin.analysis.thresholds import all_thresholds
 from strata_plugin.analysis.timeline import HW_COLUMNS, SampleStore, Window
+from strata_plugin.errors import failure_words
 from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.formats.outcome import RunOutcome
 from strata_plugin.formats.telemetry import TelemetryFacts
-from strata_plugin.report import ab_plots, plots, sections, sufficiency_md
+from strata_plugin.report import ab_plots, plots, sections, sufficiency_md, trace_events
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
@@ -381,22 +382,24 @@ def _ci(a: Analysed) -> dict[str, str]:
     return ci_files(ci_cases)
 
 
+SUMMARY, REPORT = "summary.json", "report.md"
 #: Every output, in the order written; report.md last (once it is there, the rest is).
 OUTPUTS: tuple[Output, ...] = (
     Output("ledger.jsonl", _ledger),
     Output("case_summary.csv", _case_summary),
     Output("case_hw_summary.csv", _case_hw_summary),
-    Output("summary.json",
-           lambda a: {"summary.json": json_text(_summary_json(a.data, a.run.windows))}),
+    Output(SUMMARY, lambda a: {SUMMARY: json_text(_summary_json(a.data, a.run.windows))}),
     Output("benchmark.json", _benchmark),
     Output("CI files (report/ci_outputs.py)", _ci),
     Output(THRESHOLDS_FILE, lambda a: {THRESHOLDS_FILE: thresholds_md()}),
-    Output("report.md", lambda a: {"report.md": sections.render(a.data)}),
+    Output(REPORT, lambda a: {REPORT: sections.render(a.data)}),
 )
 
 
-def _case_plots(ra: RunAnalysis, plot_dir: Path) -> dict[str, tuple[str, list[str]]]:
-    """Each case's timeline, under a file name of its own; (its name, panels omitted)."""
+def _case_plots(ra: RunAnalysis, plot_dir: Path, failed: dict[str, str]
+                ) -> dict[str, tuple[str, list[str]]]:
+    """Each case's timeline, under a file name of its own; (its name, panels omitted).
+    A case whose plot failed has none, and ``failed`` says why (``case:<id>``)."""
     used: set[str] = set()
     case_plots: dict[str, tuple[str, list[str]]] = {}
     for a in ra.analyses:
@@ -408,13 +411,25 @@ def _case_plots(ra: RunAnalysis, plot_dir: Path) -> dict[str, tuple[str, list[st
             name = f"case-{_safe(a.case_id)}-{k}.png"
             k += 1
         used.add(name)
-        case_plots[a.case_id] = _case_plot(ra.store, ra.bundle, a, plot_dir, name)
+        try:
+            case_plots[a.case_id] = _case_plot(ra.store, ra.bundle, a, plot_dir, name)
+        except Exception as e:  # this picture only: the report and the other cases stand
+            failed[f"case:{a.case_id}"] = failure_words(e)
     return case_plots
 
 
-def _ab(ra: RunAnalysis, plot_dir: Path) -> list[AbGroup]:
-    """Each A/B group: its arms, deltas, same-output pairs, effects and picture."""
+def _ab(ra: RunAnalysis, plot_dir: Path, failed: dict[str, str]) -> list[AbGroup]:
+    """Each A/B group: its arms, deltas, same-output pairs, effects and picture (none
+    where it failed: ``failed`` says why, ``ab:<group>``)."""
     bundle, analyses = ra.bundle, ra.analyses
+
+    def picture(group: str, arms: list[Arm]) -> str:
+        try:
+            return _ab_plot(bundle, analyses, group, arms, plot_dir)
+        except Exception as e:  # this picture only
+            failed[f"ab:{group}"] = failure_words(e)
+            return ""
+
     case_metrics = {a.case_id: a.metrics for a in analyses}
     return [
         AbGroup(
@@ -425,7 +440,7 @@ def _ab(ra: RunAnalysis, plot_dir: Path) -> list[AbGroup]:
             group_effects(
                 group, arms, case_metrics, {a.case_id: a.interference for a in analyses}
             ),
-            _ab_plot(bundle, analyses, group, arms, plot_dir),
+            picture(group, arms),
             group_expectations(bundle, group, arms),
         )
         for group, arms in ab_groups(bundle).items()
@@ -448,8 +463,14 @@ def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Anal
         line = sufficiency_md.case_line(sufficiency[a.case_id])
         if line:
             case_notes.setdefault(a.case_id, []).append(line)
-    case_plots = _case_plots(ra, plot_dir)
-    run_plot = _run_plot(ra.store, bundle, ra.analyses, plot_dir)
+    failed: dict[str, str] = {}  # plots not drawn, and why: each said in its place
+    case_plots = _case_plots(ra, plot_dir, failed)
+    try:
+        run_plot = _run_plot(ra.store, bundle, ra.analyses, plot_dir)
+    except Exception as e:  # this picture only
+        run_plot, failed["run"] = None, failure_words(e)
+    ab = _ab(ra, plot_dir, failed)
+    timeline = trace_events.write_all(ra, run_dir)  # never raises: a failure is its line
     # The analysed run, once; then each section's own reading and drawing
     # (report/sections.py), so that rendering report.md reads nothing.
     data = sections.prepare(ReportData(
@@ -457,13 +478,17 @@ def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Anal
         store=ra.store,
         ctx=ra.ctx,
         analyses=ra.analyses,
-        limits=run_limits(bundle, ra.store, ra.ctx, ra.analyses),
+        limits=run_limits(bundle, ra.store, ra.ctx, ra.analyses)
+        + ([f"timeline not written: {timeline.problem}"] if timeline.problem else []),
         case_plots=case_plots,
         run_plot=run_plot,
-        ab=_ab(ra, plot_dir),
+        ab=ab,
         static=run_static(run_dir),
         sufficiency=sufficiency,
         case_notes=case_notes,
+        case_traces={a.case_id: trace for a in ra.analyses
+                     if (trace := timeline.case_line(a.case_id))},
+        plot_failures=failed,
     ), plot_dir)
     return Analysed(run_dir, ra, data)
 
@@ -475,8 +500,9 @@ def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> P
     ``complete: false`` until this report is written). Offline, the outcome is read
     from the manifest (``RunOutcome.from_manifest``: a run killed before its end is
     incomplete). Either way a raw file torn mid-line is added to it, so the caller sees
-    it too. Raises ``FormatError`` naming the file, line and key of a raw file that
-    does not hold its format."""
+    it too, and so is an output that could not be made (``report_failed``, naming it:
+    the others are written, report.md saying so first). Raises ``FormatError`` naming
+    the file, line and key of a raw file that does not hold its format."""
     run_dir = Path(run_dir)
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
@@ -484,13 +510,31 @@ def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> P
     # a report that fails part way leaves the previous one whole, its plots included.
     earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
     analysed = _analysed(run_dir, outcome, plot_dir)
-    for output in OUTPUTS:
-        for name, text in output.texts(analysed).items():
-            atomic_write_text(run_dir / name, text)
+    failed: list[str] = []
+    for output in OUTPUTS:  # each written as it is made: one output's text at a time
+        if output.name == REPORT and failed:
+            # the run's outcome says which failed, and so do summary.json and report.md
+            assert analysed.data.bundle.outcome is not None  # set by _analysed
+            analysed.data.bundle.outcome.add("report_failed", "; ".join(failed))
+            _write(run_dir, analysed, next(o for o in OUTPUTS if o.name == SUMMARY), [])
+        _write(run_dir, analysed, output, failed)
     for p, was in earlier.items():
         if _file_id(p) == was:  # not rewritten (an atomic write is a new inode)
             p.unlink(missing_ok=True)
     return run_dir / "report.md"
+
+
+def _write(run_dir: Path, analysed: Analysed, output: Output, failed: list[str]) -> None:
+    """One output's files; an output that cannot be made (a bug in it, an input no check
+    foresaw) costs its own files only, and is added to ``failed`` with why. A file that
+    cannot be written (a full disk) fails the report."""
+    try:
+        texts = output.texts(analysed)
+    except Exception as e:
+        failed.append(f"{output.name} not written ({failure_words(e)})")
+        return
+    for name, text in texts.items():
+        atomic_write_text(run_dir / name, text)
 
 
 def _file_id(p: Path) -> tuple[int, int, int] | None:

@@ -151,7 +151,8 @@ class Deployment:
         server.block_id = block_id
         self.servers[block_id] = server
         self.record_servers()
-        self.record_roofline(config_id, server)
+        # under the id the cases carry: an attached server's cases say ``attached``
+        self.record_roofline(server.config_id, server)
         return server
 
     def record_roofline(self, config_id: str, server: Server) -> None:

@@ -94,7 +94,10 @@ def block_facts(engine: str, server: Any, gpu_expected: bool,
 
 def record(recorder: Any, engine: str, server: Any, config_id: str,
            gpu_expected: bool) -> None:
-    """Once per configuration: the facts into the manifest's ``roofline`` entry."""
+    """Once per configuration: the facts into the manifest's ``roofline`` entry, under
+    ``config_id``, the id the configuration's cases carry (an attached server's cases:
+    ``attached``, whatever configuration of the profile it stands for), which the
+    analysis looks each case's facts up by."""
     have = dict(recorder.manifest.get("roofline") or {})
     if config_id in have:
         return
