@@ -1,6 +1,6 @@
-"""``python -m strata_plugin report|compare|scorecard|bench|profile-doc|plugins|agent|setup``:
-offline tools, an ad-hoc benchmark, the profile reference, the installed plugins, the agent,
-setup."""
+"""``python -m strata_plugin COMMAND``: report, compare, timeline, scorecard, bench,
+profile-doc, plugins, agent, setup: offline tools, an ad-hoc benchmark, the profile
+reference, the installed plugins, the agent, setup."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ USAGE = """usage: python -m strata_plugin COMMAND [ARGS]
 commands:
   report RUN_DIR        regenerate every derived file of a run from its raw files
   compare RUN_A RUN_B   per-case deltas with confidence intervals
+  timeline RUN_DIR [--case ID] [--request N] [-o FILE]
+                        the run's, one case's or one request's timeline as a trace file
+                        for Perfetto UI / chrome://tracing (docs/timeline.md)
   scorecard RUN...      how the verdicts of fault-suite runs named the injected faults
                         (-o FILE.md, --json FILE)
   bench URL --workload isl=256,osl=64,concurrency=4,requests=40 [--api API]
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.report.cli import compare_main
 
         return compare_main(rest)
+    if command == "timeline":
+        from strata_plugin.report.cli import timeline_main
+
+        return timeline_main(rest)
     if command == "scorecard":
         from strata_plugin.report.scorecard import scorecard_main
 
@@ -75,6 +82,7 @@ def plugins_main(argv: list[str]) -> int:
     """Each entry-point group and what is installed in it; exit 1 naming a broken one."""
     from strata_plugin.entry_points import PluginError, load
     from strata_plugin.extend import check_plugins
+    from strata_plugin.formats.printable import printable
 
     if argv:
         print("usage: python -m strata_plugin plugins", file=sys.stderr)
@@ -87,7 +95,8 @@ def plugins_main(argv: list[str]) -> int:
     for group, names in groups.items():
         print(f"{group}:")
         for p in load(group) if names else ():
-            print(f"  {p.name} = {p.value}" + (f"  ({p.dist})" if p.dist else ""))
+            # the distribution's own words: shown, not obeyed (formats/printable.py)
+            print(printable(f"  {p.name} = {p.value}" + (f"  ({p.dist})" if p.dist else "")))
         if not names:
             print("  (none installed)")
     return 0
