@@ -125,6 +125,21 @@ def test_a_process_on_the_servers_cpus_is_named_before_a_busier_one_elsewhere():
         4242, 11, 10]
 
 
+def test_a_parent_is_named_with_the_cpu_of_the_children_it_reaped():
+    """A shell loop starting short-lived tools: its own CPU is ~0, its reaped children's
+    (children_cpu_s) 0.5 core; it is named with 0.5 core, before a process of 0.4 core
+    of its own, and the sum is the two series' growth, each counted once."""
+    loop = "pid300 bash -c while true; do date >/dev/null; done"
+    rows = [counter(loop, "cpu_s", 0.001), counter(loop, "children_cpu_s", 0.5),
+            counter("pid11 make -j2", "cpu_s", 0.4),
+            counter("pid11 make -j2", "children_cpu_s", 0.0)]
+    assert signals.other_processes(signals.HwView(rows), NODE, 4.0) == (
+        (300, loop[7:], 0.501, False), (11, "make -j2", 0.4, False))
+    # an older run, cpu_s alone: the process's own CPU, as before
+    assert signals.other_processes(signals.HwView([rows[0], rows[2]]), NODE, 4.0) == (
+        (11, "make -j2", 0.4, False), (300, loop[7:], 0.001, False))
+
+
 def test_others_on_the_allowed_cpus_are_those_cpus_busy_time_less_the_servers():
     """A hog on the server's only CPU (1): that CPU busy 1.0, the server 0.5 of it."""
     rows = [gauge("", "allowed_cpus", 1.0), gauge("affinity 1", "affinity_cpus", 1),
@@ -223,6 +238,32 @@ def test_contention_says_how_much_of_the_others_cpu_its_names_cover():
               and e.threshold == "other_cpu_frac")
     assert "; named: 0.17 of the 0.55 cores other work held host-wide; the server: " in (
         ev.detail or ""), ev.detail
+
+
+@pytest.mark.parametrize(("rate", "says"), [
+    (412.4, "; 412 process starts/s; the server: "),
+    (9.94, "; 9.9 process starts/s; the server: "),  # just under ten: a decimal kept
+    (9.96, "; 10 process starts/s; the server: "),
+])
+def test_contention_states_the_hosts_process_start_rate_where_sampled(rate, says):
+    """cpu:forks' rate beside the named processes: children too short-lived to be named
+    themselves, in the evidence and in the verdict's note of the actors."""
+    rows = [counter("", "forks", rate, source="cpu"), counter("pid9 make", "cpu_s", 0.3)]
+    assert sig(rows)["host_process_starts_per_s"] == pytest.approx(rate)
+    procs = ((9, "make", 0.3, False),)
+    s = dataclasses.replace(CPU_CLEAN, n_cores=2, host_busy_cores=1.75, server_cpu_cores=1.2,
+                            path_cpu_cores=None, runq_delay_per_cpu_s=1.2,
+                            ctx_involuntary_per_cpu_s=300.0, other_processes=procs,
+                            host_process_starts_per_s=rate, ledger_run_state=True,
+                            ledger_runnable_cores=2.0, ledger_metric="itl",
+                            ledger_causes=(("decode:waiting", 0.7), ("decode:running", 0.3)))
+    assert says in _named_words(s)
+    note = next(n for n in classify(s).notes if n.startswith("other processes on the CPUs"))
+    assert note.endswith(says.split("; the server")[0]), note
+    # a run recorded before forks: no rate, no words
+    assert sig(rows[1:])["host_process_starts_per_s"] is None
+    assert "process starts" not in _named_words(
+        dataclasses.replace(s, host_process_starts_per_s=None))
 
 
 def _named_words(s) -> str:

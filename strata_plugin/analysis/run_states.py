@@ -35,6 +35,9 @@ and the jumps, many times an interval's room, were cut to one interval's worth: 
 quota's hold read as 20% of the case where it was 90%. So what an interval cannot hold
 of either counter's increment is moved back to the intervals before it, at most
 LAZY_SPAN_S back (:func:`spread_back`); a counter that advances steadily stays put.
+Where the agent also sampled ``queued_s`` (the run-queue wait counted while it lasts:
+``wait_s`` plus the waits still under way) it is read in place of ``wait_s``, so a wait
+longer than LAZY_SPAN_S is seen where it was; runs recorded before it read ``wait_s``.
 
 Shares are kept as running totals per state, so the seconds in each state over any span
 (a decode gap, a TTFT) are two interpolations (uniform within a sampling interval).
@@ -155,7 +158,11 @@ def from_store(store: SampleStore, start_ns: int, end_ns: int, node: str | None 
         return np.interp(t, s[0], s[1])
 
     run_s = at("run_s")
-    wait = at("wait_s")
+    # the run-queue wait while it lasts where the agent sampled it (``queued_s``); runs
+    # recorded before it have only the kernel's, booked when each wait ends
+    wait = at("queued_s", None)
+    if wait is None:
+        wait = at("wait_s")
     throttled = at("throttled_s")
     threads = at("threads", None)
     state_s = at("state_S", None)

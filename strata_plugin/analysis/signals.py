@@ -408,7 +408,9 @@ def other_processes(view: HwView, node: str | None, duration_s: float
                     ) -> tuple[tuple[int, str, float, bool], ...]:
     """The busiest other processes in the window: (PID, command, cores over the window,
     Strata's own), busiest on the server's CPUs first (cores times ``allowed_share``),
-    at most ``OTHER_PROCESSES_NAMED``. The path's proxies
+    at most ``OTHER_PROCESSES_NAMED``. A process's cores are its own CPU (``cpu_s``) plus
+    its reaped children's (``children_cpu_s``, where sampled): a parent that runs short-
+    lived children does their work. The path's proxies
     (source ``path``) are left out: they are the request's way, not other work."""
     if duration_s <= 0:
         return ()
@@ -418,12 +420,15 @@ def other_processes(view: HwView, node: str | None, duration_s: float
            for r in view.select(ALLOWANCE, "strata_own", node)}
     share = {r.device: r.mean for r in view.select(ALLOWANCE, "allowed_share", node)
              if r.mean is not None}
+    # runs recorded before children_cpu_s have none: the process's own CPU alone
+    children = {r.device: r.delta for r in view.select(ALLOWANCE, "children_cpu_s", node)
+                if r.delta is not None}
     ranked = []
     for r in view.select(ALLOWANCE, "cpu_s", node):
         m = _OTHER_DEVICE.match(r.device)
         if m is None or r.delta is None or int(m.group(1)) in path:
             continue
-        cores = max(0.0, r.delta) / duration_s
+        cores = (max(0.0, r.delta) + max(0.0, children.get(r.device, 0.0))) / duration_s
         if cores > 0:
             # busiest on the server's CPUs first: its cores times the share of its CPUs
             # the server may use too
@@ -498,6 +503,7 @@ def _allowance_signals(view: HwView, node: str | None, duration_s: float,
         server_runnable_cores=None if run is None or wait is None
         else run + wait + (throttled or 0.0),
         other_processes=other_processes(view, node, duration_s),
+        host_process_starts_per_s=_rate(view, "cpu", "forks", node, device=""),
         **cpu_weights(view, node),
         server_frozen_frac=max(frozen) if frozen else None,
         server_stopped_frac=min(1.0, max(stopped) / max(threads))

@@ -188,7 +188,18 @@ def _others_words(s: WindowSignals, where: str) -> str:
         f"pid {pid} {cmd} {cores:.2f} cores ({_OWN[own]}"
         + (f"; {w}" if (w := _competitor_weight(s, pid)) else "") + ")"
         for pid, cmd, cores, own in s.other_processes) + "".join(
-        f"; {w}" for w in (named_share_words(s), f"the server: {where}") if w)
+        f"; {w}" for w in (named_share_words(s), process_starts_words(s),
+                           f"the server: {where}") if w)
+
+
+def process_starts_words(s: WindowSignals) -> str:
+    """The host's rate of process starts, where sampled: children that live shorter than
+    the allowance collector's tick are never named themselves, and a high rate says the
+    other work may be theirs (counted in their parent's cores once reaped)."""
+    if s.host_process_starts_per_s is None:
+        return ""
+    n = round(s.host_process_starts_per_s, 1)
+    return f"{n:.0f} process starts/s" if n >= 10 else f"{n:.1f} process starts/s"
 
 
 def others_host_cores(s: WindowSignals) -> float | None:

@@ -74,7 +74,9 @@ ALLOWED_BY = ("server_allowance_by",
               "allowance:cpuset_cpus/affinity_cpus/quota_cores (the CPU lists in the device "
               "names)")
 RUNNABLE = ("server_runnable_cores", "runstate:run_s+wait_s+throttled_s")
-OTHERS = ("other_processes", "allowance:cpu_s/strata_own (device pid<N> <command>)")
+OTHERS = ("other_processes",
+          "allowance:cpu_s+children_cpu_s/strata_own (device pid<N> <command>)")
+STARTS = ("host_process_starts_per_s", "cpu:forks")
 WEIGHT = ("server_cpu_weight", "allowance:cpu_weight (device <file> <group>: v1 cpu.shares, "
           "v2 cpu.weight of the server's cpu cgroup)")
 NICE = ("server_nice", "allowance:nice_min/nice_max (its threads' nice values)")
@@ -121,7 +123,7 @@ RULES: tuple[Rule, ...] = (
         ("path_cpu_cores", "path:cpu_user_s/cpu_system_s (the proxies on the way)"),
         ("allowed_cpus_other_cores",
          "cpu:busy_s (the server's allowed CPUs) - proc:cpu_user_s/cpu_system_s"),
-        ALLOWED, ALLOWED_BY, OTHERS, WEIGHT, NICE, OTHER_WEIGHTS),
+        ALLOWED, ALLOWED_BY, OTHERS, STARTS, WEIGHT, NICE, OTHER_WEIGHTS),
         core=("cpu",)),
     Rule("cpu_limited", "host", host.rule_cpu_limited, (
         THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES, WEIGHT, NICE)),

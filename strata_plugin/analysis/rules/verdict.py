@@ -36,6 +36,7 @@ from strata_plugin.analysis.ledger import METRIC_LABELS, cause_words
 from strata_plugin.analysis.rules.host import (
     named_share_words,
     others_host_cores,
+    process_starts_words,
     stalled_lead,
 )
 from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
@@ -561,10 +562,10 @@ def _actors(s: WindowSignals) -> list[str]:
     procs = getattr(s, "other_processes", None) or ()
     if not procs:
         return []
-    share = named_share_words(s)
+    tail = "".join(f"; {w}" for w in (named_share_words(s), process_starts_words(s)) if w)
     return ["other processes on the CPUs: " + ", ".join(
         f"PID {pid} `{cmd}` {cores:.2g} cores{' (Strata)' if own else ''}"
-        for pid, cmd, cores, own in procs) + (f"; {share}" if share else "")]
+        for pid, cmd, cores, own in procs) + tail]
 
 
 def _unexplained(a: _Assessed) -> Verdict:

@@ -80,6 +80,9 @@ class WindowSignals:
     # the busiest other processes in the window, busiest first: (PID, command, cores,
     # Strata's own: the harness, the agent, the load workers)
     other_processes: tuple[tuple[int, str, float, bool], ...] = ()
+    # processes and threads started on the host per second (agent source ``cpu``,
+    # ``forks``): work in children too short-lived to be named shows here
+    host_process_starts_per_s: float | None = None
     # the weights that decide the server's share of contended CPUs (agent source
     # ``allowance``): its cpu cgroup's (file "cpu.shares" | "cpu.weight", value, group),
     # its threads' least and greatest nice value, and the named other processes' (PID,
