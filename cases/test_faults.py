@@ -100,7 +100,8 @@ SERVER_QUOTA_CORES = 0.5
 #: of 200 ms, several per decode request (a request of 48 tokens takes about 1 s here).
 PAUSE_MS, PAUSE_PERIOD_MS = 200.0, 600.0
 #: The set-aside memory limit leaves room for half the model's pages and 8 MiB of new
-#: anonymous memory (the server's KV cache and buffers were charged before the move).
+#: anonymous memory, above what the server's own memory holds in the group (the helper
+#: raises the limit as that grows: KV cells first touched after the move, ~1 MiB a request).
 MEMCG_KEEP_FRAC, MEMCG_HEADROOM = 0.5, 8 * 2**20
 
 #: Sized for windows of about 4-6 s on the quiet 2-core machine (0.5 s sampling: ~10

@@ -273,3 +273,69 @@ def test_the_bf16_multiply_runs_in_the_engines_own_interpreter():
     assert got["dtype"] == "bfloat16" and got["flops_s"] > 0 and own > 0
     assert 256 <= got["n"] <= cpu_probe.MATMUL_N
     assert got["flops_s"] == pytest.approx(2 * got["n"]**3 / got["best_s"])
+
+
+def test_a_model_read_that_blocks_costs_the_limit_then_the_run_goes_on(tmp_path,
+                                                                        monkeypatch):
+    """A stat or read on a hung network mount blocks in the kernel; here the reader blocks
+    on an event instead (no FUSE mount needed). ``record`` returns after the limit with the
+    facts UNAVAILABLE saying why, the blocked thread left behind, and what that thread
+    reads once it is let go never reaches the manifest."""
+    import time
+
+    release, entered = threading.Event(), threading.Event()
+    real = roofline_facts.read_model_facts
+
+    def hung(path, kv=None, located_by=""):
+        entered.set()
+        release.wait(60)
+        return real(path, kv, located_by)
+
+    monkeypatch.setattr(roofline_facts, "read_model_facts", hung)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    rec = _Recorder()
+    srv = _server(["llama-server", "-m", str(model)], pid=0)
+    limit_s = 0.5
+    t0 = time.monotonic()
+    try:
+        roofline_facts.record(rec, "llamacpp", srv, "default", gpu_expected=True,
+                              read_limit_s=limit_s)
+        took = time.monotonic() - t0
+        left = [t for t in threading.enumerate() if t.name == "strata-model-facts"]
+        assert entered.is_set() and left and all(t.daemon and t.is_alive() for t in left)
+    finally:
+        release.set()
+    # it waited the limit, and not the minute the read would have taken: 10 s of slack
+    # for a loaded host, far under the hang it catches
+    assert limit_s <= took < limit_s + 10, took
+    layers = rec.manifest["roofline"]["default"]["model"]["facts"]["layers"]
+    assert layers["unavailable"].startswith(
+        f"reading the model files ({model}) took longer than 0.5 s: a hung mount?")
+    for t in left:
+        t.join(10)
+    roofline_facts.record(rec, "llamacpp", srv, "default", gpu_expected=True)
+    assert rec.manifest["roofline"]["default"]["model"]["facts"]["layers"] == layers
+
+
+def test_a_model_read_within_the_limit_keeps_its_facts_and_its_errors(tmp_path,
+                                                                      monkeypatch):
+    """The other side of the limit: a read that ends in time is used as it is, whatever it
+    found (here a file that is no GGUF: the reader's own reason, not the limit's), and an
+    exception in the reading thread reaches ``record``, which says why."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf at all")
+    srv = _server(["llama-server", "-m", str(model)], pid=0)
+    facts, pid = roofline_facts.model_entry("llamacpp", srv, limit_s=30)
+    assert pid == 0
+    why = dict(facts.facts)["layers"].unavailable
+    assert why and "took longer than" not in why and str(model) in why
+
+    def boom(*a, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(roofline_facts, "read_model_facts", boom)
+    rec = _Recorder()
+    roofline_facts.record(rec, "llamacpp", srv, "default", gpu_expected=True)
+    got = rec.manifest["roofline"]["default"]["model"]["facts"]["layers"]["unavailable"]
+    assert got == "the roofline's facts could not be read: RuntimeError: boom"

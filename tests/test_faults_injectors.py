@@ -659,6 +659,83 @@ def test_memcg_evict_evicts_the_model_pages_without_an_oom_kill(model_file):
         p.wait()
 
 
+def test_memcg_limit_leaves_the_room_above_what_cannot_be_reclaimed():
+    """The limit is the room plus the group's memory that is not file pages, to the byte;
+    file pages beyond the usage (figures read at different moments) never lower it."""
+    room = 12 * 2**20
+    assert memcg.limit_for({"usage_bytes": 5 * 2**20, "file_bytes": 5 * 2**20}, room) == room
+    assert memcg.limit_for({"usage_bytes": 5 * 2**20 + 1, "file_bytes": 5 * 2**20},
+                           room) == room + 1
+    assert memcg.limit_for({"usage_bytes": 5 * 2**20, "file_bytes": 5 * 2**20 + 1},
+                           room) == room
+    assert memcg.limit_for({"usage_bytes": 30 * 2**20, "file_bytes": 6 * 2**20},
+                           room) == room + 24 * 2**20
+
+
+def _growing_mapper(path: Path, grow_mib: int, every_s: float) -> subprocess.Popen:
+    """:func:`_mapper` that, once told to (a line on stdin, after the move), also writes
+    1 MiB of new anonymous memory every ``every_s`` up to ``grow_mib`` MiB: a server
+    touching pages first after the move (llama.cpp's KV cells, as requests fill them)."""
+    code = textwrap.dedent(f"""
+        import mmap, sys, time
+        f = open({str(path)!r}, "rb")
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        s = sum(m[i] for i in range(0, len(m), 4096))
+        print("ready", flush=True)
+        sys.stdin.readline()
+        kept, next_at = [], time.monotonic()
+        while True:
+            s += sum(m[i] for i in range(0, len(m), 4096))
+            if len(kept) < {grow_mib} and time.monotonic() >= next_at:
+                kept.append(b"x" * 2**20)
+                next_at += {every_s}
+                if len(kept) == {grow_mib}:
+                    print("grown", flush=True)
+            time.sleep(0.05)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    return p
+
+
+@pytest.mark.root
+def test_memcg_evict_raises_its_limit_as_the_servers_own_memory_grows(model_file):
+    """A server that writes new anonymous memory after the move (24 MiB, twice the group's
+    whole limit of 4 MiB headroom + half of 16 MiB): under a fixed limit the kernel
+    OOM-kills it once that memory fills the limit; the limit follows it instead, so the
+    process lives and its model pages are still evicted and read back."""
+    if os.geteuid() != 0:
+        pytest.skip("memory cgroups and process_madvise on another process need root")
+    try:
+        memcg.memory_root()
+    except faults.FaultUnavailable as exc:
+        pytest.skip(str(exc))
+    # 1 MiB each 0.25 s: the 4 MiB headroom lasts a second, ten of the helper's reads
+    p = _growing_mapper(model_file, grow_mib=24, every_s=0.25)
+    try:
+        inj = memcg.MemcgEvict(p.pid, str(model_file), keep_frac=0.5,
+                               headroom_bytes=4 * 2**20, max_s=60)
+        inj.start()
+        assert inj.limit_bytes == 12 * 2**20
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        said = p.stdout.readline().strip()  # 6 s, under the limit the whole time
+        time.sleep(0.5)
+        facts = inj.stop().as_dict()
+        # alive (no end of output, no OOM kill): the limit followed its memory
+        assert said == b"grown" and facts["oom_kills"] == 0 and p.poll() is None, facts
+        assert facts["pinned_bytes_max"] >= 24 * 2**20, facts
+        assert facts["limit_bytes_at_end"] >= 12 * 2**20 + 24 * 2**20, facts
+        assert facts["model_rss_min"] <= 12 * 2**20, facts  # file pages still squeezed
+        assert facts["limit_hits"] > 0 and facts["evicted_bytes"] > 16 * 2**20, facts
+        assert facts["removed"] and not pauses_helpers()
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_memcg_evict_refuses_pages_another_process_maps(model_file):
     a, b = _mapper(model_file), _mapper(model_file)
     try:

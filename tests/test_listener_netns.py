@@ -122,8 +122,8 @@ def test_a_forwarder_whose_upstream_is_made_inside_the_namespace_is_followed(lab
     assert path.engine_pids == (engine.pid,) and path.proxy_pids == (fwd.pid,)
 
 
-def _discover_in(pair, ns: str, url: str) -> RequestPath:
-    code = ("import json,sys\nfrom strata_plugin.run.listener import discover\n"
+def _discover_in(pair, ns: str, url: str, prelude: str = "") -> RequestPath:
+    code = (prelude + "import json,sys\nfrom strata_plugin.run.listener import discover\n"
             "print(json.dumps(discover(sys.argv[1], health_path='/').to_json()))\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(pair.argv(ns, [sys.executable, "-c", code, url]), env=env,
@@ -249,3 +249,95 @@ def test_namespaces_this_user_cannot_read_are_said_within_seconds(lab):
 
 
 
+
+
+def test_the_nat_rules_are_parsed_as_iptables_and_nft_list_them(pair):
+    """Where connection tracking has no entry, the rules themselves say where a port goes:
+    real rules added in a private namespace, listed by the real commands, parsed. Each
+    rule is matched on its port and, where it names one, its destination address (a
+    negated one too); a rule without a port in its destination keeps the port."""
+    from system_packages import require
+
+    from strata_plugin.run.netns import (
+        parse_iptables_nat,
+        parse_nft_ruleset,
+        rule_translation,
+    )
+
+    require("iptables")
+    a, b = pair.a_addr, pair.b_addr
+    other = a.rsplit(".", 1)[0] + ".77"
+    for rule in (["-A", "OUTPUT", "-p", "tcp", "-d", a, "--dport", "8080", "-j", "DNAT",
+                  "--to-destination", f"{b}:9000"],
+                 ["-A", "OUTPUT", "-p", "tcp", "!", "-d", a, "--dport", "8081", "-j",
+                  "DNAT", "--to-destination", f"{b}:9001"],
+                 ["-A", "PREROUTING", "!", "-i", "docker0", "-p", "tcp", "-m", "tcp",
+                  "--dport", "8100:8102", "-j", "DNAT", "--to-destination", b],
+                 ["-A", "OUTPUT", "-p", "udp", "--dport", "8082", "-j", "DNAT",
+                  "--to-destination", f"{b}:9002"]):
+        pair.run(pair.a, ["iptables", "-t", "nat", *rule])
+    listed = pair.run(pair.a, ["iptables", "-t", "nat", "-S"]).stdout
+    rules = parse_iptables_nat(listed)
+    assert len(rules) == 3  # the UDP rule is no TCP listener's
+    assert rule_translation(rules, a, 8080)[0] == (b, 9000)
+    assert rule_translation(rules, other, 8080) is None  # the rule names another address
+    assert rule_translation(rules, a, 8079) is None and rule_translation(rules, a, 8083) is None
+    assert rule_translation(rules, other, 8081)[0] == (b, 9001)  # "! -d a": any but a
+    assert rule_translation(rules, a, 8081) is None
+    assert rule_translation(rules, a, 8102)[0] == (b, 8102)  # a range, the port kept
+    assert rule_translation(rules, a, 8103) is None
+    assert rule_translation(rules, a, 8082) is None
+    assert rule_translation(rules, a, 8080)[1].source == "iptables -t nat -S"
+
+    require("nftables")
+    pair.run(pair.a, ["nft", "add", "table", "ip", "strata_t"])
+    pair.run(pair.a, ["nft", "add", "chain", "ip", "strata_t", "out",
+                      "{ type nat hook output priority -100; }"])
+    pair.run(pair.a, ["nft", "add", "rule", "ip", "strata_t", "out", "ip", "daddr", a,
+                      "tcp", "dport", "7070", "dnat", "to", f"{b}:7071"])
+    pair.run(pair.a, ["nft", "add", "rule", "ip", "strata_t", "out", "tcp", "dport",
+                      "7072-7074", "dnat", "to", b])
+    native = parse_nft_ruleset(json.loads(
+        pair.run(pair.a, ["nft", "-j", "list", "ruleset"]).stdout))
+    # iptables' own rules show there as "xt" targets without a destination: not these
+    assert len(native) == 2
+    assert rule_translation(native, a, 7070)[0] == (b, 7071)
+    assert rule_translation(native, other, 7070) is None
+    assert rule_translation(native, other, 7073)[0] == (b, 7073)
+    assert rule_translation(native, a, 7075) is None and rule_translation(native, a, 7069) is None
+
+
+def test_a_dnat_port_without_a_conntrack_entry_is_followed_by_the_rule(pair, procs):
+    """A published port whose probe connection leaves no connection-tracking entry to read
+    (no nf_conntrack here, or the entry not shown: made so here by reading none): the NAT
+    rule listed by ``iptables -t nat -S`` is followed to the engine, and the note says the
+    rule was read. Without the rule the port still has no listener and no translation."""
+    from system_packages import require
+
+    require("iptables")
+    port = free_port("127.0.0.1")
+    engine = pair.popen(pair.b, [sys.executable, str(PROCS), "http", "--bind", pair.b_addr,
+                                 "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    assert int(engine.stdout.readline()) == port
+    published = 8080
+    url = f"http://{pair.a_addr}:{published}"
+    blind = ("import strata_plugin.run.netns as n, strata_plugin.run.listener as li\n"
+             "n.translation = li.translation = lambda *a, **k: None\n")
+    bare = _discover_in(pair, pair.a, url, prelude=blind)
+    assert [[h.kind for h in c] for c in bare.chains] == [["unreadable"]]
+    pair.run(pair.a, ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d",
+                      pair.a_addr, "--dport", str(published), "-j", "DNAT",
+                      "--to-destination", f"{pair.b_addr}:{port}"])
+    path = _discover_in(pair, pair.a, url, prelude=blind)
+    assert _chain_kinds(path) == [[("engine", engine.pid)]]
+    assert path.notes == (
+        f"{pair.a_addr}:{published} is forwarded by a NAT rule to {pair.b_addr}:{port} "
+        "(the rule read from `iptables -t nat -S`: connection tracking had no entry)",)
+    # a proxy's connection to the published port, its entry unread as well
+    fwd = pair.popen(pair.a, [sys.executable, str(PROCS), "forward", "--to",
+                              f"{pair.a_addr}:{published}"], stdout=subprocess.PIPE,
+                     text=True)
+    fwd_port = int(fwd.stdout.readline())
+    via = _discover_in(pair, pair.a, f"http://127.0.0.1:{fwd_port}", prelude=blind)
+    assert _chain_kinds(via) == [[("proxy", fwd.pid), ("engine", engine.pid)]]
+    assert path.notes[0] in via.notes

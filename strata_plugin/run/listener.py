@@ -59,9 +59,12 @@ What this cannot see, stated where it matters: a proxy that forwards over a Unix
 (no TCP peer to follow); another user's processes, without privileges (their file
 descriptors and namespaces are not readable: the hop says whose socket it is, and how
 many namespaces could not be read); a NAT rule whose translation the connection-tracking
-table does not show. ``telemetry.pid_pattern`` names the engine in all of these, and wins
-wherever it is given. Process facts are read from /proc only; the one command run is a
-container runtime's ``ps``, to name a container (``run/netns.py``).
+table does not show and that neither ``iptables -t nat -S`` nor ``nft -j list ruleset``
+lists (another namespace's rules, or a user not allowed to list them).
+``telemetry.pid_pattern`` names the engine in all of these, and wins wherever it is
+given. Process facts are read from /proc only; the commands run are a container
+runtime's ``ps``, to name a container, and the NAT rules' listing where connection
+tracking has no entry (``run/netns.py``).
 """
 
 from __future__ import annotations
@@ -89,11 +92,15 @@ from strata_plugin.limits import (
     DISCOVERY_PEERS_MAX,
 )
 from strata_plugin.run.netns import (
+    DnatRule,
     container_of,
     namespaces,
+    nat_destination,
+    nat_rules,
     ns_inode,
     ns_key,
-    probe_translation,
+    rule_read,
+    rule_translation,
     translation,
 )
 
@@ -421,6 +428,7 @@ class _Walker:
         self.unchecked: set[tuple[str, int]] = set()  # past the count or the time bound
         self.not_followed = 0  # listeners past DISCOVERY_LISTENERS_MAX
         self.nat: list[str] = []  # the translations followed, said in the notes
+        self._rules: tuple[DnatRule, ...] | None = None  # this namespace's, listed once
         self._by_inode: dict[str, tuple[_Net, Sock]] = {}  # other namespaces' sockets
         self._rest_seen: set[str] = set()
 
@@ -430,6 +438,13 @@ class _Walker:
         self.own.read()
         for n in (self.own, *self.other_nets()):
             self.baseline |= {s.inode for s in n.socks if s.state in (_ESTABLISHED, _SYN_SENT)}
+
+    def rules(self) -> tuple[DnatRule, ...]:
+        """This namespace's DNAT rules, listed the first time a translation is not in the
+        connection-tracking table (netns.nat_rules: a command, so at most once a path)."""
+        if self._rules is None:
+            self._rules = nat_rules()
+        return self._rules
 
     def other_nets(self) -> list[_Net]:
         """Every other network namespace on this machine, one process to read it through."""
@@ -506,11 +521,16 @@ class _Walker:
                     if lst is not None:
                         return other, lst
         far = translation(net.net, laddr, lport, raddr, rport)
+        how = "connection tracking"
+        if far is None and net is self.own:  # no entry: the rules say where it goes
+            hit = rule_translation(self.rules(), raddr, rport)
+            if hit is not None:
+                far, how = hit[0], rule_read(hit[1])
         if far is not None and far != (raddr, rport):
             where = self.find(*far, first=net)
             if where is not None:
                 self.nat.append(f"{_hostport(raddr, rport)} is forwarded by a NAT rule to "
-                                f"{_hostport(*far)} (connection tracking)")
+                                f"{_hostport(*far)} ({how})")
             return where
         return None
 
@@ -855,14 +875,15 @@ def _nat(w: _Walker, addr: str, port: int
          ) -> tuple[str, tuple[str, int], _Net, Sock] | None:
     """Where a NAT rule sends a connection to ``addr:port``, when it sends it to a
     listener of this machine; the note says so."""
-    far = probe_translation(addr, port, w.own.net)
-    if far is None:
+    seen = nat_destination(addr, port, w.own.net, w.rules)
+    if seen is None:
         return None
+    far, how = seen
     found = w.find(far[0], far[1])
     if found is None:
         return None
     w.nat.append(f"{_hostport(addr, port)} is forwarded by a NAT rule to "
-                 f"{_hostport(*far)} (connection tracking)")
+                 f"{_hostport(*far)} ({how})")
     return addr, far, *found
 
 

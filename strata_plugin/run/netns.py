@@ -7,7 +7,10 @@ namespace of its own: its listening socket is not in Strata's ``/proc/net/tcp`` 
 the connection's translation is in the connection-tracking table. This module reads both,
 and the engine's cgroup to name its container; ``run/listener.py`` follows the path with
 them. Everything is read from /proc and /sys; the only commands run are a container
-runtime's ``ps`` (argv lists, a few seconds at most), where one is installed.
+runtime's ``ps`` and, where the connection-tracking table has no entry for a probe
+connection (no ``nf_conntrack`` here to read, or the entry not shown), the NAT rules
+themselves (``iptables -t nat -S``, else ``nft -j list ruleset``): argv lists, a few
+seconds at most, where one is installed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,11 @@ NAT_WAIT_S = 0.15
 #: The most of the connection-tracking table read at once (bytes): some 30,000 entries
 #: of ~250 bytes; a table larger than that is read no further (its later entries unseen).
 CONNTRACK_BYTES_MAX = 8 << 20
+#: How long listing the NAT rules may take (seconds): a local netlink dump, milliseconds
+#: even with thousands of rules.
+NAT_RULES_TIMEOUT_S = 2.0
+#: The most of a rule listing read (bytes): docker writes four rules a published port.
+NAT_RULES_BYTES_MAX = 8 << 20
 
 
 def ns_key(pid: int | str, proc: Path) -> str:
@@ -121,12 +130,12 @@ def translation(net: Path, laddr: str, lport: int, raddr: str, rport: int
     return None
 
 
-def probe_translation(addr: str, port: int, net: Path = Path("/proc/net"),
-                      wait_s: float = NAT_WAIT_S) -> tuple[str, int] | None:
-    """Open one connection to ``addr:port`` and read where a NAT rule sent it; the
-    connection is closed before anything is sent on it. None: not translated, or no
-    connection tracking here to say."""
-    if not (net / "nf_conntrack").exists():  # no connection tracking here: no NAT seen
+def probe_conntrack(addr: str, port: int, net: Path = Path("/proc/net"),
+                    wait_s: float = NAT_WAIT_S) -> tuple[str, int] | None:
+    """Where the connection-tracking entry of one probe connection to ``addr:port`` says
+    it went (``addr:port`` itself when not translated); None when there is no entry to
+    read (no table here, or the entry not shown): then only the rules can say."""
+    if not (net / "nf_conntrack").exists():  # no connection tracking here
         return None
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
@@ -139,13 +148,221 @@ def probe_translation(addr: str, port: int, net: Path = Path("/proc/net"),
         for _ in range(3):
             far = translation(net, laddr, lport, addr, port)
             if far is not None:
-                return None if far == (_norm(addr), port) else far
+                return far
             time.sleep(wait_s / 3)
         return None
     except OSError:
         return None
     finally:
         s.close()
+
+
+# --- NAT: the rules themselves, where connection tracking has no entry -----------------------
+
+
+@dataclass(frozen=True)
+class DnatRule:
+    """One TCP DNAT rule: connections to ``dport`` (and to ``dst``, where the rule names
+    it; ``dst_negated``: to any address but those) go to ``to_addr:to_port`` (``to_port``
+    None: the port unchanged). ``source``: the command it was read from."""
+
+    dport: tuple[int, int]  # first, last (a single port: both the same)
+    to_addr: str
+    to_port: int | None
+    dst: str | None = None  # an address or network, as the rule writes it
+    dst_negated: bool = False
+    source: str = ""
+
+    def sends(self, addr: str, port: int) -> tuple[str, int] | None:
+        """Where this rule sends a connection to ``addr:port``; None: not this rule's."""
+        if not self.dport[0] <= port <= self.dport[1]:
+            return None
+        if self.dst is not None:
+            try:
+                inside = ipaddress.ip_address(_norm(addr)) in ipaddress.ip_network(
+                    self.dst, strict=False)
+            except ValueError:
+                return None
+            if inside == self.dst_negated:
+                return None
+        return self.to_addr, self.to_port if self.to_port is not None else port
+
+
+def _ports(text: str) -> tuple[int, int] | None:
+    try:
+        first, _, last = text.partition(":")
+        lo, hi = int(first), int(last or first)
+    except ValueError:
+        return None
+    return (lo, hi) if 0 < lo <= hi <= 65535 else None
+
+
+def _to_destination(text: str) -> tuple[str, int | None] | None:
+    """``A``, ``A:P``, ``A:P1-P2`` (the first port), ``[v6]:P``, ``A-B:P`` (the first
+    address): where a DNAT rule sends its connections."""
+    if text.startswith("["):
+        addr, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        addr, port_text = text.split(":")
+    else:
+        addr, port_text = text, ""
+    addr = addr.split("-", 1)[0]
+    try:
+        addr = _norm(addr)
+        port = int(port_text.split("-", 1)[0]) if port_text else None
+    except ValueError:
+        return None
+    if port is not None and not 0 < port <= 65535:
+        return None
+    return addr, port
+
+
+def parse_iptables_nat(text: str, source: str = "iptables -t nat -S") -> tuple[DnatRule, ...]:
+    """The TCP DNAT rules of ``iptables -t nat -S`` (``-A CHAIN ... -p tcp ... --dport P
+    -j DNAT --to-destination A:P2``), in order; other rules are passed over."""
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0] != "-A" or "DNAT" not in words:
+            continue
+        opts: dict[str, str] = {}
+        negated: set[str] = set()
+        i = 2
+        while i < len(words):
+            w = words[i]
+            if w == "!" and i + 1 < len(words):
+                negated.add(words[i + 1])
+                i += 1
+                continue
+            if w.startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                opts.setdefault(w, words[i + 1])
+                i += 2
+                continue
+            i += 1
+        if opts.get("-j") != "DNAT" or opts.get("-p") != "tcp" or "--dport" in negated:
+            continue
+        ports = _ports(opts.get("--dport", "1:65535"))
+        to = _to_destination(opts.get("--to-destination", ""))
+        if ports is None or to is None:
+            continue
+        dst = opts.get("-d") or opts.get("--destination")
+        out.append(DnatRule(ports, to[0], to[1], dst, "-d" in negated or "--destination"
+                            in negated, source))
+    return tuple(out)
+
+
+def parse_nft_ruleset(ruleset: object, source: str = "nft -j list ruleset"
+                      ) -> tuple[DnatRule, ...]:
+    """The TCP DNAT rules of ``nft -j list ruleset`` written in nftables' own terms
+    (``tcp dport P ... dnat to A:P2``); iptables' rules shown there as ``xt`` targets
+    carry no destination (``iptables -t nat -S`` reads those)."""
+    items = ruleset.get("nftables") if isinstance(ruleset, dict) else None
+    out = []
+    for item in items if isinstance(items, list) else ():
+        rule = item.get("rule") if isinstance(item, dict) else None
+        exprs = rule.get("expr") if isinstance(rule, dict) else None
+        if not isinstance(exprs, list):
+            continue
+        ports: tuple[int, int] | None = None
+        dst: str | None = None
+        negated = False
+        to: tuple[str, int | None] | None = None
+        for e in exprs:
+            if not isinstance(e, dict):
+                continue
+            m = e.get("match")
+            if isinstance(m, dict):
+                left = m.get("left")
+                payload = left.get("payload") if isinstance(left, dict) else None
+                field = payload.get("field") if isinstance(payload, dict) else None
+                right, op = m.get("right"), m.get("op", "==")
+                proto = payload.get("protocol") if isinstance(payload, dict) else None
+                if field == "dport" and proto == "tcp" and op == "==":
+                    if isinstance(right, int):
+                        ports = (right, right)
+                    elif isinstance(right, dict) and isinstance(right.get("range"), list):
+                        lo, hi = (right["range"] + [0, 0])[:2]
+                        ports = (lo, hi) if isinstance(lo, int) and isinstance(hi, int) \
+                            else None
+                elif field == "daddr" and isinstance(right, str):
+                    dst, negated = right, op == "!="
+                elif field == "daddr" and isinstance(right, dict) and \
+                        isinstance(right.get("prefix"), dict):
+                    pre = right["prefix"]
+                    dst, negated = f"{pre.get('addr')}/{pre.get('len')}", op == "!="
+            d = e.get("dnat")
+            if isinstance(d, dict) and isinstance(d.get("addr"), str):
+                port = d.get("port")
+                to = (d["addr"], port if isinstance(port, int) else None)
+        if ports is None or to is None:
+            continue
+        try:
+            out.append(DnatRule(ports, _norm(to[0]), to[1], dst, negated, source))
+        except ValueError:
+            continue
+    return tuple(out)
+
+
+def _listing(argv: list[str], timeout_s: float) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:  # not allowed (no CAP_NET_ADMIN), or no such table
+        return None
+    return done.stdout[:NAT_RULES_BYTES_MAX].decode(errors="replace")
+
+
+def nat_rules(timeout_s: float = NAT_RULES_TIMEOUT_S) -> tuple[DnatRule, ...]:
+    """This namespace's TCP DNAT rules: iptables' (``iptables -t nat -S``), then
+    nftables' own (``nft -j list ruleset``); none where neither is installed or this user
+    may not list them."""
+    rules: list[DnatRule] = []
+    text = _listing(["iptables", "-t", "nat", "-S"], timeout_s)
+    if text is not None:
+        rules.extend(parse_iptables_nat(text))
+    text = _listing(["nft", "-j", "list", "ruleset"], timeout_s)
+    if text is not None:
+        try:
+            rules.extend(parse_nft_ruleset(json.loads(text)))
+        except ValueError:
+            pass
+    return tuple(rules)
+
+
+def nat_destination(addr: str, port: int, net: Path,
+                    rules: Callable[[], tuple[DnatRule, ...]], wait_s: float = NAT_WAIT_S
+                    ) -> tuple[tuple[str, int], str] | None:
+    """Where a NAT rule sends a connection to ``addr:port``, and how that was read: a probe
+    connection's connection-tracking entry, else (no entry to read) the rules themselves,
+    listed by ``rules`` only then. None: not translated, or nothing says."""
+    seen = probe_conntrack(addr, port, net, wait_s)
+    if seen is not None:
+        return None if seen == (_norm(addr), port) else (seen, "connection tracking")
+    hit = rule_translation(rules(), addr, port)
+    if hit is None:
+        return None
+    return hit[0], rule_read(hit[1])
+
+
+def rule_read(rule: DnatRule) -> str:
+    """How a translation found in the rules is said in the path's notes."""
+    return f"the rule read from `{rule.source}`: connection tracking had no entry"
+
+
+def rule_translation(rules: tuple[DnatRule, ...], addr: str, port: int
+                     ) -> tuple[tuple[str, int], DnatRule] | None:
+    """Where the first of ``rules`` that matches sends a connection to ``addr:port``, and
+    that rule; None: no rule for it."""
+    for rule in rules:
+        far = rule.sends(addr, port)
+        if far is not None:
+            return far, rule
+    return None
 
 
 # --- cgroups and containers ------------------------------------------------------------------

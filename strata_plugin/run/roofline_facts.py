@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 from strata_plugin.configure.model_facts import ModelFacts, read_model_facts
+from strata_plugin.limits import MODEL_FACTS_READ_S
 from strata_plugin.run import model_source
 
 
@@ -82,18 +84,60 @@ def cpu_entry(pid: int | None, gpu_expected: bool,
         return {"unavailable": f"the CPU probe failed: {e}"}
 
 
+def _server_pid(server: Any) -> int | None:
+    """The server's PID found without touching its model's files (see :func:`locate`)."""
+    spec = getattr(server, "spec", None)
+    if spec is not None:
+        return None if spec.container is not None else server.pid
+    from strata_plugin.run.listener import attached_server_pid
+
+    return attached_server_pid(server.base_url)
+
+
+def model_entry(engine: str, server: Any,
+                limit_s: float = MODEL_FACTS_READ_S) -> tuple[ModelFacts, int | None]:
+    """The served model's facts and the server's PID, the model located and read in a
+    daemon thread waited for at most ``limit_s``; past it the facts are UNAVAILABLE
+    naming the limit (and the file, where it was located)."""
+    seen: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            loc, pid = locate(engine, server)
+            seen["loc"] = loc
+            if loc.path is None:
+                model = ModelFacts.unavailable("", loc.why, loc.located_by)
+            else:
+                model = read_model_facts(loc.path, loc.kv, loc.located_by)
+            seen["done"] = (model, pid)
+        except BaseException as e:  # handed to the caller, which says why
+            seen["error"] = e
+
+    worker = threading.Thread(target=read, name="strata-model-facts", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if "done" in seen:
+        return seen["done"]
+    if "error" in seen:
+        raise seen["error"]
+    loc = seen.get("loc")
+    where = f" ({loc.path})" if loc is not None and loc.path is not None else ""
+    why = (f"reading the model files{where} took longer than {limit_s:g} s: a hung mount? "
+           "(MODEL_FACTS_READ_S; the run went on without them)")
+    path = str(loc.path) if loc is not None and loc.path is not None else ""
+    return (ModelFacts.unavailable(path, why, loc.located_by if loc is not None else ""),
+            _server_pid(server))
+
+
 def block_facts(engine: str, server: Any, gpu_expected: bool,
-                earlier: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
-    loc, pid = locate(engine, server)
-    if loc.path is None:
-        model = ModelFacts.unavailable("", loc.why, loc.located_by)
-    else:
-        model = read_model_facts(loc.path, loc.kv, loc.located_by)
+                earlier: tuple[dict[str, Any], ...] = (),
+                read_limit_s: float = MODEL_FACTS_READ_S) -> dict[str, Any]:
+    model, pid = model_entry(engine, server, read_limit_s)
     return {"model": model.to_json(), "cpu": cpu_entry(pid, gpu_expected, earlier)}
 
 
 def record(recorder: Any, engine: str, server: Any, config_id: str,
-           gpu_expected: bool) -> None:
+           gpu_expected: bool, read_limit_s: float = MODEL_FACTS_READ_S) -> None:
     """Once per configuration: the facts into the manifest's ``roofline`` entry, under
     ``config_id``, the id the configuration's cases carry (an attached server's cases:
     ``attached``, whatever configuration of the profile it stands for), which the
@@ -104,7 +148,7 @@ def record(recorder: Any, engine: str, server: Any, config_id: str,
     earlier = tuple(e["cpu"] for e in have.values()
                     if isinstance(e, dict) and isinstance(e.get("cpu"), dict))
     try:
-        have[config_id] = block_facts(engine, server, gpu_expected, earlier)
+        have[config_id] = block_facts(engine, server, gpu_expected, earlier, read_limit_s)
     except Exception as e:  # the run goes on without its roofline, saying why
         why = f"the roofline's facts could not be read: {type(e).__name__}: {e}"
         have[config_id] = {"model": ModelFacts.unavailable("", why).to_json(),

@@ -10,8 +10,15 @@ and disk reads (``io_page_faults``).
 :class:`MemcgEvict` moves the server's tree into a memory cgroup of its own (v1
 ``memory.limit_in_bytes``, admin-guide/cgroup-v1/memory.rst; v2 ``memory.max``,
 admin-guide/cgroup-v2.rst "Memory") whose limit leaves room for ``keep_frac`` of the
-model file plus ``headroom_bytes`` of new anonymous memory. Pages charged before the
-move stay charged to the old group (the kernel no longer moves charges on migration,
+model file plus ``headroom_bytes`` of new anonymous memory, above the anonymous (and
+kernel) memory the group holds: the helper raises the limit as that grows. Anonymous
+memory cannot be reclaimed without swap, and a server keeps touching pages it allocated
+before the move for the first time (llama.cpp's KV cells as requests fill them, about
+1 MiB a request of 112 tokens with the fault suite's model), each charged to the new
+group: under a fixed limit that charge reaches it within some twenty requests and the
+kernel OOM-kills the server, so the arm would measure a dead server, not eviction. The
+limit follows it instead, so only the model's file pages are squeezed. Pages charged
+before the move stay charged to the old group (the kernel no longer moves charges on migration,
 ``move_charge_at_immigrate`` is deprecated), so the helper pages the model's mapping out
 once (``process_madvise``, as :class:`strata_plugin.testing.faults.PageOut`): the pages
 read back are charged to the new group, which then keeps evicting them. This needs a
@@ -113,6 +120,13 @@ def group_figures(d: Path, version: str) -> dict[str, int]:
             "file_bytes": stat.get("file", 0)}
 
 
+def limit_for(figures: dict[str, int], room: int) -> int:
+    """The group's limit that leaves ``room`` bytes (the model's share plus the headroom)
+    above what it holds that is not file pages (anonymous and kernel memory: reclaimable
+    only by killing its owner, without swap)."""
+    return room + max(0, figures["usage_bytes"] - figures["file_bytes"])
+
+
 def _read_int(path: Path) -> int:
     with contextlib.suppress(OSError, ValueError):
         return int(path.read_text().split()[0])
@@ -205,15 +219,13 @@ def _main_memcg(a: argparse.Namespace, deadline: float) -> None:
     from strata_plugin.agent.procfs import process_tree
 
     d, home = Path(a.dir), Path(a.home)
+    limit_file = d / ("memory.limit_in_bytes" if a.version == "v1" else "memory.max")
     pids = process_tree(a.pid)
     if not pids:
         raise FaultUnavailable(f"no process {a.pid}")
     try:
         d.mkdir()
-        if a.version == "v1":
-            _write(d / "memory.limit_in_bytes", str(a.limit))
-        else:
-            _write(d / "memory.max", str(a.limit))
+        _write(limit_file, str(a.limit))
     except OSError as exc:
         with contextlib.suppress(OSError):
             d.rmdir()
@@ -241,11 +253,19 @@ def _main_memcg(a: argparse.Namespace, deadline: float) -> None:
         _say("ready", {"model_rss_before": rss_before,
                        "model_rss_after_pageout": mapping_rss_bytes(a.pid, a.path),
                        "pids": pids})
-        low = rss_before
+        low, limit, pinned_max = rss_before, a.limit, 0
         while time.monotonic() < deadline and os.getppid() == a.parent:
             time.sleep(0.1)
             low = min(low, mapping_rss_bytes(a.pid, a.path))
             out["model_rss_min"] = low
+            now = group_figures(d, a.version)
+            want = limit_for(now, a.limit)
+            pinned_max = max(pinned_max, want - a.limit)
+            if want > limit:  # raised only: the file pages' room stays, never the OOM
+                with contextlib.suppress(OSError):
+                    _write(limit_file, str(want))
+                    limit = want
+            out["limit_bytes_at_end"], out["pinned_bytes_max"] = limit, pinned_max
     finally:
         last = group_figures(d, a.version)
         out.update({k: last[k] - first.get(k, 0) for k in
