@@ -187,6 +187,8 @@ NOT_A_RULE_BOUNDARY = {
     "ledger_second_min_share": "test_verdict_ledger.py: a measured class just under and "
     "at it beside the first",
     "rule_min_samples": "test_verdict_ledger.py: two samples said, three not",
+    "engine_outage_margin_s": "the failed requests tied to an engine's death, never a "
+    "class (test_engine_lifetime.py, just inside and just outside the margin)",
     "roof_near_frac": "the roofline's evidence and note, never a class "
     "(test_roofline.py, just below and at the share)",
     "roof_far_frac": "the roofline's note, never a class (test_roofline.py, just below "
@@ -269,6 +271,7 @@ PINNED = {
     "ab_tail_pace_rise": 0.2, "injected_pace_factor": 1.0, "client_timing_error_ms": 5.0,
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
     "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
+    "engine_outage_margin_s": 0.5,
     "roof_near_frac": 0.8, "roof_far_frac": 0.6, "ab_max_repetitions": 6,
 }
 

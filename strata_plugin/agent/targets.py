@@ -4,6 +4,11 @@ Shared by the process, perf and NUMA collectors and the static snapshot. The
 tree (roots plus descendants) is re-resolved every ``rescan_s`` seconds, not
 every tick: a /proc scan costs a few milliseconds on a busy host, and a server
 that forks workers does so at start, not per request.
+
+An explicit PID is followed only while it names the process first seen under it (its
+start time, ``agent/lifetime.py``): an engine that died and whose number the kernel
+gave to a newer process is not followed as the server any more; it is in ``ended``
+with how it went until the harness names the engine that took over (``set_pids``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import subprocess
 import time
 from typing import Callable, List, Tuple
 
-from . import procfs
+from . import lifetime, procfs
 
 Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
@@ -44,6 +49,10 @@ class ProcessTargets:
         docker_rescan_s: float = 30.0,
     ) -> None:
         self.pids = tuple(pids)
+        #: each explicit PID's process as first seen (PID + start time)
+        self.lives: dict[int, lifetime.Life] = {}
+        #: explicit PIDs whose process ended, and how (``lifetime.GONE`` / ``REUSED``)
+        self.ended: dict[int, str] = {}
         self.pattern = pattern
         self.container = container
         self.rescan_s = rescan_s
@@ -95,13 +104,14 @@ class ProcessTargets:
 
     def set_pids(self, pids: list[int]) -> None:
         self.pids = tuple(pids)
+        self.lives, self.ended = {}, {}
         self.pattern = None
         self.container = None
         self.refresh(force=True)
 
     def _resolve_roots(self) -> list[int]:
         if self.pids:
-            return list(self.pids)
+            return self._live_pids()
         if self.pattern:
             return procfs.match_pids(self.pattern)
         if self.container:
@@ -118,6 +128,25 @@ class ProcessTargets:
             self._docker_roots = [int(w) for w in out.split() if w.isdigit()]
             return list(self._docker_roots)
         return []
+
+    def _live_pids(self) -> list[int]:
+        """The explicit PIDs whose first-seen process still runs."""
+        out = []
+        for pid in self.pids:
+            if pid in self.ended:
+                continue
+            life = self.lives.get(pid)
+            if life is None:
+                life = lifetime.Life.observe(pid)
+                if life is None:  # not running (yet): looked for again next time
+                    continue
+                self.lives[pid] = life
+            how = life.ended()
+            if how is None:
+                out.append(pid)
+            else:
+                self.ended[pid] = how
+        return out
 
     def refresh(self, now: float | None = None, force: bool = False) -> bool:
         """Re-resolve the tree if ``rescan_s`` has passed (or ``force``); True when it changed."""

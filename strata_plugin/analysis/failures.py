@@ -16,13 +16,14 @@ failed and stopped it) is judged by its warm-ups. Requests cut short by an inter
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from strata_plugin.analysis.rules import Evidence, Verdict
 from strata_plugin.analysis.thresholds import threshold
+from strata_plugin.formats.engine_events import ENGINE_EXIT, ENGINE_NEW, EngineEvent
 from strata_plugin.formats.printable import printable
-from strata_plugin.formats.records import RequestRecord
+from strata_plugin.formats.records import ClockAnchor, RequestRecord
 
 VERDICT_CLASS = "requests_failed"
 #: The evidence's metric name (the failed share of the case's requests).
@@ -169,3 +170,84 @@ def failed_verdict(f: RequestsFailed) -> Verdict:
                    inconclusive=False, finer_trace=(), missing_signals=(),
                    notes=(f.line(), "the resource rules were not consulted: the server did "
                           "not serve the load the case asked for"))
+
+
+# --- an engine that died mid-run, and the failures it caused ---------------------------
+
+
+def request_end_ns(rec: RequestRecord) -> int:
+    """When a request ended as the client saw it (monotonic): its stream's end, else its
+    last event, else its first byte, else its dispatch (a connection refused)."""
+    ends = [t for t in (rec.done_ns, rec.first_byte_ns) if t is not None]
+    ends += [e.t_ns for e in rec.events[-1:]]
+    return max(ends, default=rec.dispatched_ns)
+
+
+@dataclass(frozen=True)
+class EngineOutage:
+    """A followed engine that ended, the one that took over (if any), and the failed
+    requests tied to it: those that ended from ``engine_outage_margin_s`` before the
+    death (the watch's last look that saw the engine alive) to as long after the new
+    engine's first answer (the first request answered after the death; the takeover
+    itself where none was; the run's end where no engine took over)."""
+
+    died: EngineEvent
+    new: EngineEvent | None
+    first_answer_wall_ns: int | None
+    tied_failed: int | None  # None: the requests could not be placed (no clock anchor)
+    margin_s: float
+
+    def line(self, case_id: str = "", case_start_wall_ns: int | None = None) -> str:
+        """``the engine (pid 1234) died 4.2 s into case x: killed by SIGKILL; pid 1301
+        took over port 8080 1.1 s later; 3 failed requests tied to it (...)``"""
+        d = self.died
+        when = ""
+        if case_start_wall_ns is not None:
+            when = f" {(d.wall_ns - case_start_wall_ns) / 1e9:.1f} s into case `{case_id}`"
+        how = (f"killed by {d.how.removeprefix('signal ')}" if d.how.startswith("signal ")
+               else f"exited with code {d.how.removeprefix('exit code ')}"
+               if d.how.startswith("exit code ")
+               else "gone (not Strata's child: how it ended went to its own parent)"
+               if d.how == "gone" else d.how)
+        out = f"the engine (pid {d.pid}) died{when}: {how}"
+        if self.new is not None:
+            where = f" port {self.new.port}" if self.new.port else " its port"
+            out += (f"; pid {self.new.pid} took over{where} "
+                    f"{(self.new.wall_ns - d.wall_ns) / 1e9:.1f} s later")
+        else:
+            out += "; no engine took over its port"
+        span = ("its death and the new engine's first answer" if self.first_answer_wall_ns
+                else "its death and the run's end")
+        n = self.tied_failed
+        if n is None:
+            return out + "; its failed requests cannot be placed (no clock anchor)"
+        return (out + f"; {n} failed request{'' if n == 1 else 's'} tied to it (ended "
+                f"between {span}, ±{self.margin_s:g} s: engine_outage_margin_s)")
+
+
+def engine_outages(events: Sequence[EngineEvent], records: Iterable[RequestRecord],
+                   anchor: ClockAnchor | None) -> list[EngineOutage]:
+    """Each engine death among ``events`` with its successor and its failed requests
+    (``records``: the run's, on the monotonic clock ``anchor`` puts on the wall's)."""
+    margin_s = threshold("engine_outage_margin_s").value
+    if anchor is None:
+        return [EngineOutage(d, next((e for e in events[i + 1:] if e.kind == ENGINE_NEW),
+                                     None), None, None, margin_s)
+                for i, d in enumerate(events) if d.kind == ENGINE_EXIT]
+    margin = int(margin_s * 1e9)
+    recs = [(anchor.to_wall_ns(request_end_ns(r)), r) for r in records
+            if not (r.error is not None and r.error.cls == "interrupted")]
+    out = []
+    for i, died in enumerate(events):
+        if died.kind != ENGINE_EXIT:
+            continue
+        new = next((e for e in events[i + 1:] if e.kind == ENGINE_NEW), None)
+        answers = [anchor.to_wall_ns(r.first_byte_ns) for _, r in recs
+                   if r.ok and r.first_byte_ns is not None
+                   and anchor.to_wall_ns(r.first_byte_ns) >= died.after_ns]
+        first = min(answers) if answers else (new.wall_ns if new is not None else None)
+        hi = (first + margin) if first is not None else None
+        lo = died.after_ns - margin  # it died after the watch's last look saw it alive
+        tied = sum(1 for end, r in recs if not r.ok and end >= lo and (hi is None or end <= hi))
+        out.append(EngineOutage(died, new, first, tied, margin_s))
+    return out

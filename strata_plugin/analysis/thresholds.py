@@ -783,6 +783,17 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "limit, so the verdict is requests_failed and no resource rule is consulted "
         "(tests/test_failures_first.py: 1 of 2 failed is requests_failed, 1 of 3 is not)",
     ),
+    Threshold(
+        "engine_outage_margin_s",
+        0.5,
+        "s",
+        "[inferred] a failed request is tied to an engine's death when it ended between "
+        "the death and the new engine's first answer, widened by this much on each side: "
+        "the engine watch sees a death up to one poll (run/engine_lifetime.POLL_S, 0.2 s) "
+        "after it, and a request cut by the death ends at it; 0.5 s is that poll with "
+        "room for a loaded host's late timer (tests/test_engine_lifetime.py: a failure "
+        "just inside the margin is tied, one just outside is not)",
+    ),
     # --- the roofline (analysis/roofline.py): evidence and a note, never a class ---
     Threshold(
         "roof_near_frac",

@@ -163,7 +163,30 @@ def first_lines(d: ReportData) -> str:
     lines += [f"**{VERDICT_CLASS}** in `{a.case_id}`: {printable(a.verdict.notes[0])}"
               for a in d.analyses if a.verdict.classes == (VERDICT_CLASS,) and a.verdict.notes
               and a.case_id not in reason]
+    lines += [f"**Engine died:** {printable(line)}" for line in _engine_deaths(d)]
     return "".join(f"\n{line}\n" for line in lines) + ("\n" if lines else "")
+
+
+def _engine_deaths(d: ReportData) -> list[str]:
+    """Each followed engine that died (markers.csv's engine events), when into which case,
+    how, who took over its port, and the failed requests tied to it."""
+    from strata_plugin.analysis.failures import engine_outages
+    from strata_plugin.formats.engine_events import engine_events
+
+    events = engine_events(d.bundle.markers)
+    if not events:
+        return []
+    records = [r for recs in d.bundle.records.values() for r in recs]
+    cases = sorted((m for m in d.bundle.markers if m.kind == "case"),
+                   key=lambda m: m.start_wall_ns)
+    out = []
+    for o in engine_outages(events, records, d.bundle.anchor):
+        t = o.died.wall_ns
+        # the case it died in (warm-ups included), else the last one begun before it
+        case = next((m for m in cases if m.start_wall_ns <= t <= m.end_wall_ns), None) or next(
+            (m for m in reversed(cases) if m.start_wall_ns <= t), None)
+        out.append(o.line(case.case_id or case.name, case.start_wall_ns) if case else o.line())
+    return out
 
 
 def run_details(d: ReportData) -> str:

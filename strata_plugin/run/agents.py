@@ -28,6 +28,7 @@ from strata_plugin.formats.request_path import RequestPath
 
 if TYPE_CHECKING:
     from strata_plugin.run.container import ContainerLaunch
+    from strata_plugin.run.engine_lifetime import EngineWatch
     from strata_plugin.run.run_folder import RunRecorder
     from strata_plugin.run.server import Server
 
@@ -115,6 +116,8 @@ class AgentFleet:
         self.blocks: dict[str, list] = {}
         #: every agent that ended unasked, as in the manifest's ``agents_lost``
         self.lost: list[dict] = []
+        #: the engine lifetime watch of each server block (run/engine_lifetime.py)
+        self.watches: dict[str, EngineWatch] = {}
 
     # --- which node is which ------------------------------------------------------------
 
@@ -266,7 +269,46 @@ class AgentFleet:
                     h.stop(2.0)
             raise
         self.blocks[server.block_key] = handles
+        self.watch(server)
         return handles
+
+    def watch(self, server: Server) -> None:
+        """Watch the engine this block's head agent follows (run/engine_lifetime.py): its
+        end and the engine that takes over the URL's port are markers.csv events, and the
+        head agent follows the new engine. Not for a head reached over ssh (its processes
+        are not this machine's) nor an engine named by a pattern (the agent matches it)."""
+        from strata_plugin.formats.engine_events import EngineEvent
+        from strata_plugin.run.engine_lifetime import EngineWatch, PortListener, url_port
+
+        self.stop_watch(server.block_key)
+        head = next((n for n in self.nodes if n.name == self.head), None)
+        path = self.paths.get(server.block_key)
+        pids = (list(path.engine_pids) if path is not None and path.engine_from == "path"
+                else [server.pid] if path is None and server.pid else [])
+        if (head is not None and head.ssh_host) or not pids:
+            return
+        recorder, key = self.recorder, server.block_key
+
+        def record(ev: EngineEvent) -> None:
+            a = recorder.anchor
+            recorder.mark("event", ev.marker_name, "", ev.after_ns - a.wall_ns + a.mono_ns,
+                          ev.wall_ns - a.wall_ns + a.mono_ns)
+
+        def retarget(new: list[int]) -> None:
+            for h in self.blocks.get(key, []):
+                if h.alive and h.node == self.head:
+                    h.track_pids(new)
+
+        port = url_port(server.base_url)
+        self.watches[key] = EngineWatch(
+            pids, port, record=record, retarget=retarget, find_listener=PortListener(port),
+            child=getattr(server, "proc", None)).start()  # a container's is its runtime's
+
+    def stop_watch(self, block_key: str) -> None:
+        """Stop watching the block's engine (before Strata stops it: that end is no news)."""
+        w = self.watches.pop(block_key, None)
+        if w is not None:
+            w.stop()
 
     def restart(self, server: Server, node: str):
         """A fresh agent for ``node`` (one that was lost), appending to the same folder; its
@@ -369,6 +411,8 @@ class AgentFleet:
         for h in agents:
             if h.alive and h.node == self.head:
                 h.track_pids([server.pid])
+        if server.block_key in self.watches:  # the new process is watched from now on
+            self.watch(server)
 
     def stop(self, block_key: str) -> None:
         """Measure each clock of the block again (for drift), then stop its agents, every
@@ -376,6 +420,7 @@ class AgentFleet:
         agent that could not be stopped."""
         from strata_plugin.analysis.clocks import fit
 
+        self.stop_watch(block_key)
         handles = self.blocks.pop(block_key, [])
         nodes = dict(self.recorder.manifest.get("nodes", {}))
         failed: list[tuple[str, BaseException]] = []

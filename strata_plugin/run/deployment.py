@@ -209,6 +209,8 @@ class Deployment:
         """Stop the server and its workers, then confirm the GPU memory was released on
         every node, through that node's agent (the head alone, locally, when no agent
         runs any more)."""
+        if self.fleet is not None:  # Strata's own stop is no engine death
+            self.fleet.stop_watch(server.block_key)
         pid = server.pid
         server.stop()  # a stop cut short stays registered: the reaper tries again at exit
         removal = server.container_removal
