@@ -168,6 +168,13 @@ MODEL_ID_SHOWN_MAX = 255
 #: llama.cpp holds them as uint32_t (src/llama-hparams.h), transformers' configs as
 #: int32; a value past 2^31 - 1 is not a model.
 MODEL_SHAPE_MAX = (1 << 31) - 1
+#: Seconds the whole read of the served model's facts may take at a block's start
+#: (run/roofline_facts.py: locating the model and reading its headers, in a thread of
+#: its own). A stat, open or read on a hung network mount blocks in the kernel, where no
+#: non-blocking open reaches; past this the facts are UNAVAILABLE with the reason and the
+#: run goes on. The largest read allowed (a 64 MiB GGUF header) takes under 7 s at
+#: 10 MB/s, a slow network mount; 60 s is many times that.
+MODEL_FACTS_READ_S = 60.0
 #: Bytes of the CPU probe's cache file: a measurement is about 3 KB.
 CPU_CACHE_BYTES_MAX = 1 << 20
 #: A cached CPU figure past these per probed CPU is not a measurement: AMX's bf16 tiles
@@ -203,6 +210,13 @@ DISCOVERY_LISTENERS_MAX = 64
 #: full mesh of 9 proxies has 146,743 of them. Every engine is still found: past this
 #: number the engines and proxies are taken from the listeners reached, not the paths.
 DISCOVERY_PATHS_MAX = 64
+
+# --- the engine's profile (analysis/traces/engine_profile.py: samples.txt) -------------
+
+#: perf samples read from one case's capture. At 997 Hz a thread, 8 busy threads for a
+#: 10-minute window are 4.8 M samples; each becomes a trace event of ~150 bytes, so this
+#: bounds the case's timeline near 750 MB. Past it the capture is refused, in words.
+ENGINE_SAMPLES_MAX = 5_000_000
 
 # --- the table ---------------------------------------------------------------------------
 
@@ -329,6 +343,12 @@ LIMITS: tuple[Limit, ...] = (
           "experts); past it, or not a whole number, the fact is UNAVAILABLE naming the "
           "file and key",
           "llama.cpp holds them as uint32_t (src/llama-hparams.h), transformers as int32"),
+    Limit("MODEL_FACTS_READ_S", MODEL_FACTS_READ_S, "s",
+          "run/roofline_facts.py: locating the served model and reading its facts, in a "
+          "thread of its own, at a block's start; past it the facts are UNAVAILABLE "
+          "(\"a hung mount?\"), the run goes on and the blocked thread is left behind",
+          "the largest header allowed (64 MiB) reads in under 7 s at 10 MB/s, a slow "
+          "network mount"),
     Limit("CPU_CACHE_BYTES_MAX", CPU_CACHE_BYTES_MAX, "bytes",
           "run/cpu_probe.py: the cache file, before it is read; past it the CPUs are "
           "measured again and the file rewritten",
@@ -364,6 +384,11 @@ LIMITS: tuple[Limit, ...] = (
           "run/listener.py: discover, the paths listed; past it the notes say so and the "
           "engines come from the listeners reached",
           "a full mesh of 9 proxies has 146,743 paths"),
+    Limit("ENGINE_SAMPLES_MAX", ENGINE_SAMPLES_MAX, "samples",
+          "analysis/traces/engine_profile.py, where a case's samples.txt is read: past it "
+          "the capture is not merged and the report says why; the rest stands",
+          "997 Hz on 8 busy threads for 10 minutes is 4.8 M samples, ~750 MB of trace "
+          "events"),
 )
 
 

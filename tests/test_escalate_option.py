@@ -67,8 +67,9 @@ def test_a_named_case_is_traced_apart_and_unavailable_traces_say_why(project):
     assert sum(r["case_id"] == cid + "~traced" for r in measured) == 4
     meta = json.loads((run / "traces" / (cid + "~traced") / "meta.json").read_text())
     assert meta["captured"] == ["net"]  # the harness's own connections: no PID needed
-    assert set(meta["unavailable"]) == {"sched", "block"}
+    assert set(meta["unavailable"]) == {"sched", "block", "engine"}
     assert "PID is not known" in meta["unavailable"]["sched"]
+    assert "PID is not known" in meta["unavailable"]["engine"]  # perf needs the threads
     md = (run / "report.md").read_text()
     assert "## Diagnostic round" in md and "sched trace UNAVAILABLE" in md
     assert "The benchmark's TCP connections" in md
@@ -135,3 +136,29 @@ def test_auto_traces_a_case_exactly_when_its_verdict_needs_it(tmp_path, monkeypa
     else:
         assert runner.diagnostics == [] and [x.case_id for x in lines] == ["c1"]
         assert runner.decisions["c1"] == "not traced: verdict 'cpu_compute + queueing'"
+
+
+@pytest.mark.integration
+def test_the_engine_profile_option_repeats_the_case_and_says_why_none_was_taken(project):
+    with ScriptServer(llama_reply) as srv:
+        res = project.runpytest_subprocess(
+            "-k", "test_decode and not wrong", f"--strata-server-url={srv.url}",
+            "--strata-run-id=ep", "--strata-engine-profile=test_decode")
+    res.assert_outcomes(passed=1)
+    run = project.path / "reports" / "ep"
+    cid = "test_cases.py::test_decode"
+    meta = json.loads((run / "traces" / (cid + "~traced") / "meta.json").read_text())
+    assert meta["traces"] == ["engine"] and meta["captured"] == []
+    assert "PID is not known" in meta["unavailable"]["engine"]
+    md = (run / "report.md").read_text()
+    assert ("Engine profile (CPU samples (perf cpu-clock, software event)) not taken: the "
+            "server's PID is not known") in md
+
+
+@pytest.mark.integration
+def test_a_bad_engine_profile_value_is_a_usage_error(project):
+    res = project.runpytest_subprocess("-k", "test_prefill", "--strata-engine-profile=a,,b",
+                                       "--strata-server-url=http://127.0.0.1:9")
+    assert res.ret == 4
+    res.stderr.fnmatch_lines(["*--strata-engine-profile: empty name in 'a,,b' (expected case "
+                              "ids / workload names*"])

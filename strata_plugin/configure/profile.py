@@ -785,6 +785,9 @@ class StrataConfig:
     regression_metrics: tuple[str, ...] = ("ttft_ms", "tpot_ms")
     #: the diagnostic round: "auto" and/or case ids / workload names (run/diagnostic_round)
     escalate: tuple[str, ...] = ()
+    #: cases (ids / workload names) whose repetition takes the engine's own profile
+    #: (run/engine_profile.py, run/diagnostic_round.py)
+    engine_profile: tuple[str, ...] = ()
     #: the credentials ``server_url`` was given with (configure/credentials.py): sent as
     #: Basic auth, never written; ``server_url`` itself holds none
     server_auth: UrlAuth | None = field(default=None, repr=False, compare=False)

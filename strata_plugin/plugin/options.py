@@ -32,6 +32,10 @@ OPTIONS = (
      "diagnostic round: re-run cases with a kernel trace over the measured window; 'auto' "
      "(inconclusive or ambiguous verdicts) and/or case ids or workload names, comma-separated",
      ""),
+    ("--strata-engine-profile", "strata_engine_profile",
+     "the engine's own profile (perf CPU samples of its threads) over a repetition's "
+     "measured window, beside the timed case: case ids or workload names, comma-separated",
+     ""),
     ("--strata-progress", "strata_progress",
      "live progress line per case: auto (on a terminal, not in CI), on, off", "auto"),
 )
@@ -173,6 +177,11 @@ def build_config(config: pytest.Config) -> StrataConfig:
         escalate = parse_escalate(_value(config, "strata_escalate"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    try:
+        engine_profile = parse_escalate(_value(config, "strata_engine_profile"),
+                                        "--strata-engine-profile")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     reports = Path(_value(config, "strata_reports_dir"))
     profile = load_profile(resolve_profile(_value(config, "strata_profile"), root))
     if profile.raw.get("allow_unsandboxed_code") is True:
@@ -197,4 +206,5 @@ def build_config(config: pytest.Config) -> StrataConfig:
                                  if m.strip()),
         rootdir=root,
         escalate=escalate,
+        engine_profile=engine_profile,
     )

@@ -254,5 +254,9 @@ def _write_timeline(run: Path, case_id: str | None, request: str | None,
     if output is None:
         (run / te.FOLDER).mkdir(exist_ok=True)
         output = run / te.FOLDER / default
-    atomic_write_text(output, te.dumps(te.build(ra, scope)))
+    pre = te.prepare(ra)
+    engines = te.engine_traces(run, pre.origin)
+    eng = list(engines.values()) if case_id is None else (
+        [engines[case_id]] if case_id in engines else [])
+    atomic_write_text(output, te.dumps(te.build(ra, scope, eng, prepared=pre)))
     return output

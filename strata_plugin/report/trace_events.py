@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from strata_plugin.analysis.case_summary import CaseAnalysis, RunAnalysis
     from strata_plugin.analysis.run_folder import RunBundle
     from strata_plugin.analysis.timeline import SampleStore
+    from strata_plugin.analysis.traces.engine_profile import EngineCapture
 
 #: Points kept per counter series in one file. A track is drawn on a screen about 1,000
 #: pixels wide: more points than that cannot be told apart until one zooms in, and
@@ -756,18 +757,22 @@ class Written:
 
     cases: Mapping[str, tuple[str, float, float]] = field(default_factory=dict)
     problem: str = ""
+    #: each case's engine-profile lines: what was captured, where, its clock error, or
+    #: why it was not (analysis/traces/engine_profile.py)
+    engine: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def case_line(self, case_id: str) -> str | None:
-        """The line report.md shows under a case's timeline (None: nothing to say)."""
+        """The lines report.md shows under a case's timeline (None: nothing to say)."""
+        eng = list(self.engine.get(case_id, ()))
         if self.problem:
-            return f"Trace not written: {self.problem}."
+            return "\n\n".join([f"Trace not written: {self.problem}.", *eng])
         got = self.cases.get(case_id)
         if got is None:
-            return None
+            return "\n\n".join(eng) or None
         name, a, b = got
-        return (f"Trace (Perfetto UI or chrome://tracing, docs/timeline.md): "
-                f"`{FOLDER}/{name}`, {a:.3f} s to {b:.3f} s of the run's timeline "
-                f"(the whole run: `{FOLDER}/{RUN_FILE}`).")
+        return "\n\n".join([f"Trace (Perfetto UI or chrome://tracing, docs/timeline.md): "
+                             f"`{FOLDER}/{name}`, {a:.3f} s to {b:.3f} s of the run's "
+                             f"timeline (the whole run: `{FOLDER}/{RUN_FILE}`).", *eng])
 
 
 def write_all(ra: RunAnalysis, run_dir: Path) -> Written:
@@ -789,6 +794,25 @@ def write_all(ra: RunAnalysis, run_dir: Path) -> Written:
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
+def engine_traces(run_dir: Path, origin: int, captures: Sequence[EngineCapture] | None = None
+                  ) -> dict[str, EngineTrace]:
+    """Each case's engine profile (``traces/engine/``, analysis/traces/engine_profile.py)
+    as an EngineTrace on the run's clock, by case id; captures that failed are left out
+    (the report says why: :class:`Written`)."""
+    from strata_plugin.analysis.traces.engine_profile import read_all
+
+    out = {}
+    for cap in read_all(run_dir) if captures is None else captures:
+        if cap.problem or cap.wall_minus_mono_ns is None:
+            continue
+        out[cap.case_id] = EngineTrace(
+            f"engine {cap.kind} ({cap.case_id})", cap.events,
+            (int(cap.wall_minus_mono_ns) - origin) / 1000.0,
+            "perf -k mono (CLOCK_MONOTONIC) + the capture's measured wall-minus-monotonic: "
+            + cap.method, None if cap.error_ns is None else cap.error_ns / 1000.0)
+    return out
+
+
 def _write_all(ra: RunAnalysis, out: Path) -> Written:
     out.mkdir(exist_ok=True)
     bundle = ra.bundle
@@ -796,7 +820,17 @@ def _write_all(ra: RunAnalysis, out: Path) -> Written:
     origin = pre.origin
     names = case_file_names([a.case_id for a in ra.analyses])
     written = {RUN_FILE}
-    atomic_write_text(out / RUN_FILE, dumps(build(ra, prepared=pre)))
+    from strata_plugin.analysis.traces.engine_profile import read_all
+
+    captures = read_all(out.parent)
+    engines = engine_traces(out.parent, origin, captures)
+    case_ids = {a.case_id for a in ra.analyses}
+    engine_lines: dict[str, list[str]] = {}
+    for cap in captures:  # a diagnostic repetition's capture is said under its case
+        cid = cap.case_id if cap.case_id in case_ids else cap.case_id.split("~", 1)[0]
+        engine_lines.setdefault(cid, []).append(cap.line(out.parent))
+    atomic_write_text(out / RUN_FILE, dumps(build(ra, prepared=pre,
+                                                  engine=list(engines.values()))))
     cases = {}
     for a in ra.analyses:
         try:
@@ -804,14 +838,15 @@ def _write_all(ra: RunAnalysis, out: Path) -> Written:
         except TimelineError:
             continue
         name = names[a.case_id]
-        atomic_write_text(out / name, dumps(build(ra, scope, prepared=pre)))
+        eng = [engines[a.case_id]] if a.case_id in engines else []
+        atomic_write_text(out / name, dumps(build(ra, scope, prepared=pre, engine=eng)))
         written.add(name)
         assert scope.start_ns is not None and scope.end_ns is not None
         cases[a.case_id] = (name, (scope.start_ns - origin) / 1e9, (scope.end_ns - origin) / 1e9)
     for p in out.glob("*.json"):
         if p.name not in written:
             p.unlink(missing_ok=True)
-    return Written(cases)
+    return Written(cases, engine={k: tuple(v) for k, v in engine_lines.items()})
 
 
 def request_scope(bundle: RunBundle, request_id: str) -> Scope:

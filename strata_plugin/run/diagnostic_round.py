@@ -11,6 +11,12 @@ overhead, and the verdict before and after (``analysis/traces/diagnostics.py``).
 
 ``--strata-escalate`` / ``strata_escalate``: ``auto`` (verdicts that need it), case ids
 or workload names (always), or both, comma-separated. Empty: off.
+
+``--strata-engine-profile`` / ``strata_engine_profile``: case ids or workload names whose
+repetition takes the engine's own profile (``run/engine_profile.py``), alone or beside
+the traces their verdict asks for. The round takes it by itself (trace ``engine``) for a
+named case and where a verdict names two causes inside the engine
+(``analysis/traces/settle.py``: ``traces_for``).
 """
 
 from __future__ import annotations
@@ -27,15 +33,17 @@ from urllib.parse import urlsplit
 from strata_plugin.analysis.traces.diagnostics import TRACED_SUFFIX, trace_dir
 from strata_plugin.load.case_runner import CaseResult, CaseRunner
 from strata_plugin.load.workload import Workload
-from strata_plugin.run import socket_sampler, trace_targets, tracing
+from strata_plugin.run import engine_profile, socket_sampler, trace_targets, tracing
 
 
-def parse_escalate(value: str) -> tuple[str, ...]:
+def parse_escalate(value: str, option: str = "--strata-escalate") -> tuple[str, ...]:
     """``"auto, decode/1"`` -> ("auto", "decode/1"); raises ValueError on an empty name."""
     parts = [p.strip() for p in value.split(",")]
     if any(not p for p in parts) and value.strip():
-        raise ValueError(f"--strata-escalate: empty name in {value!r} (expected 'auto' or "
-                         "case ids / workload names, comma-separated)")
+        expected = ("'auto' or case ids / workload names" if option == "--strata-escalate"
+                    else "case ids / workload names")
+        raise ValueError(f"{option}: empty name in {value!r} (expected {expected}, "
+                         "comma-separated)")
     return tuple(p for p in parts if p)
 
 
@@ -43,9 +51,12 @@ class DiagnosticRunner(CaseRunner):
     """A case runner that adds the diagnostic round after each case that needs it."""
 
     def __init__(self, *args: Any, escalate: tuple[str, ...], run_dir: Path,
-                 server_pid: int | None, settle_s: float, **kw: Any) -> None:
+                 server_pid: int | None, settle_s: float,
+                 engine_profile: tuple[str, ...] = (), **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.escalate = tuple(escalate)
+        # cases whose repetition takes the engine's own profile (--strata-engine-profile)
+        self.engine_profile = tuple(engine_profile)
         self.run_dir = Path(run_dir)
         self.server_pid = server_pid
         self.settle_s = settle_s  # the agent's interval: the timed window's samples land
@@ -59,18 +70,21 @@ class DiagnosticRunner(CaseRunner):
             self._maybe_diagnose(w, result, kw)
         return result
 
-    def _named(self, result: CaseResult) -> bool:
+    def _named(self, result: CaseResult, names: tuple[str, ...] | None = None) -> bool:
         """Named by case id (a pytest node id, with or without its file and its ``[config]``
         suffix: ``test_decode`` names ``cases/x.py::test_decode[default]``) or workload name."""
         bare = result.case_id.split("[", 1)[0]
         ids = (result.case_id, bare, bare.rsplit("::", 1)[-1],
                result.case_id.rsplit("::", 1)[-1], result.workload.name)
-        return any(i in self.escalate for i in ids)
+        return any(i in (self.escalate if names is None else names) for i in ids)
 
     def _maybe_diagnose(self, w: Workload, result: CaseResult, kw: dict[str, Any]) -> None:
         from strata_plugin.analysis.case_summary import summarize_case
         from strata_plugin.analysis.traces import settle
 
+        engine = self._named(result, self.engine_profile)  # --strata-engine-profile
+        asked: tuple[tuple[str, ...], str] | None = (
+            (("engine",), "engine profile asked") if engine else None)
         if self._named(result):  # named: traced whatever the verdict, with every trace
             traces, why = settle.ALL_TRACES, "named"
         elif "auto" in self.escalate:
@@ -78,12 +92,22 @@ class DiagnosticRunner(CaseRunner):
             try:
                 verdict = summarize_case(self.run_dir, result.case_id).verdict
             except Exception as exc:  # the timed case stands; the round is skipped, with why
-                self.decisions[result.case_id] = f"not traced: analysis failed ({exc})"
-                return
-            if not settle.needs_diagnosis(verdict):
+                if asked is None:
+                    self.decisions[result.case_id] = f"not traced: analysis failed ({exc})"
+                    return
+                verdict = None
+            if verdict is not None and settle.needs_diagnosis(verdict):
+                traces = settle.traces_for(verdict)
+                traces += ("engine",) if engine and "engine" not in traces else ()
+                why = f"verdict '{verdict.summary()}'"
+            elif asked is not None:
+                traces, why = asked
+            else:
+                assert verdict is not None
                 self.decisions[result.case_id] = f"not traced: verdict '{verdict.summary()}'"
                 return
-            traces, why = settle.traces_for(verdict), f"verdict '{verdict.summary()}'"
+        elif asked is not None:
+            traces, why = asked
         else:
             return
         traced_id = result.case_id + TRACED_SUFFIX
@@ -112,6 +136,8 @@ class DiagnosticRunner(CaseRunner):
         if self.server_pid is not None:
             meta.update(trace_targets.snapshot(self.server_pid, os.getpid()))
         for t in traces:
+            if t == "engine":  # the engine's own profile (run/engine_profile.py): below
+                continue
             if t == "net":  # the connections are the harness's too: no PID needed
                 why = socket_sampler.unavailable()
             elif self.server_pid is None:
@@ -136,7 +162,19 @@ class DiagnosticRunner(CaseRunner):
                 meta["unavailable"].update(dict.fromkeys(meta["captured"], str(exc)))
                 meta["captured"], cap = [], None
         try:
-            yield
+            window: contextlib.AbstractContextManager[dict[str, Any]] = (
+                engine_profile.profile_window(self.run_dir, case_id, self.server_pid,
+                                              engine=self.setup.engine,
+                                              base_url=self.setup.base_url,
+                                              headers=dict(self.setup.headers))
+                if "engine" in traces else contextlib.nullcontext({}))
+            with window as eng:
+                yield
+            if eng.get("problem"):  # said beside the other traces; its files are its own
+                meta["unavailable"]["engine"] = eng["problem"]
+            elif "engine" in traces:
+                meta["engine_profile"] = str(engine_profile.engine_dir(
+                    self.run_dir, case_id).relative_to(self.run_dir))
             if ss is not None:
                 ss.stop()
                 meta.update(ss_samples=ss.samples, ss_errors=ss.errors)

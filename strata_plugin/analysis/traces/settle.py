@@ -40,8 +40,14 @@ TRACES_FOR = {
     "io_page_faults": ("block", "sched"), "memory_pressure": ("block",),
     "network": ("net",), "client_bound": ("net",),
 }
-#: Every trace a named case gets.
-ALL_TRACES: tuple[str, ...] = ("sched", "block", "net")
+#: Every trace a named case gets ("engine": the engine's own profile, run/engine_profile.py).
+ALL_TRACES: tuple[str, ...] = ("sched", "block", "net", "engine")
+#: Causes inside the engine (its kernels, copies, collectives, its own CPU work): where a
+#: verdict names two of them, counters cannot tell them apart and the engine's own
+#: profile is the finer trace.
+ENGINE_CLASSES = frozenset({"host_cpu_launch", "gpu_latency_low_occupancy", "gpu_pcie_copy",
+                            "gpu_compute", "gpu_memory_bandwidth", "gpu_communication",
+                            "cpu_compute"})
 
 
 def _thr(name: str) -> Threshold:
@@ -153,13 +159,17 @@ def needs_diagnosis(v: Verdict) -> bool:
 
 
 def traces_for(v: Verdict) -> tuple[str, ...]:
-    """The trace sets a verdict asks for (both when it names none they cover)."""
+    """The trace sets a verdict asks for (both when it names none they cover), and the
+    engine's own profile where it names two causes inside the engine."""
     out: list[str] = []
     for c in (*v.classes, *v.also_flagged):
         for t in TRACES_FOR.get(c, ()):
             if t not in out:
                 out.append(t)
-    return tuple(out) or ("sched", "block")  # nothing named they cover: the CPU and disk
+    out = out or ["sched", "block"]  # nothing named they cover: the CPU and disk
+    if len(ENGINE_CLASSES & {*v.classes, *v.also_flagged}) >= 2:
+        out.append("engine")
+    return tuple(out)
 
 
 def settle(before: Verdict, decisions: tuple[TraceDecision, ...], *, case_id: str = "",
