@@ -21,7 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata_plugin.run.engine_profile import ProfileUnavailable
+from strata_plugin.errors import StrataError
+
+
+class ProfileUnavailable(StrataError, RuntimeError):
+    """The engine's profile cannot be taken here; the message says why, in words. (Here,
+    below run/engine_profile.py, which re-exports it for its own perf capture.)"""
+
 
 KIND = "the engine's own profiler (POST /start_profile, /stop_profile)"
 #: Seconds a start or stop may take. vLLM's stop writes the torch trace (gzip) before it

@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from strata_plugin.errors import StrataError
 from strata_plugin.formats.atomic import atomic_write_text
 from strata_plugin.process_globals import at_exit
+from strata_plugin.run import engine_http_profile as hp
+from strata_plugin.run.engine_http_profile import ProfileUnavailable
 
 KIND = "CPU samples (perf cpu-clock, software event)"
 #: Samples a second per thread. A prime, so the timer does not beat with the engine's
@@ -58,10 +59,6 @@ SCRIPT_FIELDS = "comm,pid,tid,time,ip,sym,dso"
 FOLDER = ("traces", "engine")
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class ProfileUnavailable(StrataError, RuntimeError):
-    """The engine's profile cannot be taken here; the message says why, in words."""
 
 
 def engine_dir(run_dir: Path, case_id: str) -> Path:
@@ -343,8 +340,6 @@ def profile_window(run_dir: Path, case_id: str, server_pid: int | None, *,
 def _http_profiler(engine: str, base_url: str, case_id: str, headers: dict[str, str]
                    ) -> Iterator[dict[str, str]]:
     """``/start_profile`` before, ``/stop_profile`` after; what happened, in words."""
-    from strata_plugin.run import engine_http_profile as hp
-
     said = {"engine": engine, "what": hp.KIND}
     try:
         hp.start(base_url, case_id.replace("/", "__"), headers=headers)

@@ -183,13 +183,12 @@ class StrataSession:
         if self.dry_plan is not None:
             return PlanningRunner(setup, plan=self.dry_plan.add_case,
                                   default_case_id=case_id_from(nodeid), history=self.history)
-        kw = dict(record=self.record, mark=self.recorder.mark,
-                  add_case=self.add_case, counters=process_counters(server),
-                  progress_line=progress, default_case_id=case_id_from(nodeid),
-                  history=self.history, repetitions=self.repetitions)
+        kw = dict(record=self.record, mark=self.recorder.mark, add_case=self.add_case,
+                  counters=process_counters(server), progress_line=progress,
+                  default_case_id=case_id_from(nodeid), history=self.history,
+                  repetitions=self.repetitions)
         if self.cfg.escalate or self.cfg.engine_profile:
             from strata_plugin.run.diagnostic_round import DiagnosticRunner
-
             return DiagnosticRunner(setup, escalate=self.cfg.escalate, run_dir=self.run_dir,
                                     engine_profile=self.cfg.engine_profile,
                                     server_pid=server.pid if server.spec else None,

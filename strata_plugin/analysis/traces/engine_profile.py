@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.errors import StrataError
 from strata_plugin.limits import ENGINE_SAMPLES_MAX
 
 FOLDER = ("traces", "engine")
@@ -29,7 +30,7 @@ _LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+"
                    r"\s*\((?P<dso>[^()]*)\)\s*$")
 
 
-class EngineProfileError(ValueError):
+class EngineProfileError(StrataError, ValueError):
     """A capture's files that cannot be read as one; the message names the file and line."""
 
 
