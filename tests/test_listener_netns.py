@@ -122,6 +122,15 @@ def test_a_forwarder_whose_upstream_is_made_inside_the_namespace_is_followed(lab
     assert path.engine_pids == (engine.pid,) and path.proxy_pids == (fwd.pid,)
 
 
+def _engine_in_b(pair) -> tuple[subprocess.Popen, int]:
+    """An HTTP engine listening at namespace b's own address, and its port."""
+    port = free_port("127.0.0.1")
+    engine = pair.popen(pair.b, [sys.executable, str(PROCS), "http", "--bind", pair.b_addr,
+                                 "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    assert int(engine.stdout.readline()) == port
+    return engine, port
+
+
 def _discover_in(pair, ns: str, url: str, prelude: str = "") -> RequestPath:
     code = (prelude + "import json,sys\nfrom strata_plugin.run.listener import discover\n"
             "print(json.dumps(discover(sys.argv[1], health_path='/').to_json()))\n")
@@ -142,10 +151,7 @@ def test_a_port_published_with_dnat_is_followed_to_the_engine(pair, procs):
     from system_packages import require
 
     require("iptables")
-    port = free_port("127.0.0.1")
-    engine = pair.popen(pair.b, [sys.executable, str(PROCS), "http", "--bind", pair.b_addr,
-                                 "--port", str(port)], stdout=subprocess.PIPE, text=True)
-    assert int(engine.stdout.readline()) == port
+    engine, port = _engine_in_b(pair)
     published = 8080
     url = f"http://{pair.a_addr}:{published}"
     bare = _discover_in(pair, pair.a, url)
@@ -315,10 +321,7 @@ def test_a_dnat_port_without_a_conntrack_entry_is_followed_by_the_rule(pair, pro
     from system_packages import require
 
     require("iptables")
-    port = free_port("127.0.0.1")
-    engine = pair.popen(pair.b, [sys.executable, str(PROCS), "http", "--bind", pair.b_addr,
-                                 "--port", str(port)], stdout=subprocess.PIPE, text=True)
-    assert int(engine.stdout.readline()) == port
+    engine, port = _engine_in_b(pair)
     published = 8080
     url = f"http://{pair.a_addr}:{published}"
     blind = ("import strata_plugin.run.netns as n, strata_plugin.run.listener as li\n"
