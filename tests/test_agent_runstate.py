@@ -69,6 +69,12 @@ def _collector(pid: int, **kw) -> RunstateCollector:
     return RunstateCollector(targets, **kw)
 
 
+def _state(pid: int) -> str:
+    """The state letter of a process's main thread (/proc/PID/stat)."""
+    data = Path(f"/proc/{pid}/stat").read_text()
+    return data[data.rfind(")") + 2]
+
+
 def values(emits) -> dict[str, float]:
     return {m: v for _w, dev, m, v, _k in emits if dev == ""}
 
@@ -136,34 +142,59 @@ def test_a_stopped_tree_reads_as_state_t_and_does_not_run(procs):
 
 
 def test_exited_threads_stay_in_the_counters(procs):
-    """Three threads that each use 0.1 s of CPU and exit: the tree's run time never steps
-    back, and it still holds their 0.3 s once they are gone."""
-    code = ("import threading, time\n"
+    """Three threads each use 0.1 s of CPU, are read while they live, then exit, and the
+    main thread then uses 0.05 s more: the tree's run time never steps back, and it grows
+    by the main thread's 0.05 s on top of what was read of the threads (the tree's
+    counters never step back, so a lost thread would show only once the tree runs on).
+    A thread's run after the collector's last read of it cannot be kept (it is gone
+    before the next read), so the threads wait, spun, until the test has read them."""
+    code = ("import sys, threading, time\n"
+            "spun = threading.Barrier(4)\n"
+            "go = threading.Event()\n"
             "def spin():\n"
             "    while time.thread_time() < 0.1:\n"
             "        pass\n"
+            "    spun.wait()\n"
+            "    go.wait()\n"
             "ts = [threading.Thread(target=spin) for _ in range(3)]\n"
-            "print('up', flush=True)\n"
             "[t.start() for t in ts]\n"
+            "spun.wait()\n"
+            "print('spun', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "go.set()\n"
             "[t.join() for t in ts]\n"
+            "sys.stdin.readline()\n"
+            "t0 = time.thread_time()\n"
+            "while time.thread_time() < t0 + 0.05:\n"
+            "    pass\n"
+            "print('ran', flush=True)\n"
             "time.sleep(3600)\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
     procs.append(p)
-    assert p.stdout is not None and p.stdout.readline() == "up\n"
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline() == "spun\n"
     c = _collector(p.pid)
     seen = [values(c.sample_now())]
+    alive = seen[0]
+    assert alive["threads"] == 4 and alive["run_s"] >= 0.3, alive
+    p.stdin.write("go\n")
+    p.stdin.flush()
     deadline = time.monotonic() + 20
-    # 'up' comes before the threads start: first see them, then see them gone
-    while seen[-1]["threads"] == 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-        seen.append(values(c.sample_now()))
     while seen[-1]["threads"] > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
         seen.append(values(c.sample_now()))
+    assert seen[-1]["threads"] == 1, seen[-1]
+    p.stdin.write("on\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "ran\n"
+    # asleep: the kernel books a thread's run time when it leaves the CPU, so read then
+    while _state(p.pid) != "S" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    seen.append(values(c.sample_now()))
     runs = [s["run_s"] for s in seen]
     assert runs == sorted(runs), runs
-    assert max(s["threads"] for s in seen) >= 2 and seen[-1]["threads"] == 1, seen[-1]
-    assert runs[-1] >= 0.3, runs  # the exited threads' run time is kept
+    assert runs[-1] >= alive["run_s"] + 0.05, runs  # the exited threads' run time is kept
     c.close()
 
 
