@@ -19,7 +19,7 @@ def test_the_outputs_written_are_the_derived_files(tmp_path: Path) -> None:
     run = cpu_run(tmp_path)
     raw = {p.relative_to(run) for p in run.rglob("*") if p.is_file()}
     assert not {Path(n) for n in DERIVED} & raw
-    report = writer.write_report(run)
+    report = writer.write_report(run, plots=False)
     assert report == run / "report.md"
     written = {str(p.relative_to(run)) for p in run.rglob("*")
                if p.is_file() and p.relative_to(run) not in raw
@@ -41,9 +41,32 @@ def test_an_output_that_fails_costs_its_files_only(tmp_path: Path, monkeypatch) 
     outputs = list(writer.OUTPUTS)
     outputs[-2] = writer.Output("thresholds.md", broken)
     monkeypatch.setattr(writer, "OUTPUTS", tuple(outputs))
-    writer.write_report(run)
+    writer.write_report(run, plots=False)
     assert (run / "summary.json").exists() and not (run / "thresholds.md").exists()
     assert "\n**Run incomplete:** report failed: thresholds.md not written (RuntimeError in " \
         "test_report_outputs.py broken" in (run / "report.md").read_text()
     outcome = json.loads((run / "summary.json").read_text())["outcome"]
     assert "thresholds.md not written" in json.dumps(outcome)
+
+
+def test_a_report_without_plots_draws_none_and_says_so_in_each_place(tmp_path: Path) -> None:
+    """``report --no-plots``: no PNG, the earlier report's plots gone with the links to
+    them, and each place a plot stood (a case's timeline, the run's, an A/B group's, a
+    ledger's) says it was not drawn; every other file is the same as with plots."""
+    from strata_plugin.report.cli import report_main
+
+    run = cpu_run(tmp_path)
+    writer.write_report(run)
+    drawn = sorted(p.name for p in (run / "plots").glob("*.png"))
+    with_plots = (run / "report.md").read_text()
+    summary = (run / "summary.json").read_bytes()
+    assert report_main([str(run), "-q", "--no-plots"]) == 0
+    assert not list((run / "plots").glob("*.png"))
+    text = (run / "report.md").read_text()
+    assert "](plots/" not in text and with_plots.count("](plots/") == len(drawn)
+    cases = json.loads(summary)["cases"]
+    assert text.count("Timeline plot: not drawn (the report was written with --no-plots)") \
+        == sum(1 for c in cases if c.get("window"))
+    assert "Run timeline plot: not drawn" in text and "A/B plot: not drawn" in text
+    assert "Not drawn: the report was written with --no-plots." in text
+    assert (run / "summary.json").read_bytes() == summary

@@ -175,7 +175,7 @@ def fabricated(tmp_path_factory) -> tuple[Path, object]:
     original = sections.render
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sections, "render", lambda d, *a: seen.append(d) or original(d, *a))
-        write_report(run)
+        write_report(run, plots=False)
     (data,) = seen
     return run, data
 
@@ -260,7 +260,7 @@ def test_a_plugin_section_as_the_page_says(fabricated, tmp_path, monkeypatch):
     copy = _with_fds_samples(run, tmp_path)
     install_here(tmp_path / "pkg", monkeypatch)
     try:
-        write_report(copy)
+        write_report(copy, plots=False)
     finally:
         forget()
     text = (copy / "report.md").read_text()
@@ -301,7 +301,7 @@ def test_a_plugin_section_that_raises_is_one_line_of_the_report(fabricated, tmp_
         "strata.report_sections": {"fds": f"strata_example.broken_sections:{value}"}})
     (pkg / "strata_example" / "broken_sections.py").write_text(BROKEN_SECTIONS)
     try:
-        write_report(copy)
+        write_report(copy, plots=False)
     finally:
         forget()
     text = (copy / "report.md").read_text()

@@ -57,7 +57,7 @@ def test_the_thresholds_have_a_file_of_their_own(tmp_path):
     # one case: the thresholds file and its link do not depend on the cases (cpu_run's
     # four cases drew 14 plots for it)
     run = make_run(tmp_path, RunSpec([CaseSpec("only")]))
-    write_report(run)
+    write_report(run, plots=False)
     report = (run / "report.md").read_text()
     table = (run / "thresholds.md").read_text()
     assert "[thresholds.md](thresholds.md)" in report

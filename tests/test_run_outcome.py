@@ -141,7 +141,7 @@ def test_a_torn_line_is_named_first_and_fails_the_offline_report(tmp_path, capsy
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines) + lines[-1][: len(lines[-1]) // 2])
     n = len(lines) + 1
-    assert report_main([str(run), "-q"]) == 1
+    assert report_main([str(run), "-q", "--no-plots"]) == 1
     torn = f"requests.jsonl:{n}: torn line (the run ended mid-write)"
     assert capsys.readouterr().err == f"run incomplete: {torn}\n"
     head = (run / "report.md").read_text().splitlines()[:3]
@@ -151,14 +151,14 @@ def test_a_torn_line_is_named_first_and_fails_the_offline_report(tmp_path, capsy
         {"kind": "torn_line", "detail": torn, "words": torn}]
     # a whole last line that lost only its newline is read, not torn
     path.write_bytes(b"".join(lines).rstrip(b"\n"))
-    assert report_main([str(run), "-q"]) == 0
+    assert report_main([str(run), "-q", "--no-plots"]) == 0
 
 
 def test_a_complete_run_reports_exit_0_and_says_complete(tmp_path) -> None:
     from strata_plugin.report.cli import report_main
 
     run = cpu_run(tmp_path)
-    assert report_main([str(run), "-q"]) == 0
+    assert report_main([str(run), "-q", "--no-plots"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["outcome"] == {"complete": True, "incomplete_reason": None,
                                   "incomplete_reasons": []}

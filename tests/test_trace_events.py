@@ -384,7 +384,7 @@ def test_the_size_bound_holds_on_a_long_run(tmp_path, monkeypatch):
 
 def test_each_case_in_report_md_names_its_slice(fabricated, tmp_path):
     run = frozen_run(tmp_path)
-    text = write_report(run).read_text()
+    text = write_report(run, plots=False).read_text()
     origin = _origin(run)
     for cid in ("light", "cpu_bound", "frozen"):
         line = next(x for x in text.splitlines() if f"`timeline/case-{cid}.json`" in x)
@@ -405,7 +405,7 @@ def test_a_timeline_that_fails_costs_only_itself(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(te, "_write_all", broken)
-    text = write_report(run).read_text()
+    text = write_report(run, plots=False).read_text()
     assert "timeline not written: PermissionError: [Errno 13] Permission denied" in text
     assert text.count("Trace not written: PermissionError") == 4  # each case says it
     assert "#### Verdict" in text and (run / "summary.json").exists()
@@ -421,7 +421,7 @@ def test_a_full_disk_under_the_timeline_fails_the_report(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(te, "_write_all", full)
     with pytest.raises(OSError) as got:
-        write_report(run)
+        write_report(run, plots=False)
     assert got.value.errno == err
 
 

@@ -29,6 +29,9 @@ def report_main(argv: list[str]) -> int:
     )
     p.add_argument("run_dir", type=Path, help="reports/<RUN_ID>")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--no-plots", action="store_true",
+                   help="every derived file but the PNGs (most of a report's time), each "
+                   "place a plot would be saying so")
     args = p.parse_args(argv)
     if not (args.run_dir / "manifest.json").exists():
         print(f"error: {args.run_dir} is not a run folder (no manifest.json)", file=sys.stderr)
@@ -43,7 +46,7 @@ def report_main(argv: list[str]) -> int:
     try:  # the run's outcome as recorded; the report adds a torn raw line to it
         check_plugins()  # a broken plugin: said before any derived file is rewritten
         outcome = RunOutcome.from_manifest(read_manifest(args.run_dir / "manifest.json"))
-        path = write_report(args.run_dir, outcome=outcome)
+        path = write_report(args.run_dir, outcome=outcome, plots=not args.no_plots)
     except (FormatError, PluginError) as exc:  # a hand-edited or damaged file: which
         # file, line, key; or an installed plugin that cannot load: which one, and why
         print(f"error: {exc}", file=sys.stderr)

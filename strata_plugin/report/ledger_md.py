@@ -107,6 +107,9 @@ def prepare(d: ReportData, plot_dir: Path) -> dict[str, Drawn]:
     used: set[str] = set()
     out = {}
     for a in _cases(d.analyses):
+        if not d.plots:
+            out[a.case_id] = Drawn("", False, False, "the report was written with --no-plots")
+            continue
         led = a.ledger
         assert led is not None
         base = f"ledger-{_safe(a.case_id)}"

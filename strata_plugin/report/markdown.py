@@ -84,6 +84,8 @@ class ReportData:
     #: why a plot was not drawn, by what it is (``case:<id>``, ``run``, ``ab:<group>``):
     #: a plot that failed costs its picture only, said in its place (report/writer.py)
     plot_failures: Mapping[str, str] = field(default_factory=dict)
+    #: False: the report was written without its PNGs (``report --no-plots``)
+    plots: bool = True
 
 
 def _cmd(argv: Any) -> str:
@@ -668,6 +670,8 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
         out.append("\n#### Rails, links and peers\n\n" + rails_md(a.rails))
     plot = d.case_plots.get(a.case_id)
     out.append("\n#### Timeline\n\n")
+    if not d.plots:
+        out.append(f"Timeline plot: {NO_PLOTS}.\n")
     if (failed := d.plot_failures.get(f"case:{a.case_id}")) is not None:
         out.append(f"Timeline plot: unavailable ({printable(failed)}).\n")
     if plot is not None:
@@ -800,6 +804,8 @@ def ab_section(d: ReportData) -> str:
             )
         elif (failed := d.plot_failures.get(f"ab:{g.group}")) is not None:
             out.append(f"\nA/B plot: unavailable ({printable(failed)}).\n")
+        elif not d.plots:
+            out.append(f"\nA/B plot: {NO_PLOTS}.\n")
         out.append(interference_md(d, g))
         if g.deltas:
             out.append(
@@ -875,8 +881,14 @@ def ab_section(d: ReportData) -> str:
 RUN_PLOT_ONE_CASE = "one case"
 
 
+#: What stands where a plot would be, in a report written without them.
+NO_PLOTS = "not drawn (the report was written with --no-plots)"
+
+
 def run_timeline(d: ReportData) -> str:
     out = ["\n## Run timeline\n\n"]
+    if not d.plots:
+        return out[0] + f"Run timeline plot: {NO_PLOTS}.\n"
     if "run" in d.plot_failures:
         return out[0] + f"Run timeline plot: unavailable ({printable(d.plot_failures['run'])}).\n"
     if d.run_plot is None:

@@ -418,12 +418,14 @@ def _case_plots(ra: RunAnalysis, plot_dir: Path, failed: dict[str, str]
     return case_plots
 
 
-def _ab(ra: RunAnalysis, plot_dir: Path, failed: dict[str, str]) -> list[AbGroup]:
+def _ab(ra: RunAnalysis, plot_dir: Path | None, failed: dict[str, str]) -> list[AbGroup]:
     """Each A/B group: its arms, deltas, same-output pairs, effects and picture (none
-    where it failed: ``failed`` says why, ``ab:<group>``)."""
+    where it failed: ``failed`` says why, ``ab:<group>``; none without ``plot_dir``)."""
     bundle, analyses = ra.bundle, ra.analyses
 
     def picture(group: str, arms: list[Arm]) -> str:
+        if plot_dir is None:
+            return ""
         try:
             return _ab_plot(bundle, analyses, group, arms, plot_dir)
         except Exception as e:  # this picture only
@@ -447,7 +449,8 @@ def _ab(ra: RunAnalysis, plot_dir: Path, failed: dict[str, str]) -> list[AbGroup
     ]
 
 
-def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Analysed:
+def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path,
+              plots: bool = True) -> Analysed:
     """The run read and analysed, its outcome settled, its plots drawn and its sections
     prepared: everything the outputs are made from."""
     ra = analyze_run(run_dir)
@@ -464,12 +467,12 @@ def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Anal
         if line:
             case_notes.setdefault(a.case_id, []).append(line)
     failed: dict[str, str] = {}  # plots not drawn, and why: each said in its place
-    case_plots = _case_plots(ra, plot_dir, failed)
+    case_plots = _case_plots(ra, plot_dir, failed) if plots else {}
     try:
-        run_plot = _run_plot(ra.store, bundle, ra.analyses, plot_dir)
+        run_plot = _run_plot(ra.store, bundle, ra.analyses, plot_dir) if plots else None
     except Exception as e:  # this picture only
         run_plot, failed["run"] = None, failure_words(e)
-    ab = _ab(ra, plot_dir, failed)
+    ab = _ab(ra, plot_dir if plots else None, failed)
     timeline = trace_events.write_all(ra, run_dir)  # never raises: a failure is its line
     # The analysed run, once; then each section's own reading and drawing
     # (report/sections.py), so that rendering report.md reads nothing.
@@ -489,12 +492,17 @@ def _analysed(run_dir: Path, outcome: RunOutcome | None, plot_dir: Path) -> Anal
         case_traces={a.case_id: trace for a in ra.analyses
                      if (trace := timeline.case_line(a.case_id))},
         plot_failures=failed,
+        plots=plots,
     ), plot_dir)
     return Analysed(run_dir, ra, data)
 
 
-def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> Path:
+def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None,
+                 plots: bool = True) -> Path:
     """(Re)generate every derived file of ``run_dir``; returns the path of report.md.
+
+    ``plots=False``: every file but the PNGs (``report --no-plots``), each place a plot
+    would be saying so; drawing is most of a report's CPU time.
 
     ``outcome``: the live run's own (it knows why it is incomplete; its manifest says
     ``complete: false`` until this report is written). Offline, the outcome is read
@@ -509,7 +517,7 @@ def write_report(run_dir: Path | str, *, outcome: RunOutcome | None = None) -> P
     # Plots of the last report that this one does not redraw go once it is written, so
     # a report that fails part way leaves the previous one whole, its plots included.
     earlier = {p: _file_id(p) for p in plot_dir.glob("*.png")}
-    analysed = _analysed(run_dir, outcome, plot_dir)
+    analysed = _analysed(run_dir, outcome, plot_dir, plots)
     failed: list[str] = []
     for output in OUTPUTS:  # each written as it is made: one output's text at a time
         if output.name == REPORT and failed:
