@@ -210,6 +210,14 @@ DISCOVERY_LISTENERS_MAX = 64
 #: full mesh of 9 proxies has 146,743 of them. Every engine is still found: past this
 #: number the engines and proxies are taken from the listeners reached, not the paths.
 DISCOVERY_PATHS_MAX = 64
+#: Probe requests held open of each kind (a head cut short, a body cut short) while the
+#: path is looked at: a round-robin router hands each new connection to its next
+#: upstream, so every one of up to this many replicas is carrying a held probe while the
+#: sockets are read (one of each found one replica of two: the other's connections, the
+#: GETs', lasted a millisecond). An engine holds a connection's thread or task for the
+#: window (at most WINDOW_MAX_S = 3 s); past this many replicas, the rest are found only
+#: if a GET is seen in flight.
+DISCOVERY_HELD_EACH = 8
 
 # --- the engine's profile (analysis/traces/engine_profile.py: samples.txt) -------------
 
@@ -217,6 +225,13 @@ DISCOVERY_PATHS_MAX = 64
 #: 10-minute window are 4.8 M samples; each becomes a trace event of ~150 bytes, so this
 #: bounds the case's timeline near 750 MB. Past it the capture is refused, in words.
 ENGINE_SAMPLES_MAX = 5_000_000
+#: Bytes of one torch profiler trace the server wrote (its JSON, after gunzip; the
+#: gzipped file is held to the same bound before it is read). The vLLM CPU build's worker
+#: without Python stacks wrote 67,000 operations in 0.69 s of a busy window (one request
+#: at a time, ISL 200, 16 tokens each): 16.7 MB of JSON, ~24 MB a second, so this holds
+#: about 10 seconds of such a window; json.loads holds several times the text in memory.
+#: Past it the trace is not merged, in words.
+TORCH_TRACE_BYTES_MAX = 256 << 20
 
 # --- the table ---------------------------------------------------------------------------
 
@@ -384,11 +399,22 @@ LIMITS: tuple[Limit, ...] = (
           "run/listener.py: discover, the paths listed; past it the notes say so and the "
           "engines come from the listeners reached",
           "a full mesh of 9 proxies has 146,743 paths"),
+    Limit("DISCOVERY_HELD_EACH", DISCOVERY_HELD_EACH, "connections",
+          "run/listener.py: discover, the probe requests held open of each kind; a router "
+          "over more replicas has the rest found only where a GET is seen in flight",
+          "a round-robin router hands each held probe to its next replica; one of each "
+          "found one replica of two (tests/test_router_replicas.py)"),
     Limit("ENGINE_SAMPLES_MAX", ENGINE_SAMPLES_MAX, "samples",
           "analysis/traces/engine_profile.py, where a case's samples.txt is read: past it "
           "the capture is not merged and the report says why; the rest stands",
           "997 Hz on 8 busy threads for 10 minutes is 4.8 M samples, ~750 MB of trace "
           "events"),
+    Limit("TORCH_TRACE_BYTES_MAX", TORCH_TRACE_BYTES_MAX, "bytes",
+          "analysis/traces/torch_trace.py, where a case's torch profiler trace "
+          "(traces/engine/<case>/torch/*.pt.trace.json.gz) is read, gzipped and after "
+          "gunzip: past it that trace is not merged and the report says why; the rest stands",
+          "vLLM's CPU worker wrote 67,000 operations (16.7 MB of JSON) in 0.69 s of a busy "
+          "window without Python stacks: about a 10-second window"),
 )
 
 

@@ -259,7 +259,7 @@ def _write_timeline(run: Path, case_id: str | None, request: str | None,
         output = run / te.FOLDER / default
     pre = te.prepare(ra)
     engines = te.engine_traces(run, pre.origin)
-    eng = list(engines.values()) if case_id is None else (
-        [engines[case_id]] if case_id in engines else [])
+    eng = [t for ts in engines.values() for t in ts] if case_id is None else list(
+        engines.get(case_id, ()))
     atomic_write_text(output, te.dumps(te.build(ra, scope, eng, prepared=pre)))
     return output

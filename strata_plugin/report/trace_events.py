@@ -795,22 +795,38 @@ _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def engine_traces(run_dir: Path, origin: int, captures: Sequence[EngineCapture] | None = None
-                  ) -> dict[str, EngineTrace]:
+                  ) -> dict[str, tuple[EngineTrace, ...]]:
     """Each case's engine profile (``traces/engine/``, analysis/traces/engine_profile.py)
-    as an EngineTrace on the run's clock, by case id; captures that failed are left out
-    (the report says why: :class:`Written`)."""
+    as EngineTraces on the run's clock, by case id: perf's samples, and each torch trace
+    the server's own profiler wrote (analysis/traces/torch_trace.py, one track each);
+    what failed is left out (the report says why: :class:`Written`)."""
     from strata_plugin.analysis.traces.engine_profile import read_all
 
-    out = {}
+    out: dict[str, list[EngineTrace]] = {}
     for cap in read_all(run_dir) if captures is None else captures:
-        if cap.problem or cap.wall_minus_mono_ns is None:
-            continue
-        out[cap.case_id] = EngineTrace(
-            f"engine {cap.kind} ({cap.case_id})", cap.events,
-            (int(cap.wall_minus_mono_ns) - origin) / 1000.0,
-            "perf -k mono (CLOCK_MONOTONIC) + the capture's measured wall-minus-monotonic: "
-            + cap.method, None if cap.error_ns is None else cap.error_ns / 1000.0)
-    return out
+        if not cap.problem and cap.wall_minus_mono_ns is not None:
+            out.setdefault(cap.case_id, []).append(EngineTrace(
+                f"engine {cap.kind} ({cap.case_id})", cap.events,
+                (int(cap.wall_minus_mono_ns) - origin) / 1000.0,
+                "perf -k mono (CLOCK_MONOTONIC) + the capture's measured wall-minus-monotonic: "
+                + cap.method, None if cap.error_ns is None else cap.error_ns / 1000.0))
+        for t in cap.torch:
+            if t.problem:
+                continue
+            out.setdefault(cap.case_id, []).append(EngineTrace(
+                f"engine torch profiler ({cap.case_id}): {Path(t.file).name}", t.events,
+                t.offset_us(origin), TORCH_CLOCK_METHOD
+                + (f"; {t.clock_note}" if t.clock_note else ""),
+                None if t.error_ns is None else t.error_ns / 1000.0))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+#: How a torch trace is put on the run's clock (analysis/traces/torch_trace.py).
+TORCH_CLOCK_METHOD = (
+    "ts + baseTimeNanoseconds (the engine host's wall clock), checked against Strata's "
+    "stamps of /start_profile and /stop_profile (each sent, answered): the profiler's own "
+    "span must start and stop between them; error: the farthest end of the offsets they "
+    "allow")
 
 
 def _write_all(ra: RunAnalysis, out: Path) -> Written:
@@ -830,7 +846,8 @@ def _write_all(ra: RunAnalysis, out: Path) -> Written:
         cid = cap.case_id if cap.case_id in case_ids else cap.case_id.split("~", 1)[0]
         engine_lines.setdefault(cid, []).append(cap.line(out.parent))
     atomic_write_text(out / RUN_FILE, dumps(build(ra, prepared=pre,
-                                                  engine=list(engines.values()))))
+                                                  engine=[t for ts in engines.values()
+                                                          for t in ts])))
     cases = {}
     for a in ra.analyses:
         try:
@@ -838,7 +855,7 @@ def _write_all(ra: RunAnalysis, out: Path) -> Written:
         except TimelineError:
             continue
         name = names[a.case_id]
-        eng = [engines[a.case_id]] if a.case_id in engines else []
+        eng = list(engines.get(a.case_id, ()))
         atomic_write_text(out / name, dumps(build(ra, scope, prepared=pre, engine=eng)))
         written.add(name)
         assert scope.start_ns is not None and scope.end_ns is not None

@@ -98,7 +98,8 @@ class Deployment:
         conf = next(c for c in p.server.configs if c.config_id == config_id)
         port = p.server.port or free_port(p.server.host)
         values = self.placeholder_values(port)
-        argv = expand_placeholders(conf.argv, values)
+        argv = expand_placeholders(conf.argv, values) + list(
+            self.profiler_args(block_id or config_id))
         env = tuple((k, expand_value(v, values)) for k, v in conf.env)
         container = None
         if p.server.container is not None:
@@ -110,6 +111,25 @@ class Deployment:
             base_url=f"http://{p.server.host}:{port}", health_path=p.server.health_path,
             health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
             log_path=self.run_dir / "service" / (block_id or config_id) / "server.log")
+
+    def profiler_args(self, block_id: str) -> tuple[str, ...]:
+        """The engine's own profiler for a server Strata launches, where the run may take
+        its profile (``--strata-engine-profile``, or the diagnostic round's): vLLM's torch
+        profiler writing into the run folder (run/engine_http_profile.py). Not for a
+        container (the folder is not the server's there) nor a profile whose command
+        configures a profiler itself."""
+        p = self.cfg.profile
+        conf_argv = [a for c in p.server.configs for a in c.argv]
+        if (not (self.cfg.engine_profile or self.cfg.escalate) or p.server.engine != "vllm"
+                or p.server.container is not None
+                or any(a.startswith("--profiler-config") for a in conf_argv)):
+            return ()
+        from strata_plugin.run.engine_http_profile import server_trace_dir, vllm_profiler_args
+
+        d = server_trace_dir(self.run_dir, block_id)
+        if not self.cfg.dry_run:
+            d.mkdir(parents=True, exist_ok=True)
+        return vllm_profiler_args(d)
 
     def container_launch(self, command: list[str], env: tuple[tuple[str, str], ...],
                          block_id: str, port: int, values: dict[str, str]):

@@ -34,6 +34,7 @@ from strata_plugin.analysis.traces.diagnostics import TRACED_SUFFIX, trace_dir
 from strata_plugin.load.case_runner import CaseResult, CaseRunner
 from strata_plugin.load.workload import Workload
 from strata_plugin.run import engine_profile, socket_sampler, trace_targets, tracing
+from strata_plugin.run.engine_http_profile import server_trace_dir
 
 
 def parse_escalate(value: str, option: str = "--strata-escalate") -> tuple[str, ...]:
@@ -124,6 +125,12 @@ class DiagnosticRunner(CaseRunner):
         self.diagnostics.append(traced)
         self.decisions[result.case_id] = f"traced as {traced_id} ({', '.join(traces)})"
 
+    def _torch_dir(self) -> Path | None:
+        """Where the server Strata launched writes its torch traces (made at its launch,
+        run/deployment.py); None for a server it did not launch with one."""
+        d = server_trace_dir(self.run_dir, self.setup.block_id or self.setup.config_id)
+        return d if d.is_dir() else None
+
     @contextlib.contextmanager
     def _measured_window(self, case_id: str) -> Iterator[None]:
         if self._plan is None or case_id != self._plan[0]:
@@ -166,7 +173,8 @@ class DiagnosticRunner(CaseRunner):
                 engine_profile.profile_window(self.run_dir, case_id, self.server_pid,
                                               engine=self.setup.engine,
                                               base_url=self.setup.base_url,
-                                              headers=dict(self.setup.headers))
+                                              headers=dict(self.setup.headers),
+                                              torch_dir=self._torch_dir())
                 if "engine" in traces else contextlib.nullcontext({}))
             with window as eng:
                 yield

@@ -318,43 +318,76 @@ HTTP_PROFILER_ENGINES = ("vllm", "sglang")
 @contextlib.contextmanager
 def profile_window(run_dir: Path, case_id: str, server_pid: int | None, *,
                    engine: str = "", base_url: str = "",
-                   headers: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+                   headers: dict[str, str] | None = None,
+                   torch_dir: Path | None = None) -> Iterator[dict[str, Any]]:
     """The engine's CPU samples over the ``with`` block, into ``traces/engine/<case>/``;
     yields the capture's meta (its ``problem`` says why, in words, when none was taken).
     On an engine with a profiler of its own (vLLM, SGLang) its ``/start_profile`` is
-    asked too, and whether the server has one is said (``meta['engine_profiler']``).
-    Never raises for the capture: a failed one costs the case nothing."""
+    asked too, and whether the server has one is said (``meta['engine_profiler']``);
+    ``torch_dir``: where a server Strata launched writes its torch traces
+    (engine_http_profile.server_trace_dir), whose files of this window are moved into
+    the case's folder (``torch/``). Never raises for the capture: a failed one costs the
+    case nothing."""
     if engine in HTTP_PROFILER_ENGINES and base_url:
-        with _http_profiler(engine, base_url, case_id, headers or {}) as said, \
+        out = engine_dir(run_dir, case_id)
+        with _http_profiler(engine, base_url, case_id, headers or {}, torch_dir,
+                            out / TORCH_FOLDER) as said, \
                 _perf_window(run_dir, case_id, server_pid) as meta:
             yield meta
         meta["engine_profiler"] = said  # after its stop was answered (or not)
-        engine_dir(run_dir, case_id).mkdir(parents=True, exist_ok=True)
-        PerfCapture.write_meta(engine_dir(run_dir, case_id), meta)
+        out.mkdir(parents=True, exist_ok=True)
+        PerfCapture.write_meta(out, meta)
         return
     with _perf_window(run_dir, case_id, server_pid) as meta:
         yield meta
 
 
+#: The case folder's subfolder for the files the server's own profiler wrote.
+TORCH_FOLDER = "torch"
+
+
 @contextlib.contextmanager
-def _http_profiler(engine: str, base_url: str, case_id: str, headers: dict[str, str]
-                   ) -> Iterator[dict[str, str]]:
-    """``/start_profile`` before, ``/stop_profile`` after; what happened, in words."""
-    said = {"engine": engine, "what": hp.KIND}
+def _http_profiler(engine: str, base_url: str, case_id: str, headers: dict[str, str],
+                   torch_dir: Path | None, dest: Path) -> Iterator[dict[str, Any]]:
+    """``/start_profile`` before, ``/stop_profile`` after; what happened, in words. The
+    wall clock is read before each is sent and after it is answered (``start_wall_ns``,
+    ``stop_wall_ns``): the profiler starts and stops between them, which relates its
+    clock to Strata's (analysis/traces/torch_trace.py)."""
+    prefix = hp.profile_prefix(case_id)
+    said: dict[str, Any] = {"engine": engine, "what": hp.KIND, "prefix": prefix}
+    before = hp.listing(torch_dir)
+    t0 = time.time_ns()
     try:
-        hp.start(base_url, case_id.replace("/", "__"), headers=headers)
+        hp.start(base_url, prefix, headers=headers)
+        said["start_wall_ns"] = [t0, time.time_ns()]
     except ProfileUnavailable as exc:
         said["problem"] = str(exc)
         yield said
         return
-    said["started"] = "yes: its files are written where the server's profiler config says"
+    said["started"] = ("yes: its files are written where the server's profiler config says"
+                       if torch_dir is None else f"yes: into {torch_dir}")
     try:
         yield said
     finally:
         try:
+            t1 = time.time_ns()
             hp.stop(base_url, headers=headers)
-        except ProfileUnavailable as exc:
+            said["stop_wall_ns"] = [t1, time.time_ns()]
+            if torch_dir is not None:
+                _collect(said, torch_dir, before, prefix, dest)
+        except (ProfileUnavailable, OSError) as exc:
             said["problem"] = str(exc)
+
+
+def _collect(said: dict[str, Any], torch_dir: Path, before: frozenset[str], prefix: str,
+             dest: Path) -> None:
+    names = hp.collect(torch_dir, before, prefix, dest)
+    said["files"] = [f"{TORCH_FOLDER}/{n}" for n in names]
+    if not any(n.endswith(hp.TRACE_SUFFIXES) for n in names):
+        said["problem"] = (f"the server answered /stop_profile but wrote no trace named "
+                           f"{prefix}_*{hp.TRACE_SUFFIXES[0]} into {torch_dir}")
+    else:
+        said["started"] = f"yes: its files moved into {TORCH_FOLDER}/"
 
 
 @contextlib.contextmanager

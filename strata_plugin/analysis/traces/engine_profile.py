@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from strata_plugin.analysis.traces.torch_trace import TorchTrace, read_torch
 from strata_plugin.errors import StrataError
 from strata_plugin.limits import ENGINE_SAMPLES_MAX
+from strata_plugin.run.engine_http_profile import SERVER_FOLDER
 
 FOLDER = ("traces", "engine")
 # perf script -F comm,pid,tid,time,ip,sym,dso --ns:
@@ -52,6 +54,9 @@ class EngineCapture:
     outside: int = 0
     problem: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the server's own torch profiler traces of the window (analysis/traces/torch_trace.py),
+    #: read whether or not perf's samples were taken
+    torch: tuple[TorchTrace, ...] = ()
 
     def line(self, run_dir: Path) -> str:
         """The report's line for this capture (and the server's own profiler's, if asked)."""
@@ -61,6 +66,14 @@ class EngineCapture:
             said = (f" The server's own profiler ({own.get('engine', '')}): "
                     + (f"not taken: {own['problem']}." if own.get("problem") else
                        f"started and stopped over the window; {own.get('started', '')}."))
+        if self.torch:
+            where = self.folder.relative_to(run_dir) if self.folder.is_relative_to(run_dir) \
+                else self.folder
+            said += (f" Its torch trace in `{where}/`, on the timeline by the trace's "
+                     "baseTimeNanoseconds (the host's wall clock), checked against Strata's "
+                     "stamps of /start_profile and /stop_profile: "
+                     + "; ".join(t.said() for t in self.torch)
+                     + ". Its cost is the repetition's overhead (the diagnostic round's table).")
         return self._perf_line(run_dir) + said
 
     def _perf_line(self, run_dir: Path) -> str:
@@ -142,11 +155,13 @@ def read_capture(folder: Path) -> EngineCapture:
         return EngineCapture(folder.name, "engine profile", folder, None, None, None, None,
                              "", problem=f"meta.json unreadable: {exc}")
     rel = meta.get("clock_relation") or {}
+    own = meta.get("engine_profiler")
     cap = EngineCapture(
         str(meta.get("case_id") or folder.name), str(meta.get("kind", "engine profile")),
         folder, meta.get("start_mono_ns"), meta.get("end_mono_ns"),
         rel.get("wall_minus_mono_ns"), rel.get("error_ns"), str(rel.get("method", "")),
-        problem=str(meta.get("problem") or ""), meta=meta)
+        problem=str(meta.get("problem") or ""), meta=meta,
+        torch=read_torch(folder, own) if isinstance(own, dict) else ())
     if cap.problem:
         return cap
     if "samples.txt" not in meta.get("files", ()) or cap.wall_minus_mono_ns is None:
@@ -174,4 +189,6 @@ def read_all(run_dir: Path) -> list[EngineCapture]:
     root = Path(run_dir).joinpath(*FOLDER)
     if not root.is_dir():
         return []
-    return [read_capture(d) for d in sorted(root.iterdir()) if d.is_dir()]
+    # the launched server's own profiler folder holds no capture: its files are moved out
+    return [read_capture(d) for d in sorted(root.iterdir())
+            if d.is_dir() and d.name != SERVER_FOLDER[-1]]
