@@ -31,6 +31,7 @@ from strata_plugin.formats.printable import printable
 from strata_plugin.report import (
     capacity_md,
     diagnostic,
+    engines_md,
     ledger_md,
     markdown,
     prefix_cache_md,
@@ -60,6 +61,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("cases at a glance", markdown.summary_table),
     Section("run details", markdown.run_details),
     Section("cases", markdown.cases_section),
+    Section(engines_md.TITLE, engines_md.report_section),
     Section(diagnostic.TITLE, diagnostic.report_section, diagnostic.prepare),
     Section("run timeline", markdown.run_timeline),
     Section(sufficiency_md.TITLE, sufficiency_md.report_section),

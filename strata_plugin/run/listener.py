@@ -40,16 +40,18 @@ Envoy, Go's ``httputil.ReverseProxy``, Python HTTP clients): those are there at 
 moment. Others open one per request (a TCP relay, HAProxy in TCP mode, nginx without
 ``keepalive``): between requests the proxy holds no connection on, and a look at an
 idle proxy finds the proxy alone. So the sockets are read over a short window
-(``window_s``, 1 s) while probe requests are in flight: two held open, a POST whose
-head stops short (a TCP relay forwards it at once, and every server waits for the
-head's end) and one whose head is whole and whose body stops after its first byte (an
-HTTP proxy connects on once it has the head; the engine waits for a body that never
-comes: no token is generated), and a GET of the health path every 50 ms for proxies
-that buffer the whole request before they connect. A connection that appeared during
-the probe carried it: those are the hop's upstreams. A hop that opened none is followed
-along the connections it already held only to a listener that answers the health path
-with a 2xx status (an engine's own connections to a database, a Ray head or a ZeroMQ
-peer do not), and without any it is the engine.
+(``window_s``, 1 s) while probe requests are in flight: held open, ``DISCOVERY_HELD_EACH``
+POSTs whose head stops short (a TCP relay forwards them at once, and every server waits
+for the head's end), then as many whose head is whole and whose body stops after its
+first byte (an HTTP proxy connects on once it has the head; the engine waits for a body
+that never comes: no token is generated), so that a round-robin router over several
+replicas hands one to each of them (every replica then holds one while the sockets are
+read; one of each kind found one replica of two), and a GET of the health path every
+50 ms for proxies that buffer the whole request before they connect. A connection that
+appeared during the probe carried it: those are the hop's upstreams. A hop that opened
+none is followed along the connections it already held only to a listener that answers
+the health path with a 2xx status (an engine's own connections to a database, a Ray
+head or a ZeroMQ peer do not), and without any it is the engine.
 
 Bounded whatever the topology (``limits.py``, the DISCOVERY_* rows): the idle peers are
 asked at once within one total time, the hops followed and the paths listed are capped,
@@ -86,6 +88,7 @@ from urllib.parse import urlsplit
 
 from strata_plugin.formats.request_path import Container, Engine, Hop, RequestPath
 from strata_plugin.limits import (
+    DISCOVERY_HELD_EACH,
     DISCOVERY_LISTENERS_MAX,
     DISCOVERY_PATHS_MAX,
     DISCOVERY_PEER_CHECK_S,
@@ -680,7 +683,10 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
             f"Content-Type: application/json\r\nContent-Length: 4096\r\n{auth_line}")
     # A head cut short (a relay forwards it at once; every server waits for its end), and
     # a whole head with a body cut short (an HTTP proxy connects on once it has the head).
-    for text in (head, head + "Connection: close\r\n\r\n{"):
+    # Several of each, one kind after the other: a round-robin router hands each to its
+    # next replica, so every replica holds one while the sockets are read.
+    for text in ((head,) * DISCOVERY_HELD_EACH
+                 + (head + "Connection: close\r\n\r\n{",) * DISCOVERY_HELD_EACH):
         with contextlib.suppress(OSError, ValueError):
             s = connect()
             holds.append(s)

@@ -25,6 +25,14 @@ Emits, for the followed server's process tree (gauges):
 * ``nice_min`` / ``nice_max`` (device ``""``): the least and the greatest nice value of
   its threads (``getpriority`` per thread), the weight of each thread within its group.
 
+Where the server is several engines (the replicas behind a router, each its own root
+process, each in a cgroup of its own), the rows above read the first engine's cgroup
+only; each engine's own then comes under device ``pid<N>`` (its root process): gauge
+``engine_quota_cores`` (the tightest CFS quota of its cgroup and its ancestors, in cores,
+while one is set) and, from its cgroup's ``cpu.stat``, counters ``engine_nr_periods``,
+``engine_nr_throttled`` and ``engine_throttled_s``. Metrics of their own, so the whole
+server's allowance above is not taken for one replica's.
+
 The CPU lists travel in the device names, so a window that saw the allowance change has
 one series per list; ``analysis/signals.py`` names the one that bound.
 
@@ -77,12 +85,13 @@ from ..cgroups import (
     CpuWeight,
     cgroup_dirs,
     cpu_quota_limit,
+    cpu_stat_files,
     cpu_weight,
     cpuset_file,
     format_cpulist,
     parse_cpulist,
 )
-from ..procfs import PreadFile
+from ..procfs import PreadFile, parse_kv
 from ..redact import redact_argv
 from ..targets import ProcessTargets
 from .base import Collector, Emit, Unavailable
@@ -101,6 +110,13 @@ MAX_OPEN = 4096
 #: ``-m strata_plugin agent``) and the load generator's workers (``strata_plugin.load.*``).
 _OWN_CMD = re.compile(r"strata_plugin(?:\.agent\b|\.load\.|\s+agent\b)")
 _TICK = float(procfs.CLK_TCK)
+#: An engine's cpu.stat keys (v2 and v1) -> (metric, scale to its unit).
+_ENGINE_CPU_STAT = (
+    ("nr_periods", "engine_nr_periods", 1),
+    ("nr_throttled", "engine_nr_throttled", 1),
+    ("throttled_usec", "engine_throttled_s", 1e-6),
+    ("throttled_time", "engine_throttled_s", 1e-9),  # cgroup v1, ns
+)
 
 
 class _Other:
@@ -205,6 +221,8 @@ class AllowanceCollector(Collector):
         self._allowed = frozenset()
         if tree:
             self._allowance(wall_ns, tree, out)
+        if len(self.targets.roots) > 1:
+            self._engines(wall_ns, self.targets.roots, out)
         self._other_processes(wall_ns, set(tree), out)
         return out
 
@@ -274,6 +292,23 @@ class AllowanceCollector(Collector):
         if any_cpuset:
             out.append((wall, f"cpuset {format_cpulist(cpusets)}", "cpuset_cpus",
                         len(cpusets), "gauge"))
+
+    def _engines(self, wall: int, roots: tuple[int, ...], out: list[Emit]) -> None:
+        """Each engine's own cgroup: its quota and its throttling (module docstring)."""
+        for root in roots:
+            dirs = cgroup_dirs(root, self.cgroup_root)
+            if not dirs.found:
+                continue  # it ended, or its cgroup is not readable
+            dev = f"pid{root}"
+            quota = cpu_quota_limit(dirs, self.cgroup_root)
+            if quota is not None:
+                out.append((wall, dev, "engine_quota_cores", quota, "gauge"))
+            kv: dict[str, int] = {}
+            for path in cpu_stat_files(dirs):
+                kv.update(parse_kv(procfs.read_bytes(path, 4096) or b""))
+            for key, name, scale in _ENGINE_CPU_STAT:
+                if key in kv:
+                    out.append((wall, dev, name, kv[key] * scale, "counter"))
 
     # -- the other processes -------------------------------------------------------------
     def _other_processes(self, wall: int, tree: set[int], out: list[Emit]) -> None:
