@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from built_once import built_once
 
 from strata_plugin.formats.records import RequestRecord
 from strata_plugin.load.client import send_streaming
@@ -35,18 +36,22 @@ def confinable() -> None:
         pytest.skip(f"this machine cannot confine model-written code: {reason}")
 
 
-@pytest.fixture(scope="session")
-def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """bundle_factory's CPU run with its report written, once per session: the report
-    tests and the CI-file tests only read it, and drawing its 14 plots is the costliest
-    step of the fast lane."""
+def _cpu_report(folder: Path) -> Path:
     from bundle_factory import cpu_run
 
     from strata_plugin.report import write_report
 
-    run = cpu_run(tmp_path_factory.mktemp("cpu_report"))
+    run = cpu_run(folder)
     write_report(run)
     return run
+
+
+@pytest.fixture(scope="session")
+def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bundle_factory's CPU run with its report written, once per session (both workers
+    of ``-n 2`` included): the report tests and the CI-file tests only read it, and drawing
+    its 14 plots is the costliest step of the fast lane."""
+    return built_once(tmp_path_factory, "cpu_report", _cpu_report)
 
 
 @pytest.fixture

@@ -242,6 +242,7 @@ def test_the_run_records_the_facts_once_per_configuration(tmp_path, monkeypatch)
 
 
 @pytest.mark.vllm
+@pytest.mark.integration  # imports torch in vLLM's interpreter: ~6 s
 def test_the_bf16_multiply_runs_in_the_engines_own_interpreter():
     """vLLM's interpreter (its virtualenv's torch), found from a process of it as the
     probe finds the server's."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 from sse_script_server import Reply, ScriptServer
+from vllm_env import vllm_python
 
 from strata_plugin.run import engine_http_profile as hp
 from strata_plugin.run.engine_profile import ProfileUnavailable
@@ -58,13 +58,13 @@ def test_nothing_listening_is_said():
         hp.start("http://127.0.0.1:9", "c1", timeout_s=5)
 
 
+@pytest.mark.vllm
+@pytest.mark.integration  # imports vLLM: ~10 s
 def test_the_vllm_flag_is_accepted_by_the_installed_vllms_config(tmp_path):
     """The flag's JSON parsed by the installed vLLM's own ProfilerConfig (no server)."""
     flag, value = hp.vllm_profiler_args(tmp_path / "torch")
     assert flag == "--profiler-config"
-    py = Path.home() / ".cache" / "strata" / "vllm-venv" / "bin" / "python"
-    if not py.exists():
-        pytest.fail(f"this test needs the project's vLLM environment at {py}")
+    py = vllm_python()
     code = ("import json,sys; from vllm.config import ProfilerConfig; "
             "c = ProfilerConfig(**json.loads(sys.argv[1])); "
             "print(c.profiler, c.torch_profiler_dir)")

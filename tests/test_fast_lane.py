@@ -7,6 +7,8 @@
   (``llama_paths``, ``run_case``, ``strata_plugin setup --print-paths``).
 * ``netlab`` and ``integration``: a test that builds the namespace lab
   (``tests/netlab.py``: ``lab_fixture``, ``NetLab.create``).
+* ``vllm`` and ``integration``: a test that runs the vLLM virtualenv's own code
+  (``tests/vllm_env.py``: ``vllm_python``).
 
 Static: each test function's body, and the module-level helpers and fixtures it uses
 (by name or as an argument), are searched for the calls that start such a thing.
@@ -24,8 +26,11 @@ STARTERS = ("runpytest_subprocess", "runpytest", "PytestRun.start", "llama_paths
             "--print-paths")
 #: calls that build network namespaces and veth pairs
 LAB = ("lab_fixture", "NetLab.create")
+#: calls that run the project's vLLM virtualenv's own code (tests/vllm_env.py): seconds of
+#: imports, and a skip where setup --vllm has not run
+VLLM = ("vllm_python",)
 #: marks each kind of starter requires
-NEEDS = {STARTERS: {"integration"}, LAB: {"integration", "netlab"}}
+NEEDS = {STARTERS: {"integration"}, LAB: {"integration", "netlab"}, VLLM: {"integration", "vllm"}}
 
 
 def _marks(decorators: list[ast.expr]) -> set[str]:
@@ -74,7 +79,7 @@ def _starting(funcs: dict[str, ast.FunctionDef], texts: dict[str, str],
 def unmarked_starters(path: Path) -> list[str]:
     """``file::test (missing marks)`` for each test that lacks a mark its starters need."""
     source = path.read_text()
-    if not any(s in source for s in (*STARTERS, *LAB, "pytest'", 'pytest"')):
+    if not any(s in source for s in (*STARTERS, *LAB, *VLLM, "pytest'", 'pytest"')):
         return []  # nothing here could start one (each rule needs one of these words)
     tree = ast.parse(source)
     module = _module_marks(tree)
@@ -129,3 +134,14 @@ def test_a_pytest_subprocess_needs_the_mark_and_a_lab_needs_netlab_too(tmp_path)
     marked.write_text("import pytest\npytestmark = [pytest.mark.integration, pytest.mark.netlab]\n"
                       + p.read_text().split("\n", 2)[2])
     assert unmarked_starters(marked) == []
+
+
+def test_vllms_own_code_needs_both_marks(tmp_path):
+    p = tmp_path / "test_v.py"
+    p.write_text("import pytest\nfrom vllm_env import vllm_python\n\n"
+                 "def test_bare():\n    vllm_python()\n\n"
+                 "@pytest.mark.vllm\ndef test_half():\n    vllm_python()\n\n"
+                 "@pytest.mark.vllm\n@pytest.mark.integration\ndef test_both():\n"
+                 "    vllm_python()\n")
+    assert unmarked_starters(p) == ["test_v.py::test_bare (integration, vllm)",
+                                    "test_v.py::test_half (integration)"]

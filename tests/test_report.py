@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from built_once import built_once
 from bundle_factory import CaseSpec, RunSpec, cpu_run, gpu_run, make_run
 
 from strata_plugin.formats.cases import CaseLine
@@ -36,11 +37,16 @@ SECTIONS = (
 )
 
 
-@pytest.fixture(scope="module")
-def gpu_report(tmp_path_factory) -> Path:
-    run = gpu_run(tmp_path_factory.mktemp("gpu"))
+def _gpu_report(folder: Path) -> Path:
+    run = gpu_run(folder)
     write_report(run)
     return run
+
+
+@pytest.fixture(scope="session")
+def gpu_report(tmp_path_factory) -> Path:
+    """The GPU run's report, written once for the session's workers: its tests only read it."""
+    return built_once(tmp_path_factory, "gpu_report", _gpu_report)
 
 
 def summary(run: Path) -> dict:
@@ -254,7 +260,7 @@ def test_missing_collector_is_named_in_report(tmp_path):
 def test_report_without_samples_or_markers(tmp_path):
     run = cpu_run(tmp_path)
     shutil.rmtree(run / "nodes")
-    write_report(run)
+    write_report(run, plots=False)
     text = (run / "report.md").read_text()
     assert "no proc samples" not in text  # no node folders: nothing claimed per node
     assert all(c["verdict"]["inconclusive"] for c in summary(run)["cases"])

@@ -76,11 +76,11 @@ def test_a_fact_of_the_wrong_type_costs_the_roofline_row_and_says_which(run, cap
     row names the fact, and ``report DIR`` exits 0 (a complete run) with no traceback.
     The same entry with the count as a number has its row (the boundary: the type)."""
     _with_roofline(run, heads=32)
-    assert report_main(["-q", str(run)]) == 0
+    assert report_main(["-q", "--no-plots", str(run)]) == 0
     line = _roofline_case_line((run / "report.md").read_text())
     assert line.startswith("| `one` | ") and "%" in line  # achieved, limit, share
     _with_roofline(run, heads="32")
-    assert report_main(["-q", str(run)]) == 0
+    assert report_main(["-q", "--no-plots", str(run)]) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and out.err == ""
     line = _roofline_case_line((run / "report.md").read_text())
@@ -97,7 +97,7 @@ def test_a_fact_of_the_wrong_type_costs_the_roofline_row_and_says_which(run, cap
 ])
 def test_nan_or_negative_facts_say_unavailable_never_a_nan_or_negative_share(run, facts, words):
     _with_roofline(run, **facts)
-    text = Path(write_report(run)).read_text()
+    text = Path(write_report(run, plots=False)).read_text()
     line = _roofline_case_line(text)
     assert line.startswith("- `one`: ") and words in line
     assert "nan%" not in text and "-" not in line.split("`one`: ")[1].split(words)[0]
@@ -141,7 +141,7 @@ def _broken(d):
 def test_a_section_that_raises_is_one_line_in_its_place(run, monkeypatch):
     """In render or in prepare: its heading and the reason (the exception, where it was
     raised); every other section as it was, and summary.json written."""
-    whole = Path(write_report(run)).read_text()
+    whole = Path(write_report(run, plots=False)).read_text()
     at = [s.name for s in sections.SECTIONS].index("run timeline")
     for broken in (sections.Section("broken", _broken),
                    sections.Section("broken", lambda d: "never shown",
@@ -149,7 +149,7 @@ def test_a_section_that_raises_is_one_line_in_its_place(run, monkeypatch):
         monkeypatch.setattr(sections, "SECTIONS", (*sections.SECTIONS[:at], broken,
                                                    *sections.SECTIONS[at:]))
         (run / "summary.json").unlink()
-        text = Path(write_report(run)).read_text()
+        text = Path(write_report(run, plots=False)).read_text()
         monkeypatch.undo()
         line = ("\n## broken\n\nbroken: unavailable (ZeroDivisionError in "
                 "test_report_always_written.py _broken (from strata_plugin/report/sections.py "
@@ -193,7 +193,7 @@ def test_a_plot_that_fails_costs_its_picture_only(run, monkeypatch):
 def test_report_exits_3_with_one_line_when_strata_itself_fails(run, monkeypatch, capsys):
     """A failure outside every isolated part: no traceback, one line naming it, exit 3
     (not 1, which says the run is incomplete); the earlier report.md is left whole."""
-    assert report_main(["-q", str(run)]) == 0
+    assert report_main(["-q", "--no-plots", str(run)]) == 0
     before = (run / "report.md").read_text()
     capsys.readouterr()
     from strata_plugin.report import writer
@@ -202,7 +202,7 @@ def test_report_exits_3_with_one_line_when_strata_itself_fails(run, monkeypatch,
         raise RuntimeError("a bug in the analysis")
 
     monkeypatch.setattr(writer, "analyze_run", analysis_bug)
-    assert report_main([str(run)]) == 3
+    assert report_main(["--no-plots", str(run)]) == 3
     out = capsys.readouterr()
     assert out.out == "" and "Traceback" not in out.err
     assert out.err == (f"error: no report written for {run}: RuntimeError in "
@@ -222,7 +222,7 @@ def test_an_output_that_fails_costs_its_files_and_makes_the_run_incomplete(run, 
         raise RuntimeError("a bug in benchmark.json")
 
     monkeypatch.setattr(writer, "benchmark_json", bench_bug)
-    assert report_main(["-q", str(run)]) == 1
+    assert report_main(["-q", "--no-plots", str(run)]) == 1
     words = ("report failed: benchmark.json not written (RuntimeError in "
              "test_report_always_written.py bench_bug (from strata_plugin/report/writer.py "
              "_benchmark): a bug in benchmark.json)")

@@ -109,7 +109,7 @@ def test_gpu_rules_only_where_the_profile_or_the_server_says_a_gpu_is_there(tmp_
     import json
 
     said = make_run(tmp_path / "cpu", RunSpec([CaseSpec("c")]))
-    write_report(said)
+    write_report(said, plots=False)
     s = json.loads((said / "summary.json").read_text())
     assert s["run"]["gpu_expected"] is False
     assert not any(line.startswith("GPU expected") for line in s["limits"])
@@ -120,7 +120,7 @@ def test_gpu_rules_only_where_the_profile_or_the_server_says_a_gpu_is_there(tmp_
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("llama_model_load_from_file_impl: using device CUDA0 (NVIDIA L4) - "
                    "22000 MiB free\n")
-    write_report(seen)
+    write_report(seen, plots=False)
     s = json.loads((seen / "summary.json").read_text())
     assert s["run"]["gpu_expected"] is True
     assert any(line.startswith("GPU expected but no GPU telemetry") for line in s["limits"])

@@ -21,6 +21,7 @@ import pytest
 from bundle_factory import CaseSpec, RunSpec, make_run
 from sse_script_server import Reply, ScriptServer
 from test_trace_events import format_problems
+from vllm_env import vllm_python
 
 from strata_plugin.analysis.case_summary import analyze_run
 from strata_plugin.analysis.traces import engine_profile as ep
@@ -263,10 +264,10 @@ def test_the_profile_prefix_is_one_vllm_accepts_and_stays_unique(case_id):
     assert hp.profile_prefix(case_id + "x") != got
 
 
+@pytest.mark.vllm
+@pytest.mark.integration  # imports vLLM: several seconds
 def test_the_prefixes_are_accepted_by_the_installed_vllms_own_check():
-    py = Path.home() / ".cache" / "strata" / "vllm-venv" / "bin" / "python"
-    if not py.exists():
-        pytest.fail(f"this test needs the project's vLLM environment at {py}")
+    py = vllm_python()
     ids = ["cases/test_x.py::test_decode[default]~traced", "~odd", "a" * 300]
     code = ("import sys; from vllm.config.profiler import validate_profile_prefix as v\n"
             "for p in sys.argv[1:]: v(p)\n"
