@@ -75,6 +75,7 @@ def server(procs):
     return p
 
 
+@pytest.mark.integration  # 3.1 s of real waiting on the quiet VM
 def test_a_fork_storm_is_named_by_its_parent_with_its_childrens_cpu(server, procs, tmp_path):
     """A parent that starts a short Python every 60 ms, and a loop using 3 ms of CPU every
     50 ms: the loop uses more CPU than the parent does itself, less than the parent and

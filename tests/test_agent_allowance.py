@@ -137,6 +137,7 @@ def test_the_tightest_quota_up_the_hierarchy(tmp_path):
 # --- the allowance of a real process ------------------------------------------------------
 
 
+@pytest.mark.integration  # 3.5 s of real waiting on the quiet VM
 @pytest.mark.skipif(not TWO_CPUS, reason="an allowance smaller than the host's needs 2 CPUs")
 def test_the_agent_sees_an_affinity_cut_mid_run(tmp_path, server):
     """A running agent process at 0.25 s; the stand-in server's every thread is pinned to

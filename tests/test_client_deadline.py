@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import requests
 
 from strata_plugin.load.client import RequestSpec, Timeouts
@@ -83,6 +84,7 @@ def test_a_lost_request_is_recorded_at_its_deadline_and_frees_its_slot(monkeypat
     assert took <= deadline_s + 3.0
 
 
+@pytest.mark.integration  # 3.0 s of real waiting on the quiet VM
 def test_mux_send_streaming_gives_up_on_a_lost_request_at_its_deadline(monkeypatch) -> None:
     monkeypatch.setattr(mux_module, "DEADLINE_SLACK_S", SLACK_S)
     monkeypatch.setattr(mux_module, "ERROR_BODY_S", ERROR_BODY_S)

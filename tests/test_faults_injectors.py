@@ -305,6 +305,7 @@ def _cgroup_line(pid: int, controller: str) -> str:
     return ""
 
 
+@pytest.mark.integration  # 3.3 s of real waiting on the quiet VM
 def test_freezer_pause_freezes_for_its_share_and_leaves_nothing():
     """While the freezer reads FROZEN the server's CPU time does not move; over 3 s it is
     frozen 200 ms in every 600 (the pauses measured by the helper, their rhythm seen from
@@ -393,6 +394,7 @@ def test_freezer_helper_thaws_when_the_harness_is_killed(tmp_path):
         p.wait()
 
 
+@pytest.mark.integration  # 3.1 s of real waiting on the quiet VM
 def test_sigstop_pause_stops_for_its_share_and_always_continues():
     p = _spinner()
     try:
@@ -699,6 +701,7 @@ def _growing_mapper(path: Path, grow_mib: int, every_s: float) -> subprocess.Pop
     return p
 
 
+@pytest.mark.integration  # 6.5 s of real waiting on the quiet VM
 @pytest.mark.root
 def test_memcg_evict_raises_its_limit_as_the_servers_own_memory_grows(model_file):
     """A server that writes new anonymous memory after the move (24 MiB, twice the group's

@@ -141,6 +141,7 @@ def test_an_open_loop_keeps_its_arrival_times_through_the_pool(
     assert max(late) < 100_000_000, late
 
 
+@pytest.mark.integration  # 3.4 s of real waiting on the quiet VM
 def test_a_worker_lost_mid_load_names_itself_and_nothing_hangs(
         emitter: EmitterProcess) -> None:
     with pool.ShardedStreamRunner(2) as runner:

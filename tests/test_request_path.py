@@ -88,6 +88,7 @@ def test_two_relays_are_followed_to_the_http_server_behind_them(procs):
         assert attached_server_pid(chain.url) == front.pid
 
 
+@pytest.mark.integration  # 3.3 s of real waiting on the quiet VM
 def test_a_pool_is_followed_and_an_engines_own_connections_are_not(procs):
     """A proxy that holds one connection to its upstream and opens none per request (a
     keep-alive pool) is followed along it: its far end answers the health path. The

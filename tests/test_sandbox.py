@@ -437,6 +437,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+@pytest.mark.integration  # 3.2 s of real waiting on the quiet VM
 def test_a_fork_bomb_and_an_escaped_daemon_end_at_the_timeout(confinable):
     marker = f"strata-escapee-{uuid.uuid4().hex}"
     code = f"""
