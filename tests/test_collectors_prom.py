@@ -175,10 +175,16 @@ def test_scrape_of_a_live_endpoint(server) -> None:
 def test_scraper_thread_runs_each_interval(server) -> None:
     s = server((DATA / "sglang.txt").read_bytes())
     c = PromCollector(s.url, interval_s=0.1)
+    t0 = time.monotonic()
     c.probe()
-    time.sleep(0.55)
+    while s.hits < 3 and time.monotonic() < t0 + 10:
+        time.sleep(0.01)
     c.close()
-    assert 3 <= s.hits <= 8
+    elapsed = time.monotonic() - t0  # a late wake only lengthens it
+    assert s.hits >= 3, s.hits  # one scrape and no thread never gets here
+    # it waits its interval between scrapes: no more than one per 0.1 s (plus the
+    # probe's and one in flight at the close)
+    assert s.hits <= elapsed / 0.1 + 2, (s.hits, elapsed)
     assert sum(1 for e in c.sample(time.time_ns()) if e[2] == "scrape_ok") == s.hits
 
 

@@ -54,9 +54,21 @@ def test_cpu_hogs_are_pinned_measured_and_gone_after_stop():
         assert all(os.sched_getaffinity(p) == {cores[0]} for p in pids)
         main_nice = os.getpriority(os.PRIO_PROCESS, threading_native_id())
         assert main_nice == faults.SHIELD_NICE  # the harness stays ahead of its own hogs
-        time.sleep(0.5)
+
+        def used() -> float:  # the hogs' CPU seconds, as the kernel counts them
+            ticks = 0
+            for p in pids:
+                stat = Path(f"/proc/{p}/stat").read_text()
+                f = stat[stat.rfind(")") + 2:].split()
+                ticks += int(f[11]) + int(f[12])
+            return ticks / os.sysconf("SC_CLK_TCK")
+
+        deadline = time.monotonic() + 20
+        while (ran := used()) < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ran >= 0.2, ran  # the hogs spin
     facts = hogs.stop().as_dict()
-    assert facts["hogs"] == 2 and facts["hog_cpu_s"] > 0.2, facts
+    assert facts["hogs"] == 2 and facts["hog_cpu_s"] >= ran, (facts, ran)
     assert not any(alive(p) for p in pids)
     # restored to what it was (0 in a plain run; CI may run the suite under nice)
     assert os.getpriority(os.PRIO_PROCESS, threading_native_id()) == before
@@ -608,7 +620,7 @@ def test_a_relay_chain_is_one_process_per_hop_and_adds_every_delay():
         assert len(set(chain.pids)) == 2 and all(alive(p) for p in chain.pids)
         with socket.create_connection(("127.0.0.1", first.port)) as s:
             rtts = []
-            for _ in range(3):
+            for _ in range(5):
                 t0 = time.monotonic()
                 s.sendall(b"y" * 100)
                 got = b""
@@ -617,9 +629,11 @@ def test_a_relay_chain_is_one_process_per_hop_and_adds_every_delay():
                 rtts.append(time.monotonic() - t0)
         pids = chain.pids
         facts = chain.stop().as_dict()
-        assert 0.1 <= sorted(rtts)[1] < 0.125, rtts
+        # each hop's delay both ways: never less; a loaded host only adds to a trip, so
+        # the fastest of five is near it (a missing hop is 0.06 s, a doubled delay 0.2 s)
+        assert 0.1 <= min(rtts) < 0.1 + 0.015, rtts
         assert [h["delay_ms"] for h in facts["hops"]] == [20.0, 30.0]
-        assert [h["bytes_up"] for h in facts["hops"]] == [300, 300], facts
+        assert [h["bytes_up"] for h in facts["hops"]] == [500, 500], facts
         assert not any(alive(p) for p in pids)
     finally:
         srv.close()

@@ -88,9 +88,11 @@ def test_sigterm_ignored_then_sigkill(tmp_path):
     spec, _ = _spec(tmp_path, [sys.executable, "-c", code], grace=0.5)
     server = Server(spec, spec.base_url)
     import subprocess
-    server.proc = subprocess.Popen(list(spec.argv), start_new_session=True)
-    time.sleep(0.3)
+    server.proc = subprocess.Popen(list(spec.argv), start_new_session=True,
+                                   stdout=subprocess.PIPE, text=True)
+    assert server.proc.stdout is not None
+    assert server.proc.stdout.readline() == "stubborn\n"  # SIGTERM is ignored from here
     t0 = time.monotonic()
     server.stop()
     assert not server.alive()
-    assert 0.4 < time.monotonic() - t0 < 6.5  # waited the 0.5 s grace, then killed
+    assert 0.5 <= time.monotonic() - t0 < 6.5  # waited the 0.5 s grace, then killed
