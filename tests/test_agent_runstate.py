@@ -69,9 +69,9 @@ def _collector(pid: int, **kw) -> RunstateCollector:
     return RunstateCollector(targets, **kw)
 
 
-def _state(pid: int) -> str:
-    """The state letter of a process's main thread (/proc/PID/stat)."""
-    data = Path(f"/proc/{pid}/stat").read_text()
+def _state(pid: int, tid: int | str | None = None) -> str:
+    """The state letter of a process's main thread, or of its thread ``tid``."""
+    data = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
     return data[data.rfind(")") + 2]
 
 
@@ -123,7 +123,10 @@ def test_a_stopped_tree_reads_as_state_t_and_does_not_run(procs):
     c = _collector(p.pid)
     os.kill(p.pid, signal.SIGSTOP)
     try:
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10  # every thread stopped (SIGSTOP reaches each)
+        while not all(_state(p.pid, t) == "T" for t in os.listdir(f"/proc/{p.pid}/task")):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         a = values(c.sample_now())
         time.sleep(0.3)
         b = values(c.sample_now())
