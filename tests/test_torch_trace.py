@@ -194,7 +194,26 @@ def test_the_torch_ops_are_on_the_timeline_beside_the_requests_and_the_report_sa
     line = written.case_line("c1")
     assert line is not None and "not taken: perf is not installed" in line
     assert ("`torch/c1_rank0.1.pt.trace.json.gz`: 1 ops on the timeline, clock error ±4.0 ms"
+            "; most of the ops' own time in `execute_context_1(128)_generation_0(0)` 100%"
             in line)
+
+
+def test_what_the_trace_showed_is_each_ops_own_time_not_its_childrens():
+    """Nested ops (as torch's are): a parent's own time is its duration less its
+    children's, so the op that did the work leads, not the one that holds it."""
+    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 7, "tid": tid, "ts": ts,
+                "dur": dur}
+
+    events = [op("aten::linear", 0.0, 10.0), op("aten::addmm", 1.0, 6.0),
+              op("aten::mm_kernel", 2.0, 2.0), op("aten::add", 12.0, 3.0),
+              op("aten::softmax", 0.0, 5.0, tid=2),
+              {"ph": "X", "cat": tt.PROFILER_SPAN_CAT, "name": "PyTorch Profiler (0)",
+               "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0.0, "dur": 100.0}]
+    # own: linear 10-6 = 4, addmm 6-2 = 4, mm_kernel 2, add 3, softmax 5: 18 in all
+    assert tt.self_time_top(events) == (("aten::softmax", 5 / 18), ("aten::addmm", 4 / 18),
+                                        ("aten::linear", 4 / 18))
+    assert tt.self_time_top([]) == ()
 
 
 def test_malformed_huge_and_missing_traces_are_said_and_the_good_one_stands(

@@ -29,6 +29,7 @@ from typing import Any
 
 from strata_plugin.errors import StrataError
 from strata_plugin.formats.bounded import BoundedReadError, parse_json, read_bytes
+from strata_plugin.formats.printable import printable
 from strata_plugin.limits import TORCH_TRACE_BYTES_MAX
 
 #: The torch profiler's own span in its chrome trace: one "X" slice of this category.
@@ -61,6 +62,9 @@ class TorchTrace:
     outside: int = 0
     clock_note: str = ""
     problem: str = ""
+    #: the op names most of the ops' own time went to (each op's duration less its
+    #: children's on the same thread), with their share of it
+    top: tuple[tuple[str, float], ...] = ()
 
     def offset_us(self, origin_ns: int) -> float:
         """Added to each ``ts`` to put the event in a timeline's µs from ``origin_ns``."""
@@ -76,7 +80,9 @@ class TorchTrace:
                else "")
         out = f"; {self.outside} ops outside Strata's window" if self.outside else ""
         note = f" ({self.clock_note})" if self.clock_note else ""
-        return f"`{self.file}`: {self.ops} ops on the timeline, {err}{fix}{out}{note}"
+        top = ", ".join(f"`{printable(name)}` {share:.0%}" for name, share in self.top)
+        most = f"; most of the ops' own time in {top}" if top else ""
+        return f"`{self.file}`: {self.ops} ops on the timeline, {err}{fix}{out}{note}{most}"
 
 
 def decompressed(raw: bytes, name: str) -> bytes:
@@ -185,6 +191,36 @@ def relate(base_ns: int, events: Sequence[Mapping[str, Any]],
     return out
 
 
+def self_time_top(events: Sequence[Mapping[str, Any]], n: int = 3
+                  ) -> tuple[tuple[str, float], ...]:
+    """The ``n`` op names with the most own time (an op's duration less its children's,
+    the ops it encloses on its thread), with their share of all ops' own time. Torch's
+    ops nest (``aten::linear`` holds ``aten::addmm``), so summed durations would count a
+    child's time once per ancestor."""
+    by_thread: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    for e in events:
+        if e["ph"] == "X" and e.get("cat") != PROFILER_SPAN_CAT:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    own: dict[str, float] = {}
+    for ops in by_thread.values():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[list[Any]] = []  # [end, name, own time so far]
+        for e in ops:
+            while stack and stack[-1][0] <= e["ts"]:
+                _end, name, mine = stack.pop()
+                own[name] = own.get(name, 0.0) + mine
+            if stack:
+                stack[-1][2] -= e["dur"]  # a child: not its parent's own time
+            stack.append([e["ts"] + e["dur"], str(e.get("name", "")), float(e["dur"])])
+        for _end, name, mine in stack:
+            own[name] = own.get(name, 0.0) + mine
+    total = sum(v for v in own.values() if v > 0)
+    if total <= 0:
+        return ()
+    ranked = sorted(own.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return tuple((name, v / total) for name, v in ranked if v > 0)
+
+
 #: The thread ids given to the tracks torch names by a string ("PyTorch Profiler"):
 #: above any real thread id (the kernel's pid_max is at most 2^22).
 NAMED_TID0 = 1 << 22
@@ -239,5 +275,6 @@ def read_torch(folder: Path, said: Mapping[str, Any]) -> tuple[TorchTrace, ...]:
             out.append(TorchTrace(name, problem=str(exc)))
             continue
         placed = relate(base, events, said.get("start_wall_ns"), said.get("stop_wall_ns"))
-        out.append(TorchTrace(name, base, timeline_events(events), **placed))
+        out.append(TorchTrace(name, base, timeline_events(events), top=self_time_top(events),
+                              **placed))
     return tuple(out)
