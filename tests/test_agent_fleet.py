@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
-from strata_plugin.run.agents import ALLOWANCE, PATH, RUNSTATE, AgentFleet
+from strata_plugin.run.agents import ALLOWANCE, CONNS, PATH, RUNSTATE, AgentFleet
 
 PKG = Path(__file__).resolve().parents[1] / "strata_plugin"
 
@@ -69,7 +69,7 @@ def test_only_the_head_agent_follows_the_server(tmp_path):
     assert head[head.index("--prom-url") + 1] == "http://127.0.0.1:8000/metrics"
     assert head[head.index("--log-file") + 1] == str(tmp_path / "server.log")
     assert head[head.index("--collectors") + 1] == (
-        f"proc,cpu,prom,log,{RUNSTATE},{PATH},{ALLOWANCE}")
+        f"proc,cpu,prom,log,{RUNSTATE},{PATH},{ALLOWANCE},{CONNS}")
     assert "--path-pid" not in head  # a server we started: the client connects to it
     for worker in (cmds["w1"], cmds["w2"]):
         assert not {"--pid", "--prom-url", "--log-file"} & set(worker), worker

@@ -350,13 +350,14 @@ def test_a_runstate_interval_under_the_floor_is_refused():
 def test_the_agent_command_adds_runstate_where_the_server_runs(tmp_path):
     from types import SimpleNamespace
 
-    from strata_plugin.run.agents import ALLOWANCE, PATH, RUNSTATE, local_argv
+    from strata_plugin.run.agents import ALLOWANCE, CONNS, PATH, RUNSTATE, local_argv
 
     t = SimpleNamespace(interval_s=0.5, pid_pattern="", log_patterns={},
                         collectors=("proc", "cpu"))
     head = local_argv(t, "head", 1234, None, None)
     worker = local_argv(t, "w1", None, None, None)
-    assert head[head.index("--collectors") + 1] == f"proc,cpu,{RUNSTATE},{PATH},{ALLOWANCE}"
+    assert head[head.index("--collectors") + 1] == \
+        f"proc,cpu,{RUNSTATE},{PATH},{ALLOWANCE},{CONNS}"
     assert worker[worker.index("--collectors") + 1] == "proc,cpu"
 
 

@@ -2,11 +2,14 @@
 router hands connections to its upstreams in turn, the request's path records both
 engines and the router between, the head agent is given both engines and the router,
 and each engine's own cgroup (its CFS quota and its throttling) is sampled under its
-own name, so a quota on one replica is neither missed nor taken for the other's."""
+own name, so a quota on one replica is neither missed nor taken for the other's. Which
+engine served each request (each engine's connections on the agent's fine grid, matched to
+the requests' spans), each engine's share and pace, and the slow one named with its cause."""
 
 from __future__ import annotations
 
 import http.client
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -208,6 +211,235 @@ def test_one_engine_has_no_lines_and_an_engine_without_samples_is_left_out():
     assert [x.pid for x in lines] == [1, 2]
 
 
+# --- which engine served each request (agent/collectors/conns.py, analysis/engine_requests.py)
+
+
+def _connect(port: int):
+    import socket
+
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_each_engines_connections_are_recorded_with_when_they_were_first_and_last_seen(procs):
+    """Two real engines (listening processes): a connection to the first held over three
+    steps, one to the second over one, then both closed; the step after each is gone it
+    is one row under its own engine's PID, at the step it was first seen, its value to
+    the last step that saw it. The test's own client ends (local port ephemeral) are never
+    taken for an engine's, and the engine's listening socket is not a connection."""
+    from strata_plugin.agent.collectors.conns import ConnsCollector
+
+    (a, pa), (b, pb) = procs.start("http"), procs.start("http")
+    c = ConnsCollector(ProcessTargets(pids=[a.pid, b.pid]))
+    c.probe()
+    try:
+        c.step(1_000_000_000)  # no connection yet: nothing open (the steps by hand: no thread)
+        assert c.take() == []
+        to_a = _connect(pa)
+        c.step(2_000_000_000)
+        to_b = _connect(pb)
+        c.step(2_010_000_000)
+        to_b.close()
+        c.step(2_020_000_000)
+        c.step(2_030_000_000)
+        to_a.close()
+        rows = []
+        for t in range(2_040_000_000, 2_540_000_000, 10_000_000):  # until the close is seen
+            c.step(t)
+            rows += c.take()
+            if len(rows) == 6:
+                break
+    finally:
+        c.close()
+        for s in (to_a, to_b):
+            s.close()
+    # each connection's three rows at the step it was first seen: seen from first to last
+    # step, opened since the step before (1 s before for the first: the grid as it was
+    # kept), closed before the step that no longer saw it
+    got = {(w, dev, m): round(v, 6) for w, dev, m, v, _k in rows}
+    assert got == {(2_000_000_000, f"pid{a.pid}", "conn_open_s"): 0.03,
+                   (2_000_000_000, f"pid{a.pid}", "conn_opened_within_s"): 1.0,
+                   (2_000_000_000, f"pid{a.pid}", "conn_closed_within_s"): 0.01,
+                   (2_010_000_000, f"pid{b.pid}", "conn_open_s"): 0.0,
+                   (2_010_000_000, f"pid{b.pid}", "conn_opened_within_s"): 0.01,
+                   (2_010_000_000, f"pid{b.pid}", "conn_closed_within_s"): 0.01}, rows
+    assert {k for *_, k in rows} == {"gauge"}
+
+
+def test_sock_diag_lists_the_established_connections_proc_net_tcp_does(procs):
+    """The kernel's sock_diag (the agent's own namespace) and /proc/net/tcp (another
+    namespace's) give the same ends for the same connections: three held to a real
+    engine, each seen from both sides, in the same text; none that is not established."""
+    from strata_plugin.agent.collectors import conns
+
+    _, port = procs.start("http")
+    held = [_connect(port) for _ in range(3)]
+    try:
+        end = f":{port:04X}"
+
+        def ours(rows: list) -> list:
+            return sorted((r[1], r[2]) for r in rows if r[3] == "01"
+                          and (r[1].endswith(end) or r[2].endswith(end)))
+
+        diag = conns._established_by_netlink({__import__("socket").AF_INET})
+        proc = conns._rows(__import__("os").getpid())
+    finally:
+        for s in held:
+            s.close()
+    assert diag is not None and ours(diag) == ours(proc) and len(ours(diag)) == 6
+    assert {r[3] for r in diag} == {"01"}
+
+
+def test_one_engine_starts_no_fine_grid():
+    """One engine's connections say nothing its requests do not: no thread, no rows."""
+    from strata_plugin.agent.collectors.conns import ConnsCollector
+
+    c = ConnsCollector(ProcessTargets(pids=[__import__("os").getpid()]))
+    c.probe()
+    try:
+        assert c.sample(time.time_ns()) == [] and c._thread is None
+    finally:
+        c.close()
+
+
+S = 1_000_000_000
+MS = 1_000_000
+
+
+def _conn(first: int, last: int, opened: int = 0, closed: int = 0):
+    from strata_plugin.analysis.engine_requests import Conn
+
+    return Conn(first - opened, first, last, last + closed)
+
+
+def _att(start_off: int, end_off: int):
+    """A request from 10 s to 20 s, and engine 1's connection seen offset from its ends."""
+    from strata_plugin.analysis.engine_requests import Span, attribute
+
+    return attribute([Span("r", 10 * S, 20 * S)],
+                     {1: [_conn(10 * S + start_off, 20 * S + end_off)],
+                      2: [_conn(30 * S, 40 * S)]})
+
+
+@pytest.mark.parametrize(("start_off", "end_off", "engine"), [
+    (49 * MS, 0, 1), (51 * MS, 0, None), (-49 * MS, 0, 1), (-51 * MS, 0, None),
+    (0, 49 * MS, 1), (0, 51 * MS, None), (0, -49 * MS, 1), (0, -51 * MS, None)])
+def test_a_request_is_its_engines_when_the_connection_opened_and_closed_with_it(
+        start_off, end_off, engine):
+    """engine_conn_match_s (50 ms) at either end of the request, either side: a
+    connection seen on a kept grid (no span between steps) first or last seen 49 ms off
+    is the request's, 51 ms off it is not (and no other engine's is: not known, no
+    connection)."""
+    from strata_plugin.analysis import thresholds
+
+    assert thresholds.value("engine_conn_match_s") == 0.05
+    att = _att(start_off, end_off)
+    assert dict(att.engine_of) == ({"r": engine} if engine else {})
+    assert dict(att.not_known) == ({} if engine else {"r": "no_connection"})
+
+
+@pytest.mark.parametrize(("closed_within_ms", "engine"), [(49, None), (51, 1)])
+def test_a_late_sampler_widens_the_span_a_connection_closed_in_by_its_own_gap(
+        closed_within_ms, engine):
+    """The sampler kept from its CPU: a connection last seen 100 ms before the request
+    ended, and not seen again until the next step. The request is its engine's when that
+    step came at least 100 - 50 ms after: 51 ms, yes; 49 ms, no."""
+    from strata_plugin.analysis.engine_requests import Span, attribute
+
+    conn = _conn(10 * S, 20 * S - 100 * MS, closed=closed_within_ms * MS)
+    att = attribute([Span("r", 10 * S, 20 * S)], {1: [conn], 2: [_conn(30 * S, 40 * S)]})
+    assert dict(att.engine_of) == ({"r": engine} if engine else {})
+
+
+def test_a_request_two_engines_could_have_served_or_with_no_span_is_not_known():
+    """Two engines' connections both opened and closed with it: not known (several),
+    never the first one's. A request that never ended, one without a clock, and a run
+    whose agent recorded no connection at all each say why."""
+    from strata_plugin.analysis.engine_requests import REASONS, Span, attribute
+
+    spans = [Span("both", 10 * S, 20 * S), Span("cut", 10 * S, None),
+             Span("clockless", None, None), Span("one", 30 * S, 31 * S)]
+    conns = {1: [_conn(10 * S, 20 * S)], 2: [_conn(10 * S + 20 * MS, 20 * S - 20 * MS),
+                                             _conn(30 * S, 31 * S)]}
+    att = attribute(spans, conns)
+    assert dict(att.engine_of) == {"one": 2}
+    assert dict(att.not_known) == {"both": "several", "cut": "unfinished",
+                                   "clockless": "no_clock"}
+    assert att.reasons().startswith(f"1 {REASONS['several']}")
+    none = attribute([Span("r", 10 * S, 20 * S)], {1: [], 2: []})
+    assert dict(none.not_known) == {"r": "no_samples"}
+
+
+def test_each_engines_share_and_pace_are_of_the_requests_it_served():
+    """Three requests on engine 1 (TPOT 10, 20, 30 ms), one on engine 2 (90 ms), one not
+    known: shares 3 of 5 and 1 of 5, medians 20 and 90; the request not known is in
+    neither engine's median, and one without a TPOT (a failed one) is left out of it."""
+    from strata_plugin.analysis.engine_requests import Attribution, paces
+
+    att = Attribution({"a": 1, "b": 1, "c": 1, "d": 2, "f": 1},
+                      {"x": "several"})
+    tpot = {"a": 10.0, "b": 20.0, "c": 30.0, "d": 90.0, "x": 1.0, "f": None}
+    e2e = {"a": 100.0, "b": 200.0, "c": 300.0, "d": 900.0, "x": 1.0, "f": None}
+    one, two = paces(att, [1, 2], tpot, e2e)
+    assert (one.served, one.of, one.tpot_ms, one.e2e_ms) == (4, 6, 20.0, 200.0)
+    assert (two.served, two.of, two.tpot_ms, two.e2e_ms) == (1, 6, 90.0, 900.0)
+    assert two.share == pytest.approx(1 / 6)
+
+
+def _pace(pid: int, tpot: float, paced: int = 4):
+    from strata_plugin.analysis.engine_requests import EnginePace
+
+    return EnginePace(pid, paced, 8, tpot, tpot * 48, paced)
+
+
+NAMED = ("Slower than the others: PID 2, median TPOT 4.02 ms over 4 requests against 2 ms "
+         "on PID 1 `llama-server` (2.01x, over 2x). Cause, from its own evidence: its own "
+         "CPU quota. PID 2 `llama-server` at 127.0.0.1:8082: CFS quota 0.25 core, throttled "
+         "in 60% of its periods, 0.25 core of CPU, 0.50 s/s waiting for a CPU.")
+
+
+@pytest.mark.parametrize(("ratio", "slow_fast", "finding"),
+                         [(1.99, None, ""), (2.01, (2, 1), NAMED)])
+def test_an_engine_is_named_slower_just_above_engine_pace_ratio(ratio, slow_fast, finding):
+    """engine_pace_ratio (2x the fastest engine's median TPOT): 1.99x is not named,
+    2.01x is, the slowest against the fastest (a middle engine is neither), with its
+    cause from its own evidence: its quota, where its own cgroup throttles it."""
+    from strata_plugin.analysis import thresholds
+    from strata_plugin.analysis.engine_lines import engine_lines
+    from strata_plugin.analysis.engine_requests import imbalance, imbalance_finding
+
+    assert thresholds.value("engine_pace_ratio") == 2.0
+    found = imbalance([_pace(1, 2.0), _pace(2, 2.0 * ratio), _pace(3, 2.5)])
+    assert (found and (found.slow.pid, found.fastest.pid)) == slow_fast
+    lines = engine_lines(_window(2, 1, 6.0), _engines(1, 2))
+    assert imbalance_finding(found, lines) == finding
+
+
+def test_a_slow_engine_not_held_by_its_quota_is_named_without_a_cause():
+    """Slower, but its own cgroup did not throttle it (no periods throttled): named, its
+    evidence given, no cause claimed."""
+    from strata_plugin.analysis.engine_lines import engine_lines
+    from strata_plugin.analysis.engine_requests import imbalance, imbalance_finding
+
+    lines = engine_lines(_window(2, 1, 0.0), _engines(1, 2))
+    text = imbalance_finding(imbalance([_pace(1, 2.0), _pace(2, 5.0)]), lines)
+    assert text.endswith("(2.50x, over 2x). Its own evidence names no cause: PID 2 "
+                         "`llama-server` at 127.0.0.1:8082: CFS quota 0.25 core, throttled "
+                         "in 0% of its periods, 0.25 core of CPU, 0.50 s/s waiting for a "
+                         "CPU."), text
+
+
+@pytest.mark.parametrize(("paced", "named"), [(2, False), (3, True)])
+def test_an_engine_is_compared_from_engine_pace_min_requests(paced, named):
+    """engine_pace_min_requests (3): an engine whose median is of two requests is not
+    compared (3x slower, not named); of three, it is."""
+    from strata_plugin.analysis import thresholds
+    from strata_plugin.analysis.engine_requests import imbalance
+
+    assert thresholds.value("engine_pace_min_requests") == 3
+    found = imbalance([_pace(1, 2.0), _pace(2, 6.0, paced=paced)])
+    assert (found is not None) is named
+
+
 # --- live: two llama-server replicas behind the router, one held to a quarter core -------
 
 
@@ -246,7 +478,9 @@ def test_two_replicas_behind_a_router_one_throttled_are_both_reported(llama, pyt
     """An attached run through the router over two llama-server replicas, the second held to
     a quarter of a core by a cgroup v1 CFS quota of its own for the whole run: the head
     agent follows both, and report.md's Engines section gives each its own line, the
-    throttled one with its quota and named as held by it, the other not."""
+    throttled one with its quota and named as held by it, the other not; each one's share
+    of the 12 requests (those not attributed counted with their reason) and their median
+    TPOT and end-to-end latency; and the throttled one named slower, its quota the cause."""
     import json
 
     from strata_plugin.run.server import free_port
@@ -267,7 +501,7 @@ def test_two_replicas_behind_a_router_one_throttled_are_both_reported(llama, pyt
             result = pytester.runpytest_subprocess(
                 "-p", "no:cacheprovider", f"--strata-server-url={router.url}",
                 f"--strata-profile={profile}",
-                "--strata-workload=isl=16,osl=48,requests=8,concurrency=2",
+                "--strata-workload=isl=16,osl=48,requests=12,concurrency=2",
                 "--strata-run-id=r1")
             router_pid = router.pid
     finally:
@@ -288,10 +522,24 @@ def test_two_replicas_behind_a_router_one_throttled_are_both_reported(llama, pyt
             for line in section.splitlines() if line.startswith("| ") and "PID" in line}
     held = rows[f"PID {slow.pid} `llama-server`"]
     free = rows[f"PID {fast.pid} `llama-server`"]
-    assert held[2:4] == [f"127.0.0.1:{pb}", "0.25"] and held[-1] == "yes", section
-    assert free[2:4] == [f"127.0.0.1:{pa}", "-"] and free[-1] == "no", section
+    assert held[2] == f"127.0.0.1:{pb}" and held[6] == "0.25" and held[-1] == "yes", section
+    assert free[2] == f"127.0.0.1:{pa}" and free[6] == "-" and free[-1] == "no", section
     # each one's own CPU and run-queue wait were sampled (its root process, proc pid<N>)
-    assert "-" not in (held[5], held[6], free[5], free[6]), section
+    assert "-" not in (held[8], held[9], free[8], free[9]), section
+    # which engine served each request: the router hands connections in turn, 6 each;
+    # each engine is given enough of them for its pace (engine_pace_min_requests), and
+    # every one of the 12 is attributed or counted with its reason
+    served = {k: int(r[3].split(" of ")[0]) for k, r in (("held", held), ("free", free))}
+    unknown = sum(int(n) for n in re.findall(r"`adhoc`: (\d+) of 12 requests:", section))
+    assert 3 <= served["held"] <= 6 and 3 <= served["free"] <= 6, section
+    assert served["held"] + served["free"] + unknown == 12, section
+    # the throttled engine's requests are slower, per token and end to end, and it is
+    # named the slow one, its quota the cause
+    assert float(held[4]) > float(free[4]) and float(held[5]) > float(free[5]), section
+    assert f"Slower than the others: PID {slow.pid}, median TPOT " in section, section
+    assert (f"on PID {fast.pid} `llama-server`" in section
+            and f"Cause, from its own evidence: its own CPU quota. PID {slow.pid} "
+                f"`llama-server` at 127.0.0.1:{pb}: CFS quota 0.25 core" in section), section
     assert (f"Held by its own CPU quota (throttled in over 5% of its periods): PID "
             f"{slow.pid} `llama-server` at 127.0.0.1:{pb}: CFS quota 0.25 core") in section
     assert "The other 1 engine is not." in section

@@ -189,6 +189,12 @@ NOT_A_RULE_BOUNDARY = {
     "rule_min_samples": "test_verdict_ledger.py: two samples said, three not",
     "engine_outage_margin_s": "the failed requests tied to an engine's death, never a "
     "class (test_engine_lifetime.py, just inside and just outside the margin)",
+    "engine_conn_match_s": "which engine served each request, never a class "
+    "(test_router_replicas.py, just inside and just outside the margin at either end)",
+    "engine_pace_ratio": "the Engines section's imbalance finding, never a class "
+    "(test_router_replicas.py, just below and just above the ratio)",
+    "engine_pace_min_requests": "the Engines section's imbalance finding, never a class "
+    "(test_router_replicas.py, one request fewer and at the count)",
     "roof_near_frac": "the roofline's evidence and note, never a class "
     "(test_roofline.py, just below and at the share)",
     "roof_far_frac": "the roofline's note, never a class (test_roofline.py, just below "
@@ -272,6 +278,8 @@ PINNED = {
     "client_read_backlog_bytes": 65536.0, "trace_other_share": 0.5, "trace_rtt_p50_ms": 5.0,
     "trace_retrans_per_s": 1.0, "requests_failed_share": 0.5,
     "engine_outage_margin_s": 0.5,
+    "engine_conn_match_s": 0.05,
+    "engine_pace_ratio": 2.0, "engine_pace_min_requests": 3,
     "roof_near_frac": 0.8, "roof_far_frac": 0.6, "ab_max_repetitions": 6,
 }
 

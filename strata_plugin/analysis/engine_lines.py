@@ -13,8 +13,8 @@ An engine is keyed by its identity (node and root PID, where it listens), never 
 position in a list, so the same lines serve replicas behind a router and the head and
 workers of one multi-node deployment.
 
-What it cannot say yet: which requests each engine served, so no engine's share of the
-work or pace; the lines say so.
+Which requests each engine served, and so each one's share of the work and its pace, is
+``analysis/engine_requests.py``'s.
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ from dataclasses import dataclass
 from strata_plugin.analysis import thresholds
 from strata_plugin.analysis.timeline import HwStat
 from strata_plugin.formats.request_path import Engine
-
-#: What the lines say of the requests, until each is attributed to its engine.
-NOT_ATTRIBUTED = ("which engine served each request is not recorded, so no engine's "
-                  "share of the requests or pace is given")
 
 
 @dataclass(frozen=True)

@@ -794,6 +794,44 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "room for a loaded host's late timer (tests/test_engine_lifetime.py: a failure "
         "just inside the margin is tied, one just outside is not)",
     ),
+    Threshold(
+        "engine_conn_match_s",
+        0.05,
+        "s",
+        "[inferred] a request was served by the engine whose connection (agent/collectors/"
+        "conns.py) opened within this much of the request's dispatch and closed within "
+        "this much of its end, and by no other engine's. The connections are read on a "
+        "20 ms grid and the span each opened and closed in is measured (the steps before "
+        "and after), so this is the rest: a loopback router relays in well under 1 ms, "
+        "and a loaded host delays the client's own stamps; wider makes two engines' "
+        "requests that start and end together ambiguous sooner "
+        "(tests/test_router_replicas.py: a connection just "
+        "inside the margin at either end is matched, one just outside is not)",
+    ),
+    Threshold(
+        "engine_pace_ratio",
+        2.0,
+        "x",
+        "[inferred] an engine behind a router is named slower than the others when the "
+        "median TPOT of the requests it served is over this many times the fastest "
+        "engine's (analysis/engine_requests.py). Tuned on this 2-core host (load average "
+        "2-3) with two llama-server replicas (tiny model, -t 1) behind testing/router.py, "
+        "8 requests at concurrency 2, one replica under a CFS quota of its own: 0.25 core "
+        "3.26-4.61x in 5 of 5 runs (named), 0.5 core 1.77, 1.90 and 2.06x (at the "
+        "boundary), no quota 1.03x (the one clean run of 9 with 3 requests on each "
+        "engine: equal replicas at concurrency 2 start and end their requests together, "
+        "which leaves most of them not attributed); 1.0 core gave no run with 3 on each",
+    ),
+    Threshold(
+        "engine_pace_min_requests",
+        3,
+        "requests",
+        "[inferred] the least number of requests with a TPOT an engine served for its "
+        "median to be compared with the others' (engine_pace_ratio): in the clean runs "
+        "of engine_pace_ratio's tuning set, engines with 1 or 2 requests differed by "
+        "2.5-2.7x (and 8.3x once, with the sampler starved), the one with 3 or more on "
+        "each by 1.03x",
+    ),
     # --- the roofline (analysis/roofline.py): evidence and a note, never a class ---
     Threshold(
         "roof_near_frac",

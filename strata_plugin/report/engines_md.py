@@ -2,13 +2,26 @@
 
 Shown only where a path ends at several engines (replicas behind a router): one row per
 engine and case with its own quota, throttling, CPU and run-queue wait
-(``analysis/engine_lines.py``), then the engines their own quota holds, and what is not
-known yet (which requests each one served).
+(``analysis/engine_lines.py``), its share of the case's requests and their pace
+(``analysis/engine_requests.py``), then the engines their own quota holds, the engine
+slower than the others (its median TPOT beyond ``engine_pace_ratio`` times the fastest's)
+with its cause from its own evidence, and how many requests' engine is not known, and why.
 """
 
 from __future__ import annotations
 
-from strata_plugin.analysis.engine_lines import NOT_ATTRIBUTED, engine_lines, held_by_quota
+from strata_plugin.analysis import thresholds
+from strata_plugin.analysis.engine_lines import engine_lines, held_by_quota
+from strata_plugin.analysis.engine_requests import (
+    Attribution,
+    EnginePace,
+    Span,
+    attribute,
+    connections,
+    imbalance,
+    imbalance_finding,
+    paces,
+)
 from strata_plugin.formats.request_path import Engine, paths_in
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.markdown import ReportData
@@ -35,32 +48,69 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _served(d: ReportData, case_id: str, pids: list[int]
+            ) -> tuple[Attribution, dict[int, EnginePace]]:
+    """The case's measured requests attributed to engines, and each engine's pace."""
+    recs = [r for r in d.bundle.records.get(case_id, ()) if r.phase == "measured"]
+    spans = [Span(r.request_id, d.bundle.request_wall(r.dispatched_ns),
+                  d.bundle.request_wall(r.done_ns) if r.done_ns is not None else None)
+             for r in recs]
+    att = attribute(spans, connections(d.store, pids))
+    ok = {r.request_id: d.bundle.metrics_of(r) for r in recs}
+    tpot = {k: m.tpot_ms if m.ok else None for k, m in ok.items()}
+    e2e = {k: m.e2e_ms if m.ok else None for k, m in ok.items()}
+    return att, {p.pid: p for p in paces(att, pids, tpot, e2e)}
+
+
+def _share(p: EnginePace | None) -> str:
+    if p is None or p.share is None:
+        return "-"
+    return f"{p.served} of {p.of} ({p.share:.0%})"
+
+
 def report_section(d: ReportData) -> str:
     engines, first = _engines(d)
     if len(engines) < 2:
         return ""
-    rows, findings = [], []
+    pids = [e.pid for e in engines]
+    rows, findings, unknown = [], [], []
     for a in d.analyses:
         lines = engine_lines(a.hw, engines)
+        att, pace = _served(d, a.case_id, pids)
         for x in lines:
+            p = pace.get(x.pid)
             rows.append((a.case_id, f"PID {x.pid} `{x.name or '?'}`", x.address,
+                         _share(p), md_num(p.tpot_ms if p else None),
+                         md_num(p.e2e_ms if p else None),
                          md_num(x.quota_cores), _pct(x.throttled_share),
                          md_num(x.cpu_cores), md_num(x.run_wait),
                          "yes" if x.held_by_quota else "no"))
         found = held_by_quota(lines)
         if found:
             findings.append(f"* `{a.case_id}`: {found}")
+        slower = imbalance_finding(imbalance(list(pace.values())), lines)
+        if slower:
+            findings.append(f"* `{a.case_id}`: {slower}")
+        if att.not_known:
+            unknown.append(f"* `{a.case_id}`: {len(att.not_known)} of "
+                           f"{len(att.not_known) + len(att.engine_of)} requests: "
+                           f"{att.reasons()}.")
     if not rows:
         return (f"\n## {TITLE}\n\nThe path ends at {len(engines)} engines; none has samples "
                 "of its own in any case's window.\n")
-    table = md_table(("case", "engine", "address", "CFS quota (cores)", "throttled periods",
+    table = md_table(("case", "engine", "address", "requests served", "median TPOT (ms)",
+                      "median e2e (ms)", "CFS quota (cores)", "throttled periods",
                       "CPU (cores)", "run-queue wait (s/s)", "held by its quota"), rows)
     return (f"\n## {TITLE}\n\nThe path ends at {len(engines)} engines, each followed with "
-            "its own cgroup: its CFS quota and the share of its enforcement periods it was "
-            "throttled in, its root process's CPU and its threads' run-queue wait per "
-            "second, over each case's window.\n\n" + table
+            "its own cgroup: the case's measured requests it served (each request goes to "
+            "the one engine whose connection opened and closed with it, within "
+            f"{thresholds.value('engine_conn_match_s') * 1000:g} ms at both ends) and their "
+            "median TPOT and end-to-end latency, its CFS quota and the share of its "
+            "enforcement periods it was throttled in, its root process's CPU and its "
+            "threads' run-queue wait per second, over each case's window.\n\n" + table
             + ("\n" + "\n".join(findings) + "\n" if findings else "")
-            + f"\nNot known: {NOT_ATTRIBUTED}.\n"
+            + ("\nWhich engine served the request is not known for:\n\n"
+               + "\n".join(unknown) + "\n" if unknown else "")
             + (f"\nThe server-wide cgroup rows the verdict reads (its quota, throttling "
                f"and memory limit) are the first engine's cgroup alone: PID "
                f"{', '.join(map(str, first))}; each engine's own is in the table above.\n"

@@ -52,6 +52,9 @@ PATH = "path"
 #: The server's CPU allowance (affinity, cpuset, CFS quota) and the busiest other
 #: processes (agent/collectors/allowance.py), every tick, where a server is followed.
 ALLOWANCE = "allowance"
+#: Each engine's connections on a 20 ms grid (agent/collectors/conns.py): silent unless
+#: the server is several engines, where they tell which engine served each request.
+CONNS = "conns"
 
 
 def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | Sequence[int] | None,
@@ -77,7 +80,7 @@ def local_argv(telemetry: TelemetrySpec, node: str, server_pid: int | Sequence[i
         # path's proxies beside it, apart from the server and from "other processes". The
         # CPUs the server may use, sampled every tick (a taskset or a cpuset written
         # mid-case is seen), and who else used the CPUs.
-        collectors += [c for c in (RUNSTATE, PATH, ALLOWANCE) if c not in collectors]
+        collectors += [c for c in (RUNSTATE, PATH, ALLOWANCE, CONNS) if c not in collectors]
     # Another package's collectors, by module: the agent reads no entry points itself.
     plugins = {n: m for n, m in collector_modules().items() if n in collectors}
     return agent_argv(

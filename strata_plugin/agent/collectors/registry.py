@@ -47,6 +47,7 @@ COLLECTORS: dict[str, str] = {
     "runstate": ".runstate",
     "path": ".path",
     "allowance": ".allowance",
+    "conns": ".conns",
 }
 
 #: Collectors that read only /proc and /sys (the agent-cost benchmark turns these on).
