@@ -28,15 +28,19 @@ from tests.test_robustness_support import alive
 SERVER = (
     "import hashlib, os, sys, threading, time\n"
     "cpus = sorted(os.sched_getaffinity(0))\n"
+    "r, w = os.pipe()\n"
     "if os.fork() == 0:\n"
     "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "    os.write(w, b'x')\n"
     "    time.sleep(3600)\n"
     "buf = bytes(2**20)\n"
     "def spin():\n"
     "    while True:\n"
     "        hashlib.sha256(buf).digest()\n"
+    "is_pinned = threading.Event()\n"
     "def pinned():\n"
     "    os.sched_setaffinity(0, {cpus[0]})\n"
+    "    is_pinned.set()\n"
     "    time.sleep(3600)\n"
     "threading.Thread(target=pinned, daemon=True).start()\n"
     "threading.Thread(target=spin, daemon=True).start()\n"
@@ -44,7 +48,8 @@ SERVER = (
     "    for _ in sys.stdin:\n"
     "        threading.Thread(target=spin, daemon=True).start()\n"
     "threading.Thread(target=more, daemon=True).start()\n"
-    "time.sleep(0.2)\n"
+    "is_pinned.wait()\n"
+    "os.read(r, 1)\n"  # the child's thread is up too
     "print('up', flush=True)\n"
     "spin()\n"
 )
@@ -84,8 +89,10 @@ def _check_cut_and_restored(inj: allowance._Allowance, server: subprocess.Popen,
     assert server.stdin is not None
     server.stdin.write("more\n")
     server.stdin.flush()
-    time.sleep(0.3)
-    born = {t: m for t, m in _all_masks(server.pid).items() if t not in before}
+    deadline = time.monotonic() + 10
+    while not (born := {t: m for t, m in _all_masks(server.pid).items() if t not in before}):
+        assert time.monotonic() < deadline, "the new thread never came"
+        time.sleep(0.01)
     assert len(born) == 1 and set(born.values()) == {frozenset({cpu})}, born
     time.sleep(1.0)
     facts = inj.stop().as_dict()
@@ -115,15 +122,28 @@ def test_affinity_before_the_case_cuts_every_thread_and_gives_each_its_own_back(
 
 def test_affinity_switched_during_the_case_at_its_offset(server):
     before = _all_masks(server.pid)
-    inj = allowance.ServerAffinity(server.pid, (_last_cpu(),), at_s=0.6)
-    t0 = time.monotonic_ns()
-    inj.start()
-    time.sleep(0.3)
-    assert _all_masks(server.pid) == before  # not yet: start() only armed it
-    time.sleep(0.6)
+    for _ in range(5):
+        inj = allowance.ServerAffinity(server.pid, (_last_cpu(),), at_s=0.6)
+        t0 = time.monotonic_ns()
+        inj.start()
+        early = _all_masks(server.pid)
+        read_ns = time.monotonic_ns()  # the read was over by then
+        if read_ns < t0 + 0.6e9:
+            break
+        inj.stop()  # a host paused past the offset: this read tells nothing; again
+    else:
+        pytest.fail("no read of the masks came before the offset in 5 tries")
+    assert early == before  # not yet: start() only armed it
+    deadline = time.monotonic() + 10
+    while _all_masks(server.pid) == before:
+        assert time.monotonic() < deadline, "the allowance never came"
+        time.sleep(0.005)
+    with inj._switch_lock:  # held while it switches: its stamp is taken once we get it
+        seen = time.monotonic_ns()
     facts = _check_cut_and_restored(inj, server, before)
     switched = facts["switched_at_ns"]
-    assert 0.55e9 <= switched - t0 <= 0.9e9, (switched - t0) / 1e9
+    assert 0.6e9 <= switched - t0, (switched - t0) / 1e9  # never before its offset
+    assert switched <= seen, (switched - seen) / 1e9  # when the masks changed
 
 
 def test_a_stop_before_the_offset_changes_nothing(server):

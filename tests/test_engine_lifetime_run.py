@@ -23,6 +23,9 @@ from pathlib import Path
 import default_signals
 import pytest
 
+from strata_plugin.formats.engine_events import ENGINE_EXIT, ENGINE_NEW, engine_events
+from strata_plugin.formats.windows import read_markers
+
 pytestmark = pytest.mark.integration  # a whole pytest run of the plugin, in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,8 +157,16 @@ def test_an_engine_killed_mid_case_and_restarted_is_told_in_the_first_lines(tmp_
         r"engine's first answer, ±0\.5 s: engine_outage_margin_s\)", line)
     assert got is not None, line
     assert float(got.group(1)) > 0
-    assert float(got.group(2)) >= 0.3  # the supervisor waited that long before restarting
     assert int(got.group(3)) == len(failed), (line, [r["error"] for r in failed])
+    events = engine_events(read_markers(run / "markers.csv"))
+    (died,) = [e for e in events if e.kind == ENGINE_EXIT and e.pid == first]
+    (new,) = [e for e in events if e.kind == ENGINE_NEW and e.pid == second]
+    # The supervisor waited 0.3 s after the death before starting the new engine: the
+    # look that saw the new one listening came at least that long after the last look
+    # that saw the old one alive (each look, however late, on the right side of its change)
+    assert new.wall_ns - died.after_ns >= 0.3e9, (new, died)
+    # and the line tells the gap between the looks that saw the two
+    assert got.group(2) == f"{(new.wall_ns - died.wall_ns) / 1e9:.1f}", (line, new, died)
     markers = (run / "markers.csv").read_text()
     assert f"engine_exit pid={first} port={port} how=gone" in markers
     assert f"engine_new pid={second} port={port} how=listens" in markers

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from strata_plugin.agent.collectors.runstate import (
+    _NS_PER_TICK,
     ADAPT_ABOVE_THREADS,
     MAX_ADAPTED_S,
     THREAD_SLOT_S,
@@ -133,7 +134,9 @@ POLLERS = (
     "        while time.thread_time() < t:\n"
     "            pass\n"
     "        time.sleep(0.001)\n"
+    "late_tid = []\n"
     "def late():\n"
+    "    late_tid.append(threading.get_native_id())\n"
     "    go.wait()\n"
     "    while True:\n"
     "        pass\n"
@@ -142,7 +145,9 @@ POLLERS = (
     "for _ in range(2):\n"
     "    threading.Thread(target=busy, daemon=True).start()\n"
     "threading.Thread(target=late, daemon=True).start()\n"
-    "print('up', flush=True)\n"
+    "while not late_tid:\n"
+    "    time.sleep(0.001)\n"
+    "print('up', late_tid[0], flush=True)\n"
     "sys.stdin.readline()\n"
     "go.set()\n"
     "time.sleep(3600)\n"
@@ -157,13 +162,46 @@ def pollers():
         p = subprocess.Popen([sys.executable, "-c", POLLERS, str(n)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
         started.append(p)
-        assert p.stdout is not None and p.stdout.readline() == "up\n"
+        assert p.stdout is not None
+        up, late_tid = p.stdout.readline().split()
+        assert up == "up"
+        p.late_tid = int(late_tid)  # the thread that spins on the line
         return p
 
     yield start
     for p in started:
         p.kill()
         p.wait(10)
+
+
+def _thread_run_ns(pid: int, tid: int) -> int:
+    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+
+
+def _all_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` reads T (stopped) in its stat."""
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        st = (tid / "stat").read_text()
+        if st[st.rfind(")") + 2] != "T":
+            return False
+    return True
+
+
+#: Tries of a check against the collector's own schedule: a try decides only when its
+#: samples all came before the full read the schedule had due (a host paused past it
+#: cannot tell a promotion from the schedule); one try that decides is enough.
+TRIES = 5
+
+
+def _settle(c: RunstateCollector) -> tuple[int, int]:
+    """Sample until the hot set settled and every thread was just read; the schedule's
+    next full read (monotonic ns) and the last one's."""
+    _grid(c, 0.6)  # two full reads: the hot set is what ran between them
+    last_full = c._last_full
+    while c._last_full == last_full:  # from just after a full read: the whole grid ahead
+        c.sample_now()
+        time.sleep(c.grid_s)
+    return c._next_full, c._last_full
 
 
 def _kernel_run_s(pid: int) -> float:
@@ -207,44 +245,66 @@ def test_hot_mode_keeps_the_busy_threads_on_the_fine_grid(pollers):
 
 def test_hot_mode_reads_every_thread_when_one_outside_the_hot_ones_runs(pollers):
     """A poller that starts spinning: the process's CPU (its stat) outgrows the hot
-    threads', so every thread is read at the next sample, long before the 0.5 s grid,
-    and the spinner is followed from then on: the tree's run time keeps up with the
-    kernel's."""
-    p = pollers(500)
-    c = _collector(p.pid, hot=True)
-    _grid(c, 0.6)  # a full read, the hot set settled
-    assert p.stdin is not None
-    p.stdin.write("go\n")
-    p.stdin.flush()
-    time.sleep(0.1)
-    start = time.monotonic()
-    grid = _grid(c, 0.25)  # shorter than the 0.5 s grid: only the promotion reads it
-    before = _kernel_run_s(p.pid)
-    grid.append({m: v for _w, d, m, v, _k in c.sample_now() if d == ""})
-    took = time.monotonic() - start
-    after = _kernel_run_s(p.pid)
-    assert took < MAX_ADAPTED_S
-    assert before - 0.04 <= grid[-1]["run_s"] <= after, (before, grid[-1]["run_s"], after)
-    c.close()
+    threads', so every thread is read at the next sample, before the 0.5 s grid has a
+    full read due, and the spinner is followed from then on: the tree's run time keeps
+    up with the kernel's."""
+    for _ in range(TRIES):
+        p = pollers(500)
+        c = _collector(p.pid, hot=True)
+        due, last_full = _settle(c)
+        assert p.stdin is not None
+        ran0 = _thread_run_ns(p.pid, p.late_tid)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        # the spinner ran well past the promotion's bound (stat ticks rounding both ways)
+        deadline = time.monotonic() + 10
+        while _thread_run_ns(p.pid, p.late_tid) - ran0 < 6 * _NS_PER_TICK:
+            assert time.monotonic() < deadline, "the spinner never ran"
+            time.sleep(0.005)
+        c.sample_now()  # sees the process's CPU outgrow the hot threads'
+        c.sample_now()  # must read every thread
+        decided = time.monotonic_ns() < due
+        if decided:
+            # both samples before the scheduled full read: a full read was a promotion
+            assert c._last_full > last_full, "no full read before the 0.5 s grid's"
+            before = _kernel_run_s(p.pid)
+            last = {m: v for _w, d, m, v, _k in c.sample_now() if d == ""}
+            after = _kernel_run_s(p.pid)
+            assert before - 0.04 <= last["run_s"] <= after, (before, last["run_s"], after)
+        c.close()
+        p.kill()
+        p.wait(10)
+        if decided:
+            return
+    pytest.fail(f"no try of {TRIES} sampled before the scheduled full read (host paused)")
 
 
 def test_hot_mode_sees_a_stopped_tree_at_once(pollers):
     """SIGSTOP: the hot threads read T, so every thread is read at the next sample: the
-    whole tree reads T well within the 0.5 s grid."""
+    whole tree reads T before the 0.5 s grid has a full read due."""
     import os
     import signal
 
     p = pollers(500)
     c = _collector(p.pid, hot=True)
-    _grid(c, 0.6)
-    os.kill(p.pid, signal.SIGSTOP)
-    try:
-        time.sleep(0.03)
-        start = time.monotonic()
-        grid = _grid(c, 0.12)
-        took = time.monotonic() - start
-    finally:
-        os.kill(p.pid, signal.SIGCONT)
-    assert took < MAX_ADAPTED_S
-    assert grid[-1]["state_T"] == grid[-1]["threads"] == 500, grid[-1]
+    for _ in range(TRIES):
+        due, last_full = _settle(c)
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while not _all_stopped(p.pid):
+                assert time.monotonic() < deadline, "the tree never stopped"
+                time.sleep(0.002)
+            c.sample_now()  # the hot threads read T
+            last = {m: v for _w, d, m, v, _k in c.sample_now() if d == ""}  # every thread
+            decided = time.monotonic_ns() < due
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        if decided:
+            # both samples before the scheduled full read: a full read was a promotion
+            assert c._last_full > last_full, "no full read before the 0.5 s grid's"
+            assert last["state_T"] == last["threads"] == 500, last
+            break
+    else:
+        pytest.fail(f"no try of {TRIES} sampled before the scheduled full read (host paused)")
     c.close()
