@@ -21,6 +21,15 @@ def test_each_engine_gets_its_own_keys():
     assert constraint_body("sglang", grammar='root ::= "x"') == {"ebnf": 'root ::= "x"'}
 
 
+def test_sglang_native_generate_gets_them_inside_sampling_params():
+    """/generate reads json_schema/ebnf only inside sampling_params (at the top level the
+    real server answered unconstrained); its OpenAI routes read them at the top level."""
+    assert constraint_body("sglang", grammar='root ::= "x"', api="sglang") == {
+        "sampling_params": {"ebnf": 'root ::= "x"'}}
+    assert constraint_body("sglang", grammar='root ::= "x"', api="completions") == {
+        "ebnf": 'root ::= "x"'}
+
+
 def test_an_unknown_engine_or_no_single_constraint_is_a_clear_error():
     with pytest.raises(ValueError, match="no known way to constrain the output of a other"):
         constraint_body("other", json_schema=SCHEMA)

@@ -238,11 +238,22 @@ def test_sglang_meta_info_clocks_with_enable_metrics(send) -> None:
     assert eng.queue_ms == pytest.approx(12.5)
     assert eng.prefill_ms == pytest.approx(40.0, abs=1e-3)  # forward entry -> prefill done
     assert eng.ttft_ms == pytest.approx(60.0, abs=1e-3)  # received -> prefill done
-    assert eng.decode_ms == pytest.approx(75.0)  # 3 tokens at 40 tokens/s
+    # SGLang's decode_throughput is (n - 1) / (finished - first token): 2 tokens at 40/s
+    assert eng.decode_ms == pytest.approx(50.0) and eng.mean_itl_ms == pytest.approx(25.0)
     assert (eng.draft_tokens, eng.accepted_tokens) == (4, 2)
     assert eng.token_ms == ()  # SGLang stamps no token
     assert rec.extra["engine_e2e_ms"] == 125.0 and rec.extra["spec_verify_ct"] == 2
     assert rec.server_request_id == "b1f0c7d2e8"
+
+
+def test_sglang_first_token_latency_is_the_engines_ttft_where_sent() -> None:
+    """0.5.23 sends first_token_latency (received -> first token, one clock): it is the
+    TTFT, not the span of two converted wall stamps (60 ms here); one token, no decode."""
+    p = SGLangParser()
+    _feed(p, [_sgl("x", 1, _meta(1, "stop", **_SCHED, **_FINAL, first_token_latency=0.058))])
+    eng = p.engine_clocks()
+    assert eng is not None and eng.ttft_ms == pytest.approx(58.0)
+    assert eng.decode_ms is None and eng.mean_itl_ms is None
 
 
 def test_sglang_without_enable_metrics_and_older_spec_names() -> None:

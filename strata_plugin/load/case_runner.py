@@ -710,7 +710,8 @@ class CaseRunner:
         a GBNF grammar (load/constraints.py spells it per engine)."""
         from strata_plugin.load.constraints import constraint_body
 
-        return constraint_body(self.setup.engine, json_schema=json_schema, grammar=grammar)
+        return constraint_body(self.setup.engine, json_schema=json_schema, grammar=grammar,
+                               api=self.setup.api)
 
     def _until_supported(self, first: LoadResult, w: Workload, target: SampleTarget,
                          case_id: str, body: tuple, progress: Progress, salt: str

@@ -10,7 +10,10 @@ what it wants and runs unchanged on every engine:
 * vLLM: ``structured_outputs`` with ``json`` or ``grammar`` (xgrammar reads GBNF), vLLM
   docs "Structured Outputs" (whitespace inside JSON is a server option in vLLM 0.32:
   ``--structured-outputs-config``, see the vllm-cpu profile);
-* SGLang: ``json_schema`` (a JSON string) or ``ebnf``, SGLang docs "Structured Outputs".
+* SGLang: ``json_schema`` (a JSON string) or ``ebnf``, SGLang docs "Structured Outputs":
+  top-level keys on its OpenAI routes, but inside ``sampling_params`` on its native
+  ``/generate`` (``SamplingParams.json_schema``/``ebnf``), which ignores them at the top
+  level and answers unconstrained.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from typing import Any
 
 from strata_plugin.configure.engines import engine as engine_spec
 
+#: API flavours (configure/engines.API_FLAVOURS) whose sampling keys live in one object
+#: of the body, not at its top level: SGLang's native /generate.
+NESTED_SAMPLING = {"sglang": "sampling_params"}
+
 
 def constraint_body(engine: str, *, json_schema: dict | None = None,
-                    grammar: str | None = None) -> dict[str, Any]:
+                    grammar: str | None = None, api: str = "") -> dict[str, Any]:
     """The request-body keys asking ``engine`` for output matching one constraint: the
-    engine table's (``configure/engines.py``) ``constrain`` entry."""
-    return engine_spec(engine).constraint_body(json_schema, grammar)
+    engine table's (``configure/engines.py``) ``constrain`` entry, inside the object the
+    ``api`` flavour reads sampling keys from where it has one."""
+    body = engine_spec(engine).constraint_body(json_schema, grammar)
+    return {NESTED_SAMPLING[api]: body} if api in NESTED_SAMPLING else body

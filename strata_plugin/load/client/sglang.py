@@ -10,8 +10,11 @@ req_time_stats.py, ``SchedulerReqTimeStats.convert_to_output_meta_info`` and
   ``cached_tokens``, ``finish_reason``;
 * with ``--enable-metrics``, on every chunk: ``queue_time`` (s, the scheduler's wait
   queue to its first forward), ``forward_entry_time`` and ``prefill_finished_time``
-  (wall-clock s); on the last: ``request_received_ts`` (wall-clock s), ``inference_time``
-  and ``decode_throughput`` (tokens/s over first token -> finish);
+  (wall-clock s); on the last: ``request_received_ts`` (wall-clock s),
+  ``first_token_latency`` (s, received -> first token, on the API server's own clock),
+  ``inference_time`` and ``decode_throughput`` (tokens/s: ``(completion_tokens - 1) /
+  (finished - first token)``, the inverse of its time per output token,
+  ``APIServerReqTimeStats.get_decode_throughput``);
 * on the last chunk: ``e2e_latency`` (s, received -> finished);
 * with speculative decoding, on the last: ``spec_verify_ct``, ``spec_num_proposed_drafts``,
   ``spec_num_correct_drafts`` (older releases: ``spec_draft_token_num``,
@@ -129,23 +132,29 @@ class SGLangParser(BaseParser):
         fwd, pf_end = ms("forward_entry_time"), ms("prefill_finished_time")
         recv = ms("request_received_ts")
         prefill = self._span(fwd, pf_end, "forward_entry_time -> prefill_finished_time")
-        ttft = self._span(recv, pf_end, "request_received_ts -> prefill_finished_time")
+        # The engine's own first-token latency where it sends one (one clock, the first
+        # token as its API server saw it); else the span of two converted wall stamps.
+        ttft = ms("first_token_latency")
+        if ttft is None:
+            ttft = self._span(recv, pf_end, "request_received_ts -> prefill_finished_time")
         n = as_int(meta.get("completion_tokens"))
         tput = ms("decode_throughput", 1.0)
-        decode = None
-        if n and tput:
-            decode = n / tput * 1e3
+        decode = itl = None
+        if n and n > 1 and tput:
+            # SGLang's rate counts the tokens after the first: n - 1 of them in the decode.
+            decode, itl = (n - 1) / tput * 1e3, 1e3 / tput
             if not math.isfinite(decode):  # a rate so near zero the time is past a float
                 self.clock_dropped["meta_info.decode_throughput"] = (
                     f"{tput!r} tokens/s gives no finite decode time")
-                decode = None
+                decode = itl = None
         drafts = count("spec_num_proposed_drafts", "spec_draft_token_num")
         accepted = count("spec_num_correct_drafts", "spec_accept_token_num")
         e2e = ms("e2e_latency")
         if e2e is not None:
             self.extra["engine_e2e_ms"] = round(e2e, 3)
         clocks: dict[str, Any] = dict(queue_ms=ms("queue_time"), prefill_ms=prefill,
-                                      ttft_ms=ttft, decode_ms=decode, draft_tokens=drafts,
+                                      ttft_ms=ttft, decode_ms=decode, mean_itl_ms=itl,
+                                      draft_tokens=drafts,
                                       accepted_tokens=accepted)
         if any(v is not None for v in clocks.values()):
             self.engine = EngineClocks(source="sglang meta_info", **clocks)
