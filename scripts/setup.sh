@@ -11,18 +11,24 @@
 # minutes the first time, seconds once cached). Where pip's configured sources do not
 # provide the CPU build of torch, set STRATA_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 #
+# --sglang also sets up the opt-in third engine: a real SGLang server on the CPU in its own
+# virtualenv (~/.cache/strata/sglang-venv, ~9 GB: SGLang pins the CUDA build of torch)
+# with the same generated model (about 5 minutes the first time, seconds once cached).
+#
 # --ray also installs the Ray extra (`strata[ray]`: ray with its client, a 79 MB wheel,
 # ~240 MB installed, 1-3 minutes here) for the load over hosts (docs/scale.md) and its
 # tests (tests/test_ray_cluster.py). --vllm implies it: CI runs those tests too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM=0
+SGLANG=0
 EXTRAS="test,embedded"
 for arg in "$@"; do
     case "$arg" in
         --vllm) VLLM=1; EXTRAS="test,embedded,ray" ;;
+        --sglang) SGLANG=1 ;;
         --ray) EXTRAS="test,embedded,ray" ;;
-        *) echo "usage: bash scripts/setup.sh [--vllm] [--ray]" >&2; exit 2 ;;
+        *) echo "usage: bash scripts/setup.sh [--vllm] [--sglang] [--ray]" >&2; exit 2 ;;
     esac
 done
 PY="${STRATA_PYTHON:-python3}"
@@ -37,4 +43,7 @@ fi
 if [ "$VLLM" = 1 ]; then
     .venv/bin/python -m strata_plugin setup --vllm \
         ${STRATA_TORCH_INDEX:+--torch-index "$STRATA_TORCH_INDEX"} >/dev/null
+fi
+if [ "$SGLANG" = 1 ]; then
+    .venv/bin/python -m strata_plugin setup --sglang >/dev/null
 fi

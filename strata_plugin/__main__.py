@@ -26,7 +26,9 @@ commands:
   agent [ARGS]          the per-node sampling agent (see docs/agent.md)
   setup [ARGS]          build llama-server and generate the embedded target's models
                         (cached in ~/.cache/strata; --print-paths, --clean, --help);
-                        with --vllm: the opt-in vLLM CPU server's virtualenv and model
+                        with --vllm: the opt-in vLLM CPU server's virtualenv and model;
+                        with --sglang: the opt-in SGLang CPU server's virtualenv
+                        and the same model
 """
 
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from strata_plugin.embedded.vllm_setup import main as vllm_setup_main
 
         return vllm_setup_main(rest)
+    if command == "setup" and "--sglang" in rest:
+        from strata_plugin.embedded.sglang_setup import main as sglang_setup_main
+
+        return sglang_setup_main(rest)
     if command == "setup":
         from strata_plugin.embedded.llama_setup import main as setup_main
 

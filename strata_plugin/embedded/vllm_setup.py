@@ -115,13 +115,16 @@ def ensure_venv(root: Path, torch_index: str | None) -> dict:
     return rec
 
 
-def ensure_model(root: Path) -> Path:
+def ensure_model(root: Path, python: Path | None = None) -> Path:
+    """The generated checkpoint, made with ``python`` (default: the vLLM virtualenv's;
+    the SGLang setup passes its own, which has torch, transformers and tokenizers too)."""
     path = model_dir(root)
     if not (path / "strata_model.json").exists():
         log(f"generating {path}")
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        _run([str(venv_python(root)), str(MAKE_HF_MODEL), str(tmp)], "generating the HF model")
+        _run([str(python or venv_python(root)), str(MAKE_HF_MODEL), str(tmp)],
+             "generating the HF model")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     link = path.parent / "tiny-llama-hf"
