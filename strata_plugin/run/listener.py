@@ -708,8 +708,6 @@ def _probe(url: str, host: str, port: int, health_path: str, stop: threading.Eve
                 s.close()
 
 
-
-
 def _health_ok(head: bytes) -> bool:
     words = head.split(b"\r\n", 1)[0].split()
     return len(words) >= 2 and words[0].startswith(b"HTTP/1") and words[1][:1] == b"2"
