@@ -94,14 +94,18 @@ def test_an_engine_in_a_container_behind_a_published_port_is_found_and_named(pod
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                     reason="the engine's CPU and the client's must differ: 2 CPUs")
-def test_a_hog_beside_the_contained_engine_is_named_cpu_contention(podman, tmp_path):  # noqa: F811
-    """Attached by its published port to the engine in its container (on the first CPU),
-    with two CPU hogs on that CPU started before the run and the client on the other:
-    the report names the engine's host PID and its container, and the verdict is
-    ``cpu_contention`` naming the hogs."""
+@pytest.mark.parametrize("reached", ["published port", "its namespace's address"])
+def test_a_hog_beside_the_contained_engine_is_named_cpu_contention(podman, tmp_path,  # noqa: F811
+                                                                   reached):
+    """Attached to the engine in its container (on the first CPU), by its published port
+    or by the container's own address on the bridge, with two CPU hogs on that CPU
+    started before the run and the client on the other: the report names the engine's
+    host PID and its container, and the verdict is ``cpu_contention`` naming the hogs."""
     cpus = sorted(os.sched_getaffinity(0))
     with _engine_in_a_container(podman, "--cpuset-cpus", str(cpus[0])) as (url, name, cid):
         pid = int(_inspect(podman, name, "{{.State.Pid}}"))
+        if reached != "published port":
+            url = f"http://{_inspect(podman, name, '{{.NetworkSettings.IPAddress}}')}:8080"
         with faults.CpuHogs(cpus[:1], per_core=2, max_s=300):
             out = subprocess.run(
                 [sys.executable, "-m", "strata_plugin", "bench", url, "--api", "llamacpp",
