@@ -313,6 +313,7 @@ def test_throttled_s_only_where_a_quota_exists(procs):
     c.close()
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_the_agent_samples_runstate_on_its_own_grid(tmp_path, procs):
     """The agent process at --interval 0.5 and --runstate-interval 0.02: every point of a
     20 ms grid is a runstate sample in the file or counted as an overrun (a sampler woken
@@ -458,6 +459,7 @@ def _no_lumps(grid) -> list[tuple[int, float, float]]:
     return bad
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 @pytest.mark.root
 @pytest.mark.parametrize("arm", list(RT_ARMS))
 def test_a_thread_preempted_by_a_real_time_task_reads_as_waiting_while_it_waits(procs, arm):

@@ -239,6 +239,7 @@ def test_pinned_hog_shares_the_servers_only_cpu_with_a_named_hog(server):
     assert _all_masks(server.pid) == before
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_ground_truth_measures_runnable_threads_against_the_allowance(server):
     g = faults.GroundTruth(server.pid, period_s=0.1).start()
     time.sleep(1.0)

@@ -53,6 +53,7 @@ def test_request_bound_follows_the_timeouts() -> None:
     assert request_bound_s(no_total, 10) == 2 + 2 + 2 * (10 + EXTRA_EVENTS) + 5
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_a_lost_request_is_recorded_at_its_deadline_and_frees_its_slot(monkeypatch) -> None:
     monkeypatch.setattr(mux_module, "ERROR_BODY_S", ERROR_BODY_S)
     spec = [RequestSpec(f"r{i}", "c", "measured", max_tokens=1, prompt="p") for i in range(4)]

@@ -89,6 +89,7 @@ def quota_cgroup():
                     time.sleep(0.05)
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 @pytest.mark.root
 def test_a_quota_cgroup_is_read_for_the_server_not_the_agent():
     with quota_cgroup() as (pid, _version, has_mem):

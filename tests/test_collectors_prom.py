@@ -375,6 +375,7 @@ def test_read_bounded_reads_whole_bodies_within_the_bound_and_refuses_others(siz
         assert src.at <= limit + 700  # stopped at the first piece past the bound
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_the_agent_process_stays_small_and_reports_why(tmp_path) -> None:
     """The agent itself against an endless /metrics: its peak RSS stays near its size at
     start, and unavailable.json carries the reason the report prints."""

@@ -15,6 +15,7 @@ from strata_plugin.run import cpu_probe, roofline_facts
 from strata_plugin.run.server import LaunchSpec
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_a_real_probe_on_one_cpu_measures_memory_cache_and_flops():
     r = cpu_probe.measure([0])
     (dram_triad, dram_read), (llc_triad, llc_read) = r["dram"], r["llc"]

@@ -477,7 +477,8 @@ def _echo_server() -> tuple[socket.socket, int]:
     return srv, srv.getsockname()[1]
 
 
-@pytest.mark.parametrize("delay_ms", [10.0, 50.0, 200.0])
+@pytest.mark.parametrize("delay_ms", [10.0, 50.0, pytest.param(
+    200.0, marks=pytest.mark.integration)])  # 200 ms each way: seconds in all
 def test_latency_proxy_adds_its_delay_each_way(delay_ms):
     """A round trip through the relay takes two one-way delays more than without it
     (measured: every one at least 2 x delay, the fastest not 15 ms more and the median

@@ -117,6 +117,7 @@ def test_a_cycle_of_proxies_is_stopped_where_it_closes(procs):
     assert path.engine_pids == () and not path.observable
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_the_path_pattern_wins_and_the_fleet_gives_the_agent_no_pid(procs, tmp_path):
     """telemetry.pid_pattern names the engine: the head agent gets the pattern and no PID
     (a PID beside it won in the agent, which is how a proxy's PID beat the pattern), and

@@ -92,6 +92,7 @@ def test_a_sample_of_a_many_threaded_process_sets_and_states_the_grid(threads_pr
     fixed.close()
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 @pytest.mark.parametrize(("adapt", "want_ms"), (("16", 60.0), ("0", 20.0)))
 def test_the_agent_samples_a_30_thread_server_on_the_stretched_grid(tmp_path: Path,
                                                                      threads_proc, adapt: str,

@@ -464,6 +464,7 @@ def add(a, b):
             os.kill(pid, 9)
 
 
+@pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 def test_code_passes_kills_the_escaped_daemon(confinable):
     marker = f"strata-escapee-{uuid.uuid4().hex}"
     code = (f"import subprocess, sys, time\n"
