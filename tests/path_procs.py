@@ -7,9 +7,12 @@ listens on, then serves until killed (or ``--max-s``).
   often as wanted: it also keeps one connection open to each address from its start, as
   an engine keeps one to a database or a Ray head).
 * ``forward``: a proxy that opens a new connection upstream for each client connection
-  (``--to HOST:PORT``) and relays both ways; at most ``--max-conns`` connections (a
+  (``--to HOST:PORT``) and relays both ways; at most ``--max-conns`` relayed at once (a
   loop of two forwarders would otherwise open them without end): past them a client's
-  connection is held open, unanswered.
+  connection is held open, unanswered. A count of those open, as a proxy's connection
+  limit is, not of all ever made: one short connection into a loop (Strata's NAT check
+  connects and closes before its probe) runs round it to the limit and back down, and a
+  lifetime count would then leave the probe's connections held, the proxy opening none.
 * ``pool``: a proxy holding one connection to its upstream (``--to``) from its start and
   opening none per request (a keep-alive pool); it answers clients itself.
 * ``raw``: a TCP listener that accepts and never speaks HTTP (a database).
@@ -35,7 +38,8 @@ def _addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket,
+          slot: threading.Semaphore | None = None) -> None:
     try:
         while data := src.recv(65536):
             dst.sendall(data)
@@ -47,6 +51,8 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        if slot is not None:  # the relay is over (both ways are shut): its slot is free
+            slot.release()
 
 
 def _answer(c: socket.socket) -> None:
@@ -80,7 +86,7 @@ def main() -> int:
     if a.mode == "pool":
         held.append(socket.create_connection(a.to))
     print(srv.getsockname()[1], flush=True)
-    conns = 0
+    slots = threading.Semaphore(a.max_conns)
     deadline = time.monotonic() + a.max_s
     srv.settimeout(0.5)
     while time.monotonic() < deadline:
@@ -91,17 +97,17 @@ def main() -> int:
         if a.mode == "raw":
             held.append(c)
         elif a.mode == "forward":
-            conns += 1
-            if conns > a.max_conns:  # held, not closed: a close would run back the loop
-                held.append(c)
+            if not slots.acquire(blocking=False):  # held, not closed: a close would
+                held.append(c)  # run back the loop
                 continue
             try:
                 up = socket.create_connection(a.to, timeout=5)
             except OSError:
                 c.close()
+                slots.release()
                 continue
-            for src, dst in ((c, up), (up, c)):
-                threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+            threading.Thread(target=_pipe, args=(c, up, slots), daemon=True).start()
+            threading.Thread(target=_pipe, args=(up, c), daemon=True).start()
         else:
             threading.Thread(target=_answer, args=(c,), daemon=True).start()
     return 0
