@@ -17,6 +17,7 @@ from typing import Any
 
 from strata_plugin.analysis import engine_clocks, interference, rails, roofline, run_states
 from strata_plugin.analysis.clocks import node_clocks
+from strata_plugin.analysis.engine_case import EngineCase, case_engines, engine_case, server_rows
 from strata_plugin.analysis.failures import failed_verdict, mostly_failed
 from strata_plugin.analysis.ledger import CaseLedger, case_ledger, server_clocks
 from strata_plugin.analysis.metrics import (
@@ -93,6 +94,9 @@ class CaseAnalysis:
     #: why the case did not run to its end ("" when it did): its numbers are labelled
     #: partial and are never a headline (report.md, summary.json, the CI files)
     partial: str = ""
+    #: where the path ends at several engines: each one's line, the requests it served
+    #: and their pace (analysis/engine_case.py); None for one engine
+    engines: EngineCase | None = None
 
     def hw_headline(self) -> dict[str, float]:
         """The hardware at a glance, where measured: host CPU busy and server CPU (cores),
@@ -467,11 +471,19 @@ def analyze_case(
             (f"{node}/{col}", why) for node, why in lost for col in collector_names()))
     facts = request_facts(bundle, case_id, records, cm)
     rep = None
+    engines = case_engines(bundle.manifest, info.config_id)
+    several = None
     if window is not None:
         rep = rails.analyze(
             hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
         )
-        sig = _signals(ctx, case_id, window, hw, requests=facts, rails_report=rep)
+        # several engines: the server's cgroup rows are the first engine's alone, so
+        # the rules read each engine's own instead (analysis/engine_case.py)
+        sig = _signals(ctx, case_id, window, server_rows(hw, engines), requests=facts,
+                       rails_report=rep)
+        several = engine_case(bundle, store, case_id, hw, engines)
+        if several is not None:
+            sig = replace(sig, engines=several.facts())
     else:  # no marker yet: no window to slice, so no hardware signal at all
         sig = active_rules().signals_class(
             window=case_id,
@@ -489,7 +501,8 @@ def analyze_case(
     sig = replace(sig, **ledger.signals(), collector_samples=collector_samples(hw))
     idle: frozenset[str] = frozenset()
     if baseline is not None and baseline[1]:
-        idle = frozenset(background_classes(ctx, baseline[0], baseline[1]))
+        idle = frozenset(background_classes(ctx, baseline[0],
+                                            server_rows(baseline[1], engines)))
     # Failures first: a case whose requests mostly failed is named for that, never for a
     # resource (analysis/failures.py); the rules are not consulted.
     failed = mostly_failed(records)
@@ -530,6 +543,7 @@ def analyze_case(
         interference=inter,
         ledger=ledger,
         roofline=roof,
+        engines=several,
     )
 
 

@@ -70,7 +70,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -727,6 +727,11 @@ class CaseLedger:
     delivery: CaseDelivery | None = field(default=None, compare=False)
     #: (source, requests) of the engine's own per-request clocks the ledger used
     engine_sources: tuple[tuple[str, int], ...] = ()
+
+    def of_requests(self, ids: Collection[str]) -> CaseLedger:
+        """The same case's ledger over the requests ``ids`` alone (one engine's, where
+        the path ends at several): its shares are of those requests' time."""
+        return replace(self, requests=tuple(r for r in self.requests if r.request_id in ids))
 
     def delivered_gaps(self) -> dict[str, tuple[float, ...]]:
         """Each request's delivery part per gap between its token events (for the

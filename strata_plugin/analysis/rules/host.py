@@ -136,11 +136,13 @@ def rule_cpu_limited(s: WindowSignals) -> Outcome:
     more of its threads want a CPU (running, queued, throttled: the runstate grid) than
     its affinity, cpuset or CFS quota gives it (a pod whose CPU set is smaller than the
     engine's threads, a taskset pin), or its cgroup's quota throttled it in its
-    enforcement periods (a container, a pod, a systemd slice). Other processes taking
-    the cores are ``cpu_contention``'s, not this."""
+    enforcement periods (a container, a pod, a systemd slice). Where the server is
+    several engines, each engine's own cgroup is compared, one row each. Other processes
+    taking the cores are ``cpu_contention``'s, not this."""
     r = RuleCheck("cpu_limited", s)
     over = s.server_runnable_cores is not None and s.server_allowed_cpus is not None
-    if s.cgroup_throttled_frac is None and not over:
+    own = [e for e in s.engines if e.throttled_frac is not None]
+    if s.cgroup_throttled_frac is None and not over and not own:
         # the quota's throttling, and the allowance where the threads' demand was measured
         # (a run without the runstate grid lacks both, and says the first)
         r.need("cgroup_throttled_frac")
@@ -159,6 +161,14 @@ def rule_cpu_limited(s: WindowSignals) -> Outcome:
         ):
             score = max(score, signal_margin(s, "cgroup_quota_used", "cgroup_quota_used"))
         scores.append(score)
+    # several engines: each one's own cgroup, one row each (the server's rows are the
+    # first engine's alone, and a quota on one replica is not the whole server's)
+    for e in own:
+        assert e.throttled_frac is not None  # own: measured
+        if r.cmp("engines", ">=", "cgroup_throttled_frac",
+                 value=e.throttled_frac, label=f"engine_throttled_frac {e.key}",
+                 detail=e.words):
+            scores.append(margin(e.throttled_frac, _v("cgroup_throttled_frac"), ">="))
     if over:
         runnable, allowed = s.server_runnable_cores or 0.0, s.server_allowed_cpus or 0.0
         words = _limited_words(runnable, allowed, s.server_allowance_by, _allowance_words(s))

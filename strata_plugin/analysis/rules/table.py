@@ -66,6 +66,8 @@ THROTTLED = ("cgroup_throttled_frac",
 QUOTA_USED = ("cgroup_quota_used",
               "cpu:cgroup_usage_s (or proc:cpu_user_s+cpu_system_s)/cgroup_quota_cores")
 WAITING = ("waiting_mean", "prom:waiting_requests")
+ENGINES = ("engines", "allowance:engine_nr_throttled/engine_nr_periods/engine_quota_cores "
+           "(device pid<N>: each engine's own cgroup, where the path ends at several)")
 # The server's CPU allowance (agent/collectors/allowance.py) and its threads' demand.
 ALLOWED = ("server_allowed_cpus",
            "allowance:allowed_cpus (its threads' affinity within their cpuset, at most the "
@@ -126,7 +128,7 @@ RULES: tuple[Rule, ...] = (
         ALLOWED, ALLOWED_BY, OTHERS, STARTS, WEIGHT, NICE, OTHER_WEIGHTS),
         core=("cpu",)),
     Rule("cpu_limited", "host", host.rule_cpu_limited, (
-        THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES, WEIGHT, NICE)),
+        THROTTLED, QUOTA_USED, RUNNABLE, ALLOWED, ALLOWED_BY, N_CORES, WEIGHT, NICE, ENGINES)),
     Rule("memory_pressure", "host", host.rule_memory_pressure, (
         ("cgroup_mem_events",
          "mem:cgroup_mem_max_events+cgroup_mem_oom_kills (the server's cgroup)"),

@@ -17,7 +17,10 @@ is put together in steps (:func:`_classify`), each a function of its own:
    rules as its evidence and the strongest other class past threshold second; a server
    stalled for ``server_stalled_window_lead`` of the window while requests were in
    flight is first whatever its share of the metric (:func:`_stall_first`);
-5. :func:`_rule_led`: without a ledger, the classes past threshold by rank, as before.
+5. :func:`_rule_led`: without a ledger, the classes past threshold by rank, as before;
+6. :func:`_engine_first`: where the path ends at several engines, the one held by its
+   own quota and slower than the others beyond ``engine_pace_ratio`` is first, named
+   (a slow one its own evidence does not explain is named in a note).
 
 There is always a largest cause, so there is no "headroom" class: the spare capacity
 (the idle share of the CPUs the server may use, or of its GPUs) is stated beside the first
@@ -43,7 +46,7 @@ from strata_plugin.analysis.rules.outcome import Outcome, margin, round_sig
 from strata_plugin.analysis.rules.registry import ActiveRules, active
 from strata_plugin.analysis.rules.table import AMBIGUOUS, CLIENT_MEASURED, CONTRADICTIONS
 from strata_plugin.analysis.rules.traces import TRACE_CLOCK, TRACE_LEDGER, TRACE_SCHED
-from strata_plugin.analysis.rules.window import Evidence, Verdict, WindowSignals
+from strata_plugin.analysis.rules.window import EngineFacts, Evidence, Verdict, WindowSignals
 from strata_plugin.analysis.thresholds import threshold
 from strata_plugin.analysis.thresholds import value as _v
 
@@ -130,8 +133,52 @@ class _Assessed:
 
 def _classify(s: WindowSignals) -> Verdict:
     a = _assess(s)
-    v = _disagreeing(a) or _contradicted(a) or _ledger_led(a) or _rule_led(a)
+    v = _disagreeing(a) or _contradicted(a) or _engine_first(_ledger_led(a) or _rule_led(a), a)
     return _with_capacity(v, a)
+
+
+# --- several engines: the one its own quota holds, and slow, first -----------------------
+
+
+def held_slow_engine(s: WindowSignals) -> EngineFacts | None:
+    """Of several engines, the one its own cgroup throttled in ``cgroup_throttled_frac``
+    of its periods or more that is also the slow one (its median TPOT beyond
+    ``engine_pace_ratio`` x the fastest's); None where no engine is both."""
+    least = _v("cgroup_throttled_frac")
+    return next((e for e in s.engines if e.slower is not None and e.throttled_frac is not None
+                 and e.throttled_frac >= least), None)
+
+
+def _engine_first(v: Verdict, a: _Assessed) -> Verdict:
+    """Where the path ends at several engines and one of them is held by its own quota
+    and slower than the others beyond ``engine_pace_ratio``, that is the case's story:
+    ``cpu_limited`` first, naming the engine, whatever the whole server's ledger ranks
+    first (its sum over the engines is mostly the free ones' compute); the class it
+    would have named stands second. An inconclusive verdict is left as it is."""
+    e = held_slow_engine(a.s)
+    own = a.outcomes.get("cpu_limited")
+    if e is None or own is None or not own.fired or v.inconclusive:
+        slow = next((x for x in a.s.engines if x.slower is not None), None)
+        if slow is None:
+            return v
+        # slower, but its own cgroup does not hold it: named, no cause claimed
+        return replace(v, notes=(*v.notes, (
+            f"PID {slow.pid} on {slow.node} is {slow.slower:.2f}x slower than the fastest "
+            f"engine (beyond engine_pace_ratio); its own evidence names no cause: "
+            f"{slow.words}")))
+    before = [c for c in v.past_threshold if c != "cpu_limited"]
+    classes = ("cpu_limited", *before[:1])
+    rows = [x for x in v.evidence if x.cls == "cpu_limited"] or list(own.evidence)
+    was = f"; the whole server's largest cause: {v.lead}" if v.lead else ""
+    return replace(
+        v, classes=classes, also_flagged=tuple(before[1:]),
+        evidence=(*rows, *(x for x in v.evidence if x.cls != "cpu_limited")),
+        confidence=round_sig(max(_v("confidence_floor"), _class_confidence(own) * a.penalty)),
+        lead=(f"PID {e.pid} on {e.node} held by its own CPU quota and {e.slower:.2f}x "
+              f"slower than the fastest engine: {e.words}"),
+        notes=(*v.notes, "cpu_limited first: one engine of several held by its own CPU "
+               f"quota and slower than the others beyond engine_pace_ratio{was}"),
+        weights=_weights(a.s, classes))
 
 
 def _assess(s: WindowSignals) -> _Assessed:

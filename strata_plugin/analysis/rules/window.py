@@ -10,6 +10,30 @@ OtherWeight = tuple[int, float | None, tuple[str, float, str] | None]
 
 
 @dataclass(frozen=True)
+class EngineFacts:
+    """One engine of several the request's path ends at (replicas behind a router; the
+    head and workers of one deployment), as the rules read it: keyed by its identity,
+    node and root PID, never by its place in a list. Built by
+    ``analysis/engine_case.py`` from the engine's own samples and the requests it served;
+    None = not measured."""
+
+    node: str
+    pid: int
+    #: its own evidence in words (``analysis/engine_lines.EngineLine.evidence``), then its
+    #: share of the case's requests and their pace where known
+    words: str
+    quota_cores: float | None = None  # its own cgroup's CFS quota, in cores
+    throttled_frac: float | None = None  # its cgroup's throttled periods over its periods
+    #: its median TPOT over the fastest engine's, set only where it is the engine
+    #: ``analysis/engine_requests.imbalance`` names slow (beyond ``engine_pace_ratio``)
+    slower: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}/pid{self.pid}"
+
+
+@dataclass(frozen=True)
 class WindowSignals:
     """One window, reduced to the numbers the rules read. None = not measured.
 
@@ -181,6 +205,10 @@ class WindowSignals:
     client_bound: bool | None = None
     client_lateness_p99_ms: float | None = None
     client_cpu_fraction: float | None = None
+    # where the request's path ends at several engines: each one's own facts. The server's
+    # cgroup rows (cgroup_*, its quota in the allowance) are then the first engine's
+    # alone, so they are left None and each engine's own are read here instead
+    engines: tuple[EngineFacts, ...] = ()
 
 
 # --- outputs -----------------------------------------------------------------------------
