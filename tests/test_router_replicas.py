@@ -480,7 +480,9 @@ def test_two_replicas_behind_a_router_one_throttled_are_both_reported(llama, pyt
     agent follows both, and report.md's Engines section gives each its own line, the
     throttled one with its quota and named as held by it, the other not; each one's share
     of the 12 requests (those not attributed counted with their reason) and their median
-    TPOT and end-to-end latency; and the throttled one named slower, its quota the cause."""
+    TPOT and end-to-end latency; and the throttled one named slower, its quota the cause.
+    The case's verdict names that engine first (``cpu_limited``), each engine's own cgroup
+    a row of its evidence; the time ledger gives each engine's requests side by side."""
     import json
 
     from strata_plugin.run.server import free_port
@@ -543,3 +545,30 @@ def test_two_replicas_behind_a_router_one_throttled_are_both_reported(llama, pyt
     assert (f"Held by its own CPU quota (throttled in over 5% of its periods): PID "
             f"{slow.pid} `llama-server` at 127.0.0.1:{pb}: CFS quota 0.25 core") in section
     assert "The other 1 engine is not." in section
+    # the verdict: the held, slow engine first, named with its own evidence and its share
+    # of the requests, not the whole server's compute; each engine's own cgroup a row
+    case = report[report.index("#### Verdict"):report.index("#### Timeline")]
+    assert case.split("**")[1].startswith("cpu_limited"), case
+    assert (f"Where the time went: PID {slow.pid} on local held by its own CPU quota and "
+            in case), case
+    assert (f"PID {slow.pid} `llama-server` at 127.0.0.1:{pb}: CFS quota 0.25 core, "
+            f"throttled in" in case and f"served {served['held']} of 12 requests" in case), case
+    evidence = {line.split("|")[2].strip(): line.split("|")[7].strip()
+                for line in case.splitlines() if "| engine_throttled_frac" in line}
+    assert evidence == {f"engine_throttled_frac local/pid{slow.pid}": "yes",
+                        f"engine_throttled_frac local/pid{fast.pid}": "no"}, case
+    # the ledger, engine by engine: the requests each one served side by side, the
+    # held one's slower, and those not attributed counted
+    ledger = report[report.index("\n## Time ledger\n"):]
+    ledger = ledger[:ledger.index("\n## ", 5)]
+    head = next(line for line in ledger.splitlines() if line.startswith("| part |"))
+    cols = [c.strip() for c in head.split("|")[2:-1]]  # in the path's order of engines
+    assert sorted(cols) == sorted(
+        (f"PID {fast.pid} `llama-server` ({served['free']} requests)",
+         f"PID {slow.pid} `llama-server` ({served['held']} requests)")), ledger
+    mean = next(line for line in ledger.splitlines()
+                if "(mean ms) |" in line or "(ms/token) |" in line)
+    ms = dict(zip(cols, (float(c) for c in mean.split("|")[2:-1])))
+    assert ms[f"PID {slow.pid} `llama-server` ({served['held']} requests)"] > ms[
+        f"PID {fast.pid} `llama-server` ({served['free']} requests)"], ledger
+    assert f"Not attributed to an engine: {unknown} of 12 requests" in ledger, ledger

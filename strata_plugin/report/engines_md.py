@@ -11,17 +11,8 @@ with its cause from its own evidence, and how many requests' engine is not known
 from __future__ import annotations
 
 from strata_plugin.analysis import thresholds
-from strata_plugin.analysis.engine_lines import engine_lines, held_by_quota
-from strata_plugin.analysis.engine_requests import (
-    Attribution,
-    EnginePace,
-    Span,
-    attribute,
-    connections,
-    imbalance,
-    imbalance_finding,
-    paces,
-)
+from strata_plugin.analysis.engine_lines import held_by_quota
+from strata_plugin.analysis.engine_requests import EnginePace, imbalance_finding
 from strata_plugin.formats.request_path import Engine, paths_in
 from strata_plugin.report.fmt import md_num
 from strata_plugin.report.markdown import ReportData
@@ -48,20 +39,6 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _served(d: ReportData, case_id: str, pids: list[int]
-            ) -> tuple[Attribution, dict[int, EnginePace]]:
-    """The case's measured requests attributed to engines, and each engine's pace."""
-    recs = [r for r in d.bundle.records.get(case_id, ()) if r.phase == "measured"]
-    spans = [Span(r.request_id, d.bundle.request_wall(r.dispatched_ns),
-                  d.bundle.request_wall(r.done_ns) if r.done_ns is not None else None)
-             for r in recs]
-    att = attribute(spans, connections(d.store, pids))
-    ok = {r.request_id: d.bundle.metrics_of(r) for r in recs}
-    tpot = {k: m.tpot_ms if m.ok else None for k, m in ok.items()}
-    e2e = {k: m.e2e_ms if m.ok else None for k, m in ok.items()}
-    return att, {p.pid: p for p in paces(att, pids, tpot, e2e)}
-
-
 def _share(p: EnginePace | None) -> str:
     if p is None or p.share is None:
         return "-"
@@ -72,13 +49,14 @@ def report_section(d: ReportData) -> str:
     engines, first = _engines(d)
     if len(engines) < 2:
         return ""
-    pids = [e.pid for e in engines]
     rows, findings, unknown = [], [], []
     for a in d.analyses:
-        lines = engine_lines(a.hw, engines)
-        att, pace = _served(d, a.case_id, pids)
+        ec = a.engines  # analysis/engine_case.py: the case's lines, attribution and pace
+        if ec is None:
+            continue
+        lines, att = ec.lines, ec.attribution
         for x in lines:
-            p = pace.get(x.pid)
+            p = ec.pace(x.pid)
             rows.append((a.case_id, f"PID {x.pid} `{x.name or '?'}`", x.address,
                          _share(p), md_num(p.tpot_ms if p else None),
                          md_num(p.e2e_ms if p else None),
@@ -88,7 +66,7 @@ def report_section(d: ReportData) -> str:
         found = held_by_quota(lines)
         if found:
             findings.append(f"* `{a.case_id}`: {found}")
-        slower = imbalance_finding(imbalance(list(pace.values())), lines)
+        slower = imbalance_finding(ec.slow, lines)
         if slower:
             findings.append(f"* `{a.case_id}`: {slower}")
         if att.not_known:
@@ -111,7 +89,7 @@ def report_section(d: ReportData) -> str:
             + ("\n" + "\n".join(findings) + "\n" if findings else "")
             + ("\nWhich engine served the request is not known for:\n\n"
                + "\n".join(unknown) + "\n" if unknown else "")
-            + (f"\nThe server-wide cgroup rows the verdict reads (its quota, throttling "
-               f"and memory limit) are the first engine's cgroup alone: PID "
-               f"{', '.join(map(str, first))}; each engine's own is in the table above.\n"
-               if first else ""))
+            + (f"\nThe server-wide cgroup rows (its quota, throttling and memory limit) "
+               f"are the first engine's cgroup alone: PID {', '.join(map(str, first))}; "
+               "where the engines' cgroups differ, the verdict does not read them as the "
+               "server's, but each engine's own, in the table above.\n" if first else ""))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
+from strata_plugin.analysis.engine_case import EngineCase
+from strata_plugin.analysis.engine_requests import Attribution
 from strata_plugin.analysis.ledger import METRIC_LABELS, METRICS, CaseLedger, cause_words
 from strata_plugin.analysis.stats import mean_ci
 from strata_plugin.analysis.thresholds import value
@@ -60,6 +62,45 @@ def _row(a: CaseAnalysis) -> tuple[str, ...]:
         f"{e2e:.1f}" if e2e else "-", f"{_pct(res)} ({closes})", _top(led),
         f"{led.clock_error_ms():.2g} (max {identity_error_ms(led):.2g})",
     )
+
+
+def engine_table(led: CaseLedger | None, ec: EngineCase | None) -> str:
+    """Where the path ends at several engines (``ec``): the ledger of the requests each
+    engine served, side by side (the metric's mean, then each part's share of it), and
+    the requests whose engine is not known, counted with the reason; "" for one engine."""
+    if led is None or ec is None:
+        return ""
+    per = [(pid, name, x) for pid, name, x in ec.ledgers(led)]
+    if not any(x.n for _, _, x in per):
+        head = "Which engine served each request is not known for any of them"
+    else:
+        metric = led.metric
+        shares = [dict(x.shares(metric)) for _, _, x in per]
+        parts = [p for p in METRICS[metric] if any(abs(s.get(p, 0.0)) >= 0.005 for s in shares)]
+
+        def size(x: CaseLedger) -> str:
+            v = x.ms_per_token() if metric == "itl" else x.mean_ms(metric)
+            return "-" if v is None else f"{v:.3g}"
+
+        unit = "ms/token" if metric == "itl" else "mean ms"
+        rows = [(f"{METRIC_LABELS[metric]} ({unit})", *(size(x) for _, _, x in per))]
+        rows += [(p, *(_pct(s.get(p)) if x.n else "-" for s, (_, _, x) in zip(shares, per)))
+                 for p in parts]
+        cols = ("part", *(f"PID {pid}{f' `{name}`' if name else ''} ({x.n} requests)"
+                          for pid, name, x in per))
+        head = ("By engine, the ledger of the requests each one served (each part's share "
+                f"of {METRIC_LABELS[metric]}; the run states that split the server's time "
+                "are every engine's threads together):\n\n" + md_table(cols, rows).rstrip("\n"))
+    att = ec.attribution
+    mine = {q.request_id for q in led.requests}
+    unknown = [r for r in att.not_known if r in mine]
+    tail = (f"\n\nNot attributed to an engine: {len(unknown)} of {led.n} requests"
+            + (f" ({printable(_reasons(att, unknown))})" if unknown else "") + ".\n")
+    return "\n" + head + tail
+
+
+def _reasons(att: Attribution, ids: Sequence[str]) -> str:
+    return Attribution({}, {r: att.not_known[r] for r in ids}).reasons()
 
 
 def repetition_rows(analyses: Sequence[CaseAnalysis]) -> list[tuple[str, ...]]:
@@ -180,6 +221,7 @@ def section(analyses: Sequence[CaseAnalysis], drawn: Mapping[str, Drawn]) -> str
                        + ", ".join(f"{k} {x:.0%}" for k, x in lv) + "; largest causes: "
                        + ", ".join(f"{cause_words(c)} {x:.0%}"
                                    for c, x in led.cause_shares()[:3]) + ".\n")
+        out.append(engine_table(led, a.engines))
         if a.verdict.lead:
             out.append(f"\nVerdict `{a.verdict.summary() or 'none'}`: {a.verdict.lead}.\n")
         w = [(k, x) for k, x in a.verdict.weights if abs(x) >= 0.005]
