@@ -411,8 +411,9 @@ LIMITS: tuple[Limit, ...] = (
           "events"),
     Limit("TORCH_TRACE_BYTES_MAX", TORCH_TRACE_BYTES_MAX, "bytes",
           "analysis/traces/torch_trace.py, where a case's torch profiler trace "
-          "(traces/engine/<case>/torch/*.pt.trace.json.gz) is read, gzipped and after "
-          "gunzip: past it that trace is not merged and the report says why; the rest stands",
+          "(traces/engine/<case>/torch/*.trace.json.gz: vLLM's or SGLang's) is read, "
+          "gzipped and after gunzip: past it that trace is not merged and the report says "
+          "why; the rest stands",
           "vLLM's CPU worker wrote 67,000 operations (16.7 MB of JSON) in 0.69 s of a busy "
           "window without Python stacks: about a 10-second window"),
 )

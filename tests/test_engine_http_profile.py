@@ -31,6 +31,31 @@ def test_a_server_with_a_profiler_is_started_and_stopped_with_the_case_prefix():
     assert first.headers.get("authorization") == "Bearer t"
 
 
+def test_sglangs_start_names_the_folder_and_asks_for_a_capture_as_small_as_vllms(tmp_path):
+    """SGLang takes its folder in the body (no launch flag): the run's folder, absolute
+    (the server's working directory is not the test's), and neither Python stacks nor
+    input shapes (SGLang's defaults record both). A server Strata did not launch is sent
+    no folder: it writes where its own setting says."""
+    with ScriptServer(_plain(200)) as srv:
+        hp.start(srv.url, "c1_traced", engine="sglang", output_dir=tmp_path / "srv",
+                 timeout_s=5)
+        hp.start(srv.url, "c2", engine="sglang", timeout_s=5)
+        hp.stop(srv.url, engine="sglang", timeout_s=5)
+    launched, attached, stop = srv.seen
+    assert json.loads(launched.body) == {
+        "profile_prefix": "c1_traced", "output_dir": str(tmp_path.resolve() / "srv"),
+        "activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False}
+    assert "output_dir" not in json.loads(attached.body)
+    assert json.loads(attached.body)["with_stack"] is False
+    assert (stop.path, stop.body) == ("/stop_profile", b"")
+
+
+def test_a_missing_route_on_sglang_is_not_blamed_on_a_launch_flag():
+    with ScriptServer(_plain(404, b"Not Found")) as srv, \
+            pytest.raises(ProfileUnavailable, match=r"answered 404 \(SGLang serves it always"):
+        hp.start(srv.url, "c1", engine="sglang", timeout_s=5)
+
+
 @pytest.mark.parametrize("status", [404, 405])
 def test_a_server_without_a_profiler_is_said_to_have_none(status):
     with ScriptServer(_plain(status, b"Not Found")) as srv, \

@@ -31,7 +31,7 @@ from strata_plugin.formats.windows import read_markers
 from strata_plugin.report import trace_events as te
 from strata_plugin.run import engine_http_profile as hp
 from strata_plugin.run import engine_profile as cap
-from strata_plugin.run.deployment import Deployment
+from strata_plugin.run.deployment import Deployment, PreflightFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 #: vLLM's own rule for a profile_prefix (vllm/config/profiler.py: validate_profile_prefix)
@@ -323,7 +323,8 @@ def _config(tmp_path: Path, profile: Path, **kw) -> StrataConfig:
     (packaged_profiles()["vllm-cpu"], {}, False),
     (packaged_profiles()["local"], {"engine_profile": ("decode",)}, False),
     (ROOT / "fixtures" / "profiles" / "vllm-1gpu-docker.toml", {"engine_profile": ("d",)},
-     False),
+     True),
+    (ROOT / "fixtures" / "profiles" / "vllm-1gpu-docker.toml", {}, False),
 ])
 def test_a_launched_vllm_carries_the_profiler_where_the_run_may_take_it(
         tmp_path, profile, kw, expected):
@@ -339,8 +340,7 @@ def test_a_launched_vllm_carries_the_profiler_where_the_run_may_take_it(
     conf = json.loads(argv[i + 1])
     where = run_dir.resolve() / "traces" / "engine" / "_server" / "default"
     assert conf["profiler"] == "torch" and conf["torch_profiler_dir"] == str(where)
-    assert where.is_dir() and list(argv[: len(argv) - 2]) == [
-        a for a in argv[: len(argv) - 2] if a != "--profiler-config"]
+    assert where.is_dir() and argv[i:] == ("--profiler-config", argv[i + 1])
 
 
 def test_the_windows_files_are_moved_into_the_case_and_its_stamps_kept(tmp_path):
@@ -383,3 +383,144 @@ def test_a_stop_that_leaves_no_trace_is_said(tmp_path):
     assert meta["engine_profiler"]["problem"] == (
         f"the server answered /stop_profile but wrote no trace named c1_*.pt.trace.json.gz "
         f"into {srv}")
+
+
+# --- SGLang's own profiler and a containerised vLLM's ------------------------------------
+
+#: SGLang's name for a window's trace (its scheduler, profiler_manager.py: stop):
+#: ``<profile_prefix>-<profile_id>-TP-<rank>.trace.json.gz``, the id a time.time() string.
+def sglang_name(prefix: str, profile_id: str = "1796690448.5493355", rank: int = 0) -> str:
+    return f"{prefix}-{profile_id}-TP-{rank}.trace.json.gz"
+
+
+def test_sglangs_files_of_the_window_are_collected_by_its_own_names(tmp_path):
+    srv, dest = tmp_path / "srv", tmp_path / "case" / "torch"
+    srv.mkdir()
+    (srv / sglang_name("c1", "1.5")).write_bytes(b"earlier window")
+    before = hp.listing(srv)
+    for n in (sglang_name("c1", "2.5"), sglang_name("c1", "2.5", rank=1),
+              sglang_name("c10", "2.5"), "c1-2.5-TP-0-memory.pickle"):
+        (srv / n).write_bytes(b"x")
+    got = hp.collect(srv, before, "c1", dest)
+    assert got == [sglang_name("c1", "2.5"), sglang_name("c1", "2.5", rank=1)]
+    assert sorted(p.name for p in srv.iterdir()) == sorted(
+        [sglang_name("c1", "1.5"), sglang_name("c10", "2.5"), "c1-2.5-TP-0-memory.pickle"])
+
+
+def _scripted_reply() -> Reply:
+    return Reply([(0.0, b"")], status=200, framing="length", content_type="text/plain")
+
+
+def test_a_launched_sglangs_window_trace_is_asked_into_the_run_and_moved_into_the_case(
+        tmp_path):
+    """Against a scripted server: the start names the run's server folder as output_dir
+    (SGLang writes where the body says), the file the window wrote there under SGLang's
+    name is moved into the case's torch/, and the reader and the report take it."""
+    srv = hp.server_trace_dir(tmp_path / "run", "default")
+    srv.mkdir(parents=True)
+    case = "cases/t.py::test_a[default]~traced"
+    prefix = hp.profile_prefix(case)
+    with ScriptServer(_scripted_reply()) as s, cap.profile_window(
+            tmp_path / "run", case, None, engine="sglang", base_url=s.url,
+            torch_dir=srv) as meta:
+        now = time.time_ns()
+        write_gz(srv / sglang_name(prefix), torch_trace(
+            BASE_NS, (us_from_base(now - 1_000), us_from_base(now)),
+            [("step[EXTEND bs=1 toks=200]", "user_annotation", us_from_base(now - 500),
+              1.0)]))
+    body = json.loads(s.seen[0].body)
+    assert (body["output_dir"], body["profile_prefix"]) == (str(srv), prefix)
+    said = meta["engine_profiler"]
+    assert "problem" not in said and said["files"] == [f"torch/{sglang_name(prefix)}"]
+    assert list(srv.iterdir()) == []
+    got = ep.read_capture(cap.engine_dir(tmp_path / "run", case))
+    (t,) = got.torch
+    assert t.problem == "" and t.ops == 1 and t.outside == 0
+    line = got.line(tmp_path / "run")
+    assert "(sglang): started and stopped over the window; yes: its files moved into torch/" \
+        in line and f"`torch/{sglang_name(prefix)}`: 1 ops on the timeline" in line
+
+
+def test_an_sglang_stop_that_leaves_no_trace_names_sglangs_file_name(tmp_path):
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    (srv / "c1_rank0.1.pt.trace.json.gz").write_bytes(b"a vLLM name: not SGLang's")
+    with ScriptServer(_scripted_reply()) as s, cap.profile_window(
+            tmp_path / "run", "c1", None, engine="sglang", base_url=s.url,
+            torch_dir=srv) as meta:
+        (srv / "c1.trace.json.gz").write_bytes(b"no '-' after the prefix: another case's")
+    assert meta["engine_profiler"]["problem"] == (
+        f"the server answered /stop_profile but wrote no trace named c1-*-TP-*.trace.json.gz "
+        f"into {srv}")
+
+
+def test_an_attached_sglang_is_said_to_write_where_its_own_setting_says(tmp_path):
+    with ScriptServer(_scripted_reply()) as s, cap.profile_window(
+            tmp_path / "run", "c1", None, engine="sglang", base_url=s.url) as meta:
+        pass
+    said = meta["engine_profiler"]
+    assert "output_dir" not in json.loads(s.seen[0].body) and "problem" not in said
+    assert said["started"] == ("yes: its files are written where the server's "
+                               "SGLANG_TORCH_PROFILER_DIR says (/tmp without it), on the "
+                               "server's host")
+
+
+def test_the_timeline_takes_an_sglang_trace_by_its_name(tmp_path):
+    run = make_run(tmp_path, RunSpec(cases=[CaseSpec("c1")]))
+    win = next(m for m in read_markers(run / "markers.csv")
+               if m.kind == "measured" and m.case_id == "c1")
+    s0, e1 = win.start_wall_ns, win.end_wall_ns
+    a = s0 + 30_000_000
+    tr = torch_trace(BASE_NS, (us_from_base(s0 + 4_000_000), us_from_base(e1 - 100_000_000)),
+                     [("step[EXTEND bs=1 toks=128]", "user_annotation", us_from_base(a),
+                       25_000.0)])
+    name = sglang_name("c1")
+    _case_capture(run, "c1", {name: gzip.compress(json.dumps(tr).encode())},
+                  {"engine": "sglang", "start_wall_ns": [s0, s0 + 8_000_000],
+                   "stop_wall_ns": [e1 - 200_000_000, e1]})
+    written = te.write_all(analyze_run(run), run)
+    assert written.problem == ""
+    trace = json.loads((run / "timeline" / written.cases["c1"][0]).read_text())
+    pre = [e for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert [e["ts"] for e in pre] == [(a - trace["metadata"]["origin_wall_ns"]) / 1000]
+    (eng,) = trace["metadata"]["engine_traces"]
+    assert name in eng["name"] and eng["error_us"] == 4_000.0
+
+
+@pytest.mark.parametrize("kw", [{"engine_profile": ("d",)}, {"escalate": ("auto",)}, {}])
+def test_a_launched_sglang_gets_its_folder_and_no_flag(tmp_path, kw):
+    cfg = _config(tmp_path, packaged_profiles()["sglang-cpu"], **kw)
+    dep = Deployment(cfg, tmp_path / "run", recorder=None, fleet=None,
+                     add_reason=lambda *a: None)
+    conf = cfg.profile.server.configs[0]
+    argv = dep.launch_spec(conf.config_id, "default").argv
+    assert "--profiler-config" not in argv and len(argv) == len(conf.argv)
+    assert hp.server_trace_dir(tmp_path / "run", "default").is_dir() is bool(kw)
+
+
+def test_a_containerised_vllm_mounts_the_flags_folder_at_the_same_path(tmp_path):
+    """The flag's folder is the run's: mounted read-write at its own absolute path, it is
+    the same folder for the server in the container and for the collector outside."""
+    profile = ROOT / "fixtures" / "profiles" / "vllm-1gpu-docker.toml"
+    cfg = _config(tmp_path, profile, engine_profile=("d",))
+    dep = Deployment(cfg, tmp_path / "run", recorder=None, fleet=None,
+                     add_reason=lambda *a: None)
+    spec = dep.launch_spec(cfg.profile.server.configs[0].config_id, "default")
+    argv = list(spec.argv)
+    assert spec.container is not None and argv[:2] == ["docker", "run"]
+    where = str(hp.server_trace_dir(tmp_path / "run", "default"))
+    image = argv.index("vllm/vllm-openai:v0.11.0")
+    mounts = [argv[i + 1] for i in range(image) if argv[i] == "-v"]
+    assert mounts == [f"{Path.home()}/.cache/huggingface:/root/.cache/huggingface",
+                      f"{where}:{where}:rw"]
+    conf = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert argv.index("--profiler-config") > image and conf["torch_profiler_dir"] == where
+
+
+def test_a_run_folder_a_container_cannot_mount_is_refused_in_words(tmp_path):
+    profile = ROOT / "fixtures" / "profiles" / "vllm-1gpu-docker.toml"
+    cfg = _config(tmp_path, profile, engine_profile=("d",))
+    dep = Deployment(cfg, tmp_path / "a:b", recorder=None, fleet=None,
+                     add_reason=lambda *a: None)
+    with pytest.raises(PreflightFailed, match="the run folder's path holds a ':'"):
+        dep.launch_spec(cfg.profile.server.configs[0].config_id, "default")

@@ -112,24 +112,48 @@ class Deployment:
             health_timeout_s=p.server.health_timeout_s, stop_timeout_s=p.server.stop_timeout_s,
             log_path=self.run_dir / "service" / (block_id or config_id) / "server.log")
 
-    def profiler_args(self, block_id: str) -> tuple[str, ...]:
-        """The engine's own profiler for a server Strata launches, where the run may take
-        its profile (``--strata-engine-profile``, or the diagnostic round's): vLLM's torch
-        profiler writing into the run folder (run/engine_http_profile.py). Not for a
-        container (the folder is not the server's there) nor a profile whose command
-        configures a profiler itself."""
+    def profiler_folder(self, block_id: str) -> Path | None:
+        """The folder a launched server's own profiler writes into, made here, where the
+        run may take its profile (``--strata-engine-profile``, or the diagnostic round's)
+        and the engine has one over HTTP (vLLM, SGLang; run/engine_http_profile.py); None
+        elsewhere, and for a vLLM whose command configures a profiler itself."""
+        from strata_plugin.run.engine_http_profile import server_trace_dir
+        from strata_plugin.run.engine_profile import HTTP_PROFILER_ENGINES
+
         p = self.cfg.profile
         conf_argv = [a for c in p.server.configs for a in c.argv]
-        if (not (self.cfg.engine_profile or self.cfg.escalate) or p.server.engine != "vllm"
-                or p.server.container is not None
-                or any(a.startswith("--profiler-config") for a in conf_argv)):
-            return ()
-        from strata_plugin.run.engine_http_profile import server_trace_dir, vllm_profiler_args
-
+        if (not (self.cfg.engine_profile or self.cfg.escalate)
+                or p.server.engine not in HTTP_PROFILER_ENGINES
+                or (p.server.engine == "vllm"
+                    and any(a.startswith("--profiler-config") for a in conf_argv))):
+            return None
         d = server_trace_dir(self.run_dir, block_id)
         if not self.cfg.dry_run:
             d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def profiler_args(self, block_id: str) -> tuple[str, ...]:
+        """vLLM's torch profiler flag, writing into :meth:`profiler_folder`. SGLang needs
+        none: its start names the folder (``output_dir``)."""
+        d = self.profiler_folder(block_id)
+        if d is None or self.cfg.profile.server.engine != "vllm":
+            return ()
+        from strata_plugin.run.engine_http_profile import vllm_profiler_args
+
         return vllm_profiler_args(d)
+
+    def profiler_volumes(self, block_id: str) -> list[str]:
+        """In a container, :meth:`profiler_folder` mounted read-write at its own absolute
+        path: the path vLLM's flag and SGLang's ``output_dir`` name is then the same
+        folder inside the container and out, where the collector moves the files from."""
+        d = self.profiler_folder(block_id)
+        if d is None:
+            return []
+        if ":" in str(d):  # the runtime's -v splits at every ':'
+            raise PreflightFailed(
+                f"the run folder's path holds a ':' ({d}): a container cannot mount it for "
+                "the engine's profiler; run with --strata-reports-dir elsewhere")
+        return [f"{d}:{d}:rw"]
 
     def container_launch(self, command: list[str], env: tuple[tuple[str, str], ...],
                          block_id: str, port: int, values: dict[str, str]):
@@ -146,7 +170,8 @@ class Deployment:
         return build_launch(
             spec, name=container_name(spec.name, self.cfg.run_id, block_id), command=command,
             env_names=list(dict.fromkeys(names)), host=p.server.host, port=port,
-            volumes=[os.path.expanduser(v) for v in expand_placeholders(spec.volumes, values)],
+            volumes=[os.path.expanduser(v) for v in expand_placeholders(spec.volumes, values)]
+            + self.profiler_volumes(block_id),
             args=expand_placeholders(spec.args, values),
             image=expand_placeholders((spec.image,), values)[0])
 

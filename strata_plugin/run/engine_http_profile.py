@@ -10,8 +10,9 @@ not answer within the timeout is said the same way.
 
 :func:`vllm_profiler_args` is the flag a launched vLLM needs for its torch profiler to
 write its traces into a folder of the run (:func:`server_trace_dir`, one per server);
-:func:`collect` moves the files one window's stop wrote from there into the case's own
-capture folder.
+SGLang serves its profiler without a flag and takes the folder in the start's body
+(``output_dir``, :func:`start_body`). :func:`collect` moves the files one window's stop
+wrote from there into the case's own capture folder, by either engine's file names.
 
 Why the prefix is made, not passed: vLLM takes a ``profile_prefix`` of 1-128 ASCII
 letters, digits, '.', '_' and '-' starting with a letter or digit
@@ -74,26 +75,63 @@ def _post(base_url: str, path: str, body: Mapping[str, object] | None, timeout_s
         raise ProfileUnavailable(f"POST {path} failed: {reason}") from None
 
 
-def _check(path: str, a: Answer) -> None:
+#: Why a route can be missing, by engine: vLLM attaches it only with a profiler at
+#: launch; SGLang serves it always (``sglang/srt/entrypoints/http_server.py``), so a 404
+#: there is something in front of it, or no SGLang.
+_WHY_NONE = {
+    "vllm": "vLLM serves it only when started with --profiler-config",
+    "sglang": ("SGLang serves it always: the URL's server is not SGLang's /start_profile, or "
+               "a proxy in front of it refuses the route"),
+}
+
+
+def _check(path: str, a: Answer, engine: str) -> None:
     if a.status in NO_PROFILER:
+        why = _WHY_NONE.get(engine, _WHY_NONE["vllm"])
         raise ProfileUnavailable(
-            f"the server has no profiler: POST {path} answered {a.status} (vLLM serves it "
-            "only when started with --profiler-config)")
+            f"the server has no profiler: POST {path} answered {a.status} ({why})")
     if not 200 <= a.status < 300:
         raise ProfileUnavailable(f"POST {path} answered {a.status}: {a.body.strip()[:200]}")
 
 
-def start(base_url: str, prefix: str, *, timeout_s: float = TIMEOUT_S,
+#: What SGLang's start asks for beyond the folder and the prefix, so that its capture
+#: is as small as vLLM's and comparable to it (``ProfileReq`` in
+#: ``sglang/srt/managers/io_struct.py``; its defaults in ``tokenizer_control_mixin.py``
+#: and ``scheduler_components/profiler_manager.py``): the CPU and, where there is one,
+#: the GPU activity (SGLang's default too, asked so an environment cannot change it;
+#: torch leaves the GPU's out where there is none), and none of Python stacks and
+#: input shapes, which SGLang records by default and vLLM's flag here turns off.
+SGLANG_START = {"activities": ["CPU", "GPU"], "with_stack": False, "record_shapes": False}
+
+
+def start_body(engine: str, prefix: str, output_dir: Path | None = None
+               ) -> dict[str, object]:
+    """The JSON body of ``/start_profile`` for ``engine``. vLLM reads its folder from its
+    launch flag and takes the prefix only; SGLang takes the folder here (``output_dir``:
+    absolute, as the server's working directory is not the run's), or writes where its
+    ``SGLANG_TORCH_PROFILER_DIR`` says (``/tmp`` without it) when none is given."""
+    if engine != "sglang":
+        return {"profile_prefix": prefix}
+    body: dict[str, object] = {"profile_prefix": prefix, **SGLANG_START}
+    if output_dir is not None:
+        body["output_dir"] = str(Path(output_dir).resolve())
+    return body
+
+
+def start(base_url: str, prefix: str, *, engine: str = "vllm",
+          output_dir: Path | None = None, timeout_s: float = TIMEOUT_S,
           headers: Mapping[str, str] | None = None) -> None:
     """The engine's profiler started; ProfileUnavailable, in words, when it is not."""
-    _check("/start_profile", _post(base_url, "/start_profile", {"profile_prefix": prefix},
-                                   timeout_s, headers or {}))
+    _check("/start_profile", _post(base_url, "/start_profile",
+                                   start_body(engine, prefix, output_dir), timeout_s,
+                                   headers or {}), engine)
 
 
-def stop(base_url: str, *, timeout_s: float = TIMEOUT_S,
+def stop(base_url: str, *, engine: str = "vllm", timeout_s: float = TIMEOUT_S,
          headers: Mapping[str, str] | None = None) -> None:
     """The engine's profiler stopped (its files written); ProfileUnavailable otherwise."""
-    _check("/stop_profile", _post(base_url, "/stop_profile", None, timeout_s, headers or {}))
+    _check("/stop_profile", _post(base_url, "/stop_profile", None, timeout_s, headers or {}),
+           engine)
 
 
 def vllm_profiler_args(trace_dir: Path) -> tuple[str, ...]:
@@ -111,13 +149,20 @@ def vllm_profiler_args(trace_dir: Path) -> tuple[str, ...]:
 
 #: Where a launched server's torch profiler writes, beside the cases' capture folders:
 #: ``traces/engine/_server/<block>/``. Its files are moved out of it, per window, by
-#: :func:`collect`; readers of ``traces/engine/`` skip it.
+#: :func:`collect`; readers of ``traces/engine/`` skip it. A server in a container sees
+#: it at the same absolute path (run/deployment.py mounts it there).
 SERVER_FOLDER = ("traces", "engine", "_server")
-#: The torch profiler's file names (``torch.profiler.tensorboard_trace_handler``:
-#: ``<worker>.<time_ns>.pt.trace.json`` and ``.gz``) and vLLM's key-averages table
-#: (``<worker>.profiler_out.txt``).
-TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json")
+#: The torch traces' file names. vLLM's (``torch.profiler.tensorboard_trace_handler``):
+#: ``<prefix>_<worker>.<time_ns>.pt.trace.json`` or ``.gz``; SGLang's (its scheduler's
+#: ``export_chrome_trace``): ``<prefix>-<profile_id>-TP-<rank>.trace.json.gz``. Both end
+#: in one of these. Beside them vLLM's key-averages table (``<...>.profiler_out.txt``).
+TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
 TABLE_SUFFIX = ".profiler_out.txt"
+#: What follows the prefix in a window's file name: vLLM's '_', SGLang's '-'.
+PREFIX_ENDS = ("_", "-")
+#: Each engine's trace name for a prefix, as said when a stop wrote none.
+TRACE_NAME = {"vllm": "{prefix}_*.pt.trace.json.gz",
+              "sglang": "{prefix}-*-TP-*.trace.json.gz"}
 _PREFIX_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 PREFIX_MAX = 128
 
@@ -131,7 +176,8 @@ def server_trace_dir(run_dir: Path, block_id: str) -> Path:
 def profile_prefix(case_id: str) -> str:
     """A ``profile_prefix`` vLLM accepts, made from the case's folder name: characters it
     refuses become '_', a first one that is not a letter or digit gets an 's' before it,
-    and a name past 128 characters is cut with a hash of the whole id (still unique)."""
+    and a name past 128 characters is cut with a hash of the whole id (still unique).
+    SGLang takes any string; the same prefix serves it (a file name without '/')."""
     name = "".join(c if c in _PREFIX_OK else "_" for c in case_id.replace("/", "__"))
     if not name[:1].isalnum() or not name[:1].isascii():
         name = "s" + name
@@ -151,11 +197,13 @@ def listing(folder: Path | None) -> frozenset[str]:
 
 
 def collect(server_dir: Path, before: frozenset[str], prefix: str, dest: Path) -> list[str]:
-    """The files one window's stop wrote (named ``<prefix>_...``, not in ``before``) moved
-    from ``server_dir`` into ``dest``; their names, traces first. Moved, not copied: the
-    server's folder keeps nothing a later window could take for its own."""
+    """The files one window's stop wrote (named ``<prefix>_...`` by vLLM, ``<prefix>-...``
+    by SGLang, not in ``before``) moved from ``server_dir`` into ``dest``; their names,
+    traces first. Moved, not copied: the server's folder keeps nothing a later window
+    could take for its own."""
     new = sorted(n for n in listing(server_dir) - before
-                 if n.startswith(prefix + "_") and n.endswith((*TRACE_SUFFIXES, TABLE_SUFFIX)))
+                 if n.startswith(tuple(prefix + e for e in PREFIX_ENDS))
+                 and n.endswith((*TRACE_SUFFIXES, TABLE_SUFFIX)))
     if not new:
         return []
     dest.mkdir(parents=True, exist_ok=True)

@@ -325,8 +325,9 @@ def profile_window(run_dir: Path, case_id: str, server_pid: int | None, *,
     On an engine with a profiler of its own (vLLM, SGLang) its ``/start_profile`` is
     asked too, and whether the server has one is said (``meta['engine_profiler']``);
     ``torch_dir``: where a server Strata launched writes its torch traces
-    (engine_http_profile.server_trace_dir), whose files of this window are moved into
-    the case's folder (``torch/``). Never raises for the capture: a failed one costs the
+    (engine_http_profile.server_trace_dir: vLLM's by its launch flag, SGLang's by the
+    start's ``output_dir``), whose files of this window are moved into the case's folder
+    (``torch/``). Never raises for the capture: a failed one costs the
     case nothing."""
     if engine in HTTP_PROFILER_ENGINES and base_url:
         out = engine_dir(run_dir, case_id)
@@ -358,34 +359,43 @@ def _http_profiler(engine: str, base_url: str, case_id: str, headers: dict[str, 
     before = hp.listing(torch_dir)
     t0 = time.time_ns()
     try:
-        hp.start(base_url, prefix, headers=headers)
+        hp.start(base_url, prefix, engine=engine, output_dir=torch_dir, headers=headers)
         said["start_wall_ns"] = [t0, time.time_ns()]
     except ProfileUnavailable as exc:
         said["problem"] = str(exc)
         yield said
         return
-    said["started"] = ("yes: its files are written where the server's profiler config says"
-                       if torch_dir is None else f"yes: into {torch_dir}")
+    said["started"] = f"yes: into {torch_dir}" if torch_dir is not None else _ELSEWHERE.get(
+        engine, _ELSEWHERE["vllm"])
     try:
         yield said
     finally:
         try:
             t1 = time.time_ns()
-            hp.stop(base_url, headers=headers)
+            hp.stop(base_url, engine=engine, headers=headers)
             said["stop_wall_ns"] = [t1, time.time_ns()]
             if torch_dir is not None:
-                _collect(said, torch_dir, before, prefix, dest)
+                _collect(said, torch_dir, before, prefix, dest, engine)
         except (ProfileUnavailable, OSError) as exc:
             said["problem"] = str(exc)
 
 
+#: Where a server Strata did not launch writes its files: its own setting, on its host.
+_ELSEWHERE = {
+    "vllm": "yes: its files are written where the server's profiler config says",
+    "sglang": ("yes: its files are written where the server's SGLANG_TORCH_PROFILER_DIR "
+               "says (/tmp without it), on the server's host"),
+}
+
+
 def _collect(said: dict[str, Any], torch_dir: Path, before: frozenset[str], prefix: str,
-             dest: Path) -> None:
+             dest: Path, engine: str) -> None:
     names = hp.collect(torch_dir, before, prefix, dest)
     said["files"] = [f"{TORCH_FOLDER}/{n}" for n in names]
     if not any(n.endswith(hp.TRACE_SUFFIXES) for n in names):
+        name = hp.TRACE_NAME.get(engine, hp.TRACE_NAME["vllm"]).format(prefix=prefix)
         said["problem"] = (f"the server answered /stop_profile but wrote no trace named "
-                           f"{prefix}_*{hp.TRACE_SUFFIXES[0]} into {torch_dir}")
+                           f"{name} into {torch_dir}")
     else:
         said["started"] = f"yes: its files moved into {TORCH_FOLDER}/"
 

@@ -6,6 +6,11 @@ The clock: torch's chrome trace stamps ``ts`` in microseconds from
 ``baseTimeNanoseconds`` (a top-level key, nanoseconds since the epoch, on the host's
 realtime clock), so an event's wall time is ``baseTimeNanoseconds + ts * 1000`` ns
 (checked on a real vLLM CPU trace: its ops fell inside Strata's stamps of the window).
+SGLang's scheduler exports its trace through torch's ``export_chrome_trace``, the same
+writer: the same keys, the same clock (checked on a real SGLang 0.5.23 CPU trace: its
+``baseTimeNanoseconds`` a whole second, its ``Trace`` span inside Strata's stamps of
+``/start_profile`` and ``/stop_profile``). Both engines' file names are read
+(run/engine_http_profile.py: ``TRACE_SUFFIXES``).
 
 The error, measured per file: the profiler's own span (the ``Trace`` slice "PyTorch
 Profiler (0)", from its start to its stop) began after Strata sent ``/start_profile``
@@ -31,10 +36,10 @@ from strata_plugin.errors import StrataError
 from strata_plugin.formats.bounded import BoundedReadError, parse_json, read_bytes
 from strata_plugin.formats.printable import printable
 from strata_plugin.limits import TORCH_TRACE_BYTES_MAX
+from strata_plugin.run.engine_http_profile import TRACE_SUFFIXES
 
 #: The torch profiler's own span in its chrome trace: one "X" slice of this category.
 PROFILER_SPAN_CAT = "Trace"
-TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json")
 
 
 class TorchTraceError(StrataError, ValueError):
