@@ -6,19 +6,27 @@
 # tests marked `vllm` to run against it (without --vllm they skip when it is not set up);
 # it also installs the Ray extra and requires the tests marked `ray` to run (a real Ray
 # cluster in network namespaces: tests/test_ray_cluster.py).
+# --sglang likewise sets up the SGLang CPU server and requires the tests marked `sglang`.
 # Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP=()
 ARGS=()
 for arg in "$@"; do
-    if [ "$arg" = "--vllm" ]; then SETUP=(--vllm); else ARGS+=("$arg"); fi
+    case "$arg" in
+        --vllm)
+            SETUP+=(--vllm)
+            export STRATA_REQUIRE_VLLM=1
+            export STRATA_REQUIRE_RAY=1
+            ;;
+        --sglang)
+            SETUP+=(--sglang)
+            export STRATA_REQUIRE_SGLANG=1
+            ;;
+        *) ARGS+=("$arg") ;;
+    esac
 done
 bash scripts/setup.sh "${SETUP[@]}"
-if [ "${#SETUP[@]}" -gt 0 ]; then
-    export STRATA_REQUIRE_VLLM=1
-    export STRATA_REQUIRE_RAY=1
-fi
 # The sandbox for model-written code runs it as an unprivileged user (nobody), which must
 # reach .venv/bin/python and strata_plugin/ in this checkout; a clone made in a private
 # directory (mktemp -d: mode 0700) keeps it out, and the sandbox tests would then fail.
