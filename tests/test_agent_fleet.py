@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from package_source import package_files, parsed
 
 from strata_plugin.configure.profile import NodeSpec, TelemetrySpec
 from strata_plugin.run.agents import ALLOWANCE, CONNS, PATH, RUNSTATE, AgentFleet
@@ -44,8 +45,8 @@ def test_the_head_rule_is_written_once():
     the session's workers and the dry run all ask it (three places had their own
     ``role == "head"`` before)."""
     readers = []
-    for path in sorted(PKG.rglob("*.py")):
-        tree = ast.parse(path.read_text())
+    for path in package_files():
+        tree = parsed(path)
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue

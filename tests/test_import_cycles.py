@@ -18,19 +18,15 @@ from collections import defaultdict
 from collections.abc import Collection
 from pathlib import Path
 
+from package_source import package_files, parsed
+
 PKG = Path(__file__).resolve().parents[1] / "strata_plugin"
-
-
-@functools.cache
-def _parsed(path: Path) -> ast.Module:
-    """Each module parsed once per test run (the three checks share the trees)."""
-    return ast.parse(path.read_text())
 
 
 @functools.cache
 def _modules() -> dict[str, Path]:
     out = {}
-    for p in PKG.rglob("*.py"):
+    for p in package_files():
         parts = p.relative_to(PKG.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = p
@@ -64,7 +60,7 @@ def import_graph() -> dict[str, set[str]]:
     mods = _modules()
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in mods.items():
-        edges[name] = imports_of(name, _parsed(path), mods, package=path.name == "__init__.py")
+        edges[name] = imports_of(name, parsed(path), mods, package=path.name == "__init__.py")
     return edges
 
 
@@ -140,7 +136,7 @@ def test_only_the_plugin_package_imports_pytest():
     for name, path in _modules().items():
         if name.startswith("strata_plugin.plugin"):
             continue
-        tree = _parsed(path)
+        tree = parsed(path)
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from package_source import package_files, parsed
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "strata_plugin"
 
@@ -69,11 +71,11 @@ def test_no_module_keeps_a_global_of_its_own() -> None:
     """No ``global`` statement and no ``atexit.register`` at import anywhere in the
     package but process_globals.py (agent/ runs as its own process on every node)."""
     offenders = []
-    for path in PKG.rglob("*.py"):
+    for path in package_files():
         rel = path.relative_to(ROOT)
         if rel.parts[1] == "agent" or path.name == "process_globals.py":
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Global):
                 offenders.append(f"{rel}:{node.lineno}: global {', '.join(node.names)}")

@@ -98,9 +98,7 @@ def test_a_one_case_run_draws_its_timeline_once(tmp_path):
     report = (run / "report.md").read_text()
     assert "![run timeline]" not in report
     assert "Not drawn: the run has one case" in report
-    two = make_run(tmp_path / "two", RunSpec([CaseSpec("a"), CaseSpec("b")]))
-    write_report(two)
-    assert (two / "plots" / "run.png").is_file()
+    # (a run of two cases draws run.png: test_report.py's test_pngs_open_and_omit_empty_panels)
 
 
 def test_gpu_rules_only_where_the_profile_or_the_server_says_a_gpu_is_there(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from bundle_factory import cpu_run
+from package_source import package_files, parsed
 
 from strata_plugin.formats.outcome import FAILS_RUN, KINDS, Reason, RunOutcome
 
@@ -114,8 +115,8 @@ def test_no_module_writes_the_reason_as_a_string() -> None:
     """``incomplete_reason`` is derived from the outcome: nothing assigns or concatenates
     it (it was rewritten at eight sites)."""
     offenders = []
-    for path in (ROOT / "strata_plugin").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for path in package_files():
+        for node in ast.walk(parsed(path)):
             targets = (node.targets if isinstance(node, ast.Assign) else
                        [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
                        else [])
