@@ -496,6 +496,17 @@ def test_the_command_writes_one_case_or_one_request(tmp_path, capsys):
             if e["pid"] in (te.CLIENT_PID, te.LEDGER_PID) and e["ph"] == "X"}
     assert reqs <= {"light/measured/3", None} and "light/measured/3" in reqs
     assert any(e["ph"] == "C" for e in one["traceEvents"])  # the host around it
+    # the markers and verdicts cut to the request's span (a viewer opens on what the
+    # slices cover): the run's marker, whole, would open it zoomed out to the whole run
+    marks = [e for e in one["traceEvents"] if e.get("cat") in ("marker", "verdict")]
+    lo = min(e["ts"] for e in one["traceEvents"] if e.get("cat") == "request")
+    hi = max(e["ts"] + e["dur"] for e in one["traceEvents"] if e.get("cat") == "request")
+    margin = max((hi - lo) / 10, 100_000.0) + 1.0  # request_scope's margin, in us
+    assert marks and all(lo - margin <= e["ts"] and e["ts"] + e["dur"] <= hi + margin
+                         for e in marks), marks
+    run_mark = next(e for e in marks if e["args"].get("kind") == "run")
+    whole = run_mark["args"]["whole_span_ms"]
+    assert (whole[1] - whole[0]) * 1000 > 10 * run_mark["dur"]  # the run, far longer
 
 
 # --- an engine's own trace ----------------------------------------------------------------

@@ -262,6 +262,13 @@ class Scope:
         return ((self.start_ns is None or b >= self.start_ns)
                 and (self.end_ns is None or a <= self.end_ns))
 
+    def clip(self, a: int, b: int) -> tuple[int, int]:
+        """``a``..``b`` cut to this file's span: a viewer opens on the span its slices
+        cover, so the run's marker, whole, would open a request's file zoomed out to the
+        whole run with the request a sliver in it."""
+        return (a if self.start_ns is None else max(a, self.start_ns),
+                b if self.end_ns is None else min(b, self.end_ns))
+
 
 def origin_ns(bundle: RunBundle, spans: Sequence[RequestSpan] = ()) -> int:
     """The run's start on the harness wall clock: its run marker, else its first marker,
@@ -423,8 +430,9 @@ def _markers(b: _Builder, bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -
         tid = _MARKER_TID[m.kind]
         b.thread(MARKERS_PID, tid, _MARKER_THREADS[tid])
         b.slice(MARKERS_PID, tid, m.kind if m.kind in ("warmup", "measured") else m.name,
-                m.start_wall_ns, m.end_wall_ns, {"kind": m.kind, "name": m.name,
-                                                 "case_id": m.case_id}, "marker")
+                *b.scope.clip(m.start_wall_ns, m.end_wall_ns),
+                _clipped(b, {"kind": m.kind, "name": m.name, "case_id": m.case_id},
+                         m.start_wall_ns, m.end_wall_ns), "marker")
     events.sort(key=lambda m: (m.start_wall_ns, m.end_wall_ns, m.name))
     for m, lane in zip(events, first_fit([(m.start_wall_ns, m.end_wall_ns) for m in events]),
                        strict=True):
@@ -437,7 +445,17 @@ def _markers(b: _Builder, bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -
             continue
         b.thread(MARKERS_PID, VERDICT_TID, _MARKER_THREADS[VERDICT_TID])
         b.slice(MARKERS_PID, VERDICT_TID, f"verdict: {a.verdict.summary() or 'none'}",
-                w.start_ns, w.end_ns, verdict_args(a), "verdict")
+                *b.scope.clip(w.start_ns, w.end_ns),
+                _clipped(b, verdict_args(a), w.start_ns, w.end_ns), "verdict")
+
+
+def _clipped(b: _Builder, args: dict[str, Any], start_ns: int, end_ns: int
+             ) -> dict[str, Any]:
+    """A slice's arguments, with its whole span where the file shows only part of it."""
+    if b.scope.clip(start_ns, end_ns) != (start_ns, end_ns):
+        args["whole_span_ms"] = [round((start_ns - b.origin) / 1e6, 3),
+                                 round((end_ns - b.origin) / 1e6, 3)]
+    return args
 
 
 def verdict_args(a: CaseAnalysis) -> dict[str, Any]:
