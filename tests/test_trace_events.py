@@ -504,6 +504,9 @@ def test_the_command_writes_one_case_or_one_request(tmp_path, capsys):
     margin = max((hi - lo) / 10, 100_000.0) + 1.0  # request_scope's margin, in us
     assert marks and all(lo - margin <= e["ts"] and e["ts"] + e["dur"] <= hi + margin
                          for e in marks), marks
+    # and the counters: the value held at the span's start placed there, none outside
+    counts = [e["ts"] for e in one["traceEvents"] if e["ph"] == "C"]
+    assert lo - margin <= min(counts) and max(counts) <= hi + margin, (min(counts), max(counts))
     run_mark = next(e for e in marks if e["args"].get("kind") == "run")
     whole = run_mark["args"]["whole_span_ms"]
     assert (whole[1] - whole[0]) * 1000 > 10 * run_mark["dur"]  # the run, far longer

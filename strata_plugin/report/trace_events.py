@@ -520,14 +520,21 @@ def _counters(b: _Builder, series: Sequence[_Series], node_pid: Mapping[str, int
 
     for sr in series:
         t, v = sr.t, sr.v
-        # one sample either side of the scope: the track is right at its edges
+        # the samples in the scope, and the last one before it, moved to the scope's
+        # start: a counter track holds a value until its next sample (a rate, over the
+        # interval its sample opens), so the track is right from the scope's first
+        # instant, and no sample outside it stretches the file's span (a viewer opens a
+        # file on the span its events cover; a 60 s series' neighbours would be a
+        # minute away from a 0.1 s request)
         i0 = 0 if b.scope.start_ns is None else max(
             0, int(np.searchsorted(t, b.scope.start_ns, "left")) - 1)
-        i1 = len(t) if b.scope.end_ns is None else min(
-            len(t), int(np.searchsorted(t, b.scope.end_ns, "right")) + 1)
-        t, v = t[i0:i1], v[i0:i1]
+        i1 = len(t) if b.scope.end_ns is None else int(
+            np.searchsorted(t, b.scope.end_ns, "right"))
+        t, v = t[i0:i1].copy(), v[i0:i1]
         if len(t) == 0:
             continue
+        if b.scope.start_ns is not None and t[0] < b.scope.start_ns:
+            t[0] = b.scope.start_ns
         # a sample equal to the one before adds nothing: a counter track holds its value
         keep = np.r_[True, v[1:] != v[:-1]]
         t, v = t[keep], v[keep]
