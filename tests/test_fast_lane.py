@@ -4,7 +4,9 @@
 * ``integration``: a test that starts a whole pytest run of the plugin (``pytester``'s
   runs, ``tests/test_robustness_support.PytestRun``, or ``python -m pytest`` in a
   subprocess, as the Ctrl-C tests do against a scripted server) or the real llama-server
-  (``llama_paths``, ``run_case``, ``strata_plugin setup --print-paths``).
+  (``llama_paths``, ``run_case``, ``strata_plugin setup --print-paths``), or a packaged
+  engine target's (``tests/engine_target.py``: ``engine_paths``, ``packaged_server``;
+  ``tests/engine_profile_run.py``: ``profiled_run``).
 * ``netlab`` and ``integration``: a test that builds the namespace lab
   (``tests/netlab.py``: ``lab_fixture``, ``NetLab.create``).
 * ``vllm`` and ``integration``: a test that runs the vLLM virtualenv's own code
@@ -23,7 +25,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 #: calls that start a real server or a whole pytest run of the plugin
 STARTERS = ("runpytest_subprocess", "runpytest", "PytestRun.start", "llama_paths", "run_case",
-            "--print-paths")
+            "--print-paths", "engine_paths", "packaged_server", "profiled_run")
 #: calls that build network namespaces and veth pairs
 LAB = ("lab_fixture", "NetLab.create")
 #: calls that run the project's vLLM virtualenv's own code (tests/vllm_env.py): seconds of

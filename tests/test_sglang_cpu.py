@@ -12,50 +12,31 @@ missing setup fails them instead.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from dataclasses import replace
 
 import pytest
+from engine_case import case_runner, exact_cold_case
+from engine_target import SGLANG, engine_paths, packaged_server, serving
 
 from strata_plugin.agent.collectors.prom import NameMapper, parse_exposition
 from strata_plugin.analysis.metrics import request_metrics
-from strata_plugin.configure.profile import expand_placeholders, load_profile, packaged_profiles
-from strata_plugin.embedded.llama_setup import cache_root
-from strata_plugin.formats.cases import CaseLine
+from strata_plugin.configure.profile import load_profile, packaged_profiles
 from strata_plugin.load.cache_flush import flush_prefix_cache
-from strata_plugin.load.case_runner import CaseRunner, CaseSetup
-from strata_plugin.load.client import Timeouts
-from strata_plugin.load.workload import TokenSpace, Workload
+from strata_plugin.load.workload import Workload
 from strata_plugin.run import engine_http_profile as hp
-from strata_plugin.run.server import LaunchSpec, Server, free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.integration]  # a real SGLang server
-PROFILE = load_profile(packaged_profiles()["sglang-cpu"])
+PROFILE = load_profile(packaged_profiles()[SGLANG.profile])
 #: ms the engine's clocks may exceed the client's span of the same request: both read
 #: this host's wall clock, SGLang's converted from its perf_counter at start (a rounding
 #: and conversion error of microseconds; a unit error would be 1000x).
 CLOCK_SLACK_MS = 5.0
 
 
-def _set_up() -> dict | str:
-    """The setup's paths when the SGLang target is set up, else why not."""
-    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup", "--sglang",
-                          "--print-paths"], capture_output=True, text=True, check=False)
-    return json.loads(out.stdout.splitlines()[-1]) if out.returncode == 0 else out.stderr.strip()
-
-
 @pytest.fixture(scope="module")
 def paths() -> dict:
-    got = _set_up()
-    if isinstance(got, str):
-        msg = f"the SGLang CPU target is not set up ({got}); `bash scripts/setup.sh --sglang`"
-        if os.environ.get("STRATA_REQUIRE_SGLANG") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return got
+    return engine_paths(SGLANG)
 
 
 @pytest.fixture(scope="module")
@@ -66,44 +47,16 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sglang(paths, run_dir):
-    port = free_port()
-    values = {"host": "127.0.0.1", "port": str(port), "strata_cache": str(cache_root()),
-              "run_dir": str(run_dir)}
-    values.update({k: v.format_map(values) for k, v in PROFILE.vars})
-    conf = PROFILE.server.configs[0]
-    base = f"http://127.0.0.1:{port}"
-    server = Server(LaunchSpec("it", tuple(expand_placeholders(conf.argv, values)),
-                               tuple((k, v.format_map(values)) for k, v in conf.env),
-                               base, PROFILE.server.health_path,
-                               PROFILE.server.health_timeout_s, 20, run_dir / "server.log"),
-                    base)
-    server.start()
-    yield server
-    server.stop()
+    yield from serving(packaged_server(PROFILE, run_dir / "server.log", run_dir))
 
 
-def _runner(server, salt="it", cases=None):
-    lo, hi = PROFILE.server.token_id_range
-    setup = CaseSetup(server.base_url, "sglang", "it", TokenSpace(lo, hi),
-                      Timeouts(read_s=120), salt=salt, engine="sglang",
-                      model=PROFILE.server.model_name)
-    return CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
-                      add_case=(cases.append if cases is not None else lambda c: None))
+def _runner(server, salt="it"):
+    return case_runner(server, PROFILE, "sglang", "sglang", salt)
 
 
 def test_exact_lengths_a_flushed_cold_prefix_and_the_engines_own_clocks(sglang):
-    w = Workload("it", isl=300, osl=17, concurrency=2, requests=4, warmups=1, seed=7)
-    cases: list[CaseLine] = []
-    res = _runner(sglang, cases=cases).run(w, scale=False)
-    assert res.problems == ()
-    assert cases[0].cache_flush["how"] == "POST /flush_cache"
-    assert cases[0].cache_flush["ok"], cases[0].cache_flush
-    assert cases[0].cold_prefix == "verified cold: 0 cached prompt tokens in 4 requests"
+    res = exact_cold_case(sglang, PROFILE, "sglang", "sglang", "POST /flush_cache")
     for r in res.records:
-        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 17)
-        assert r.usage.cached_tokens == 0
-        assert sum(e.n_tokens for e in r.events) == 17
-        assert r.finish_reason == "length"
         # meta_info's clocks, each inside the client's own span of the same request
         e, m = r.engine, request_metrics(r)
         assert e is not None and e.source == "sglang meta_info"

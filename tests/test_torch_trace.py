@@ -164,12 +164,18 @@ def _case_capture(run: Path, case_id: str, traces: dict[str, bytes], said: dict)
     return d
 
 
-def test_the_torch_ops_are_on_the_timeline_beside_the_requests_and_the_report_says_so(
-        tmp_path):
+def _one_case_run(tmp_path: Path) -> tuple[Path, int, int]:
+    """A recorded run of one case, ``c1``, and its measured window's start and end (wall
+    ns), which a capture's traces and stamps are placed against."""
     run = make_run(tmp_path, RunSpec(cases=[CaseSpec("c1")]))
     win = next(m for m in read_markers(run / "markers.csv")
                if m.kind == "measured" and m.case_id == "c1")
-    s0, e1 = win.start_wall_ns, win.end_wall_ns
+    return run, win.start_wall_ns, win.end_wall_ns
+
+
+def test_the_torch_ops_are_on_the_timeline_beside_the_requests_and_the_report_says_so(
+        tmp_path):
+    run, s0, e1 = _one_case_run(tmp_path)
     a = s0 + 30_000_000
     tr = torch_trace(BASE_NS, (us_from_base(s0 + 4_000_000), us_from_base(e1 - 100_000_000)),
                      [("execute_context_1(128)_generation_0(0)", "user_annotation",
@@ -218,10 +224,7 @@ def test_what_the_trace_showed_is_each_ops_own_time_not_its_childrens():
 
 def test_malformed_huge_and_missing_traces_are_said_and_the_good_one_stands(
         tmp_path, monkeypatch):
-    run = make_run(tmp_path, RunSpec(cases=[CaseSpec("c1")]))
-    win = next(m for m in read_markers(run / "markers.csv")
-               if m.kind == "measured" and m.case_id == "c1")
-    s0, e1 = win.start_wall_ns, win.end_wall_ns
+    run, s0, e1 = _one_case_run(tmp_path)
     good = gzip.compress(json.dumps(torch_trace(
         BASE_NS, (us_from_base(s0 + 1_000), us_from_base(e1 - 1_000)),
         [("aten::mm", "cpu_op", us_from_base(s0 + 5_000_000), 10.0)])).encode())
@@ -466,10 +469,7 @@ def test_an_attached_sglang_is_said_to_write_where_its_own_setting_says(tmp_path
 
 
 def test_the_timeline_takes_an_sglang_trace_by_its_name(tmp_path):
-    run = make_run(tmp_path, RunSpec(cases=[CaseSpec("c1")]))
-    win = next(m for m in read_markers(run / "markers.csv")
-               if m.kind == "measured" and m.case_id == "c1")
-    s0, e1 = win.start_wall_ns, win.end_wall_ns
+    run, s0, e1 = _one_case_run(tmp_path)
     a = s0 + 30_000_000
     tr = torch_trace(BASE_NS, (us_from_base(s0 + 4_000_000), us_from_base(e1 - 100_000_000)),
                      [("step[EXTEND bs=1 toks=128]", "user_annotation", us_from_base(a),

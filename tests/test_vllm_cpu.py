@@ -9,81 +9,39 @@ then cached). Without it these tests skip saying so; with STRATA_REQUIRE_VLLM=1 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from engine_case import case_runner, exact_cold_case
+from engine_target import VLLM, engine_paths, packaged_server, serving
 
 from strata_plugin.agent.collectors.prom import NameMapper, parse_exposition
-from strata_plugin.configure.profile import expand_placeholders, load_profile, packaged_profiles
+from strata_plugin.configure.profile import load_profile, packaged_profiles
 from strata_plugin.embedded.llama_setup import cache_root
 from strata_plugin.formats.cases import CaseLine
 from strata_plugin.load.cache_flush import flush_prefix_cache
 from strata_plugin.load.case_runner import CaseRunner, CaseSetup
 from strata_plugin.load.client import Timeouts
 from strata_plugin.load.workload import TokenSpace, Workload
-from strata_plugin.run.server import LaunchSpec, Server, free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]  # a real vLLM server
-PROFILE = load_profile(packaged_profiles()["vllm-cpu"])
-
-
-def _set_up() -> str:
-    """'' when the vLLM target is set up, else why not."""
-    out = subprocess.run([sys.executable, "-m", "strata_plugin", "setup", "--vllm",
-                          "--print-paths"], capture_output=True, text=True, check=False)
-    return "" if out.returncode == 0 else out.stderr.strip()
+PROFILE = load_profile(packaged_profiles()[VLLM.profile])
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
-    missing = _set_up()
-    if missing:
-        msg = f"the vLLM CPU target is not set up ({missing}); `bash scripts/setup.sh --vllm`"
-        if os.environ.get("STRATA_REQUIRE_VLLM") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    port = free_port()
-    values = {"host": "127.0.0.1", "port": str(port), "strata_cache": str(cache_root())}
-    values.update({k: v.format_map(values) for k, v in PROFILE.vars})
-    conf = PROFILE.server.configs[0]
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    base = f"http://127.0.0.1:{port}"
-    server = Server(LaunchSpec("it", tuple(expand_placeholders(conf.argv, values)),
-                               tuple((k, v.format_map(values)) for k, v in conf.env),
-                               base, "/health", 300, 20, log), base)
-    server.start()
-    yield server
-    server.stop()
+    engine_paths(VLLM)
+    yield from serving(packaged_server(PROFILE, tmp_path_factory.mktemp("vllm") / "server.log"))
 
 
-def _runner(server, salt="it", cases=None):
-    lo, hi = PROFILE.server.token_id_range
-    setup = CaseSetup(server.base_url, "completions", "it", TokenSpace(lo, hi),
-                      Timeouts(read_s=120), salt=salt, engine="vllm",
-                      model=PROFILE.server.model_name)
-    return CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
-                      add_case=(cases.append if cases is not None else lambda c: None))
+def _runner(server, salt="it"):
+    return case_runner(server, PROFILE, "completions", "vllm", salt)
 
 
 def test_exact_lengths_and_a_verified_cold_prefix(vllm):
-    w = Workload("it", isl=300, osl=17, concurrency=2, requests=4, warmups=1, seed=7)
-    cases: list[CaseLine] = []
-    res = _runner(vllm, cases=cases).run(w, scale=False)
-    assert res.problems == ()
-    # the flush ran after the warm-up, and usage proved the measured requests cold
-    assert cases[0].cache_flush["how"] == "POST /reset_prefix_cache"
-    assert cases[0].cache_flush["ok"], cases[0].cache_flush
-    assert cases[0].cold_prefix == "verified cold: 0 cached prompt tokens in 4 requests"
-    for r in res.records:
-        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (300, 17)
-        assert r.usage.cached_tokens == 0
-        assert sum(e.n_tokens for e in r.events) == 17
-        assert r.finish_reason == "length"
+    res = exact_cold_case(vllm, PROFILE, "completions", "vllm", "POST /reset_prefix_cache")
     assert res.metrics.n_ok == 4 and res.metrics.ttft.p50 > 0 and res.metrics.tpot.p50 > 0
 
 

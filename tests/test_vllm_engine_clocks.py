@@ -10,21 +10,18 @@ tests/test_vllm_cpu.py: `bash scripts/setup.sh --vllm`.
 
 from __future__ import annotations
 
-import os
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
+from engine_case import case_runner
+from engine_target import VLLM, engine_paths, packaged_launch
 
 from strata_plugin.agent.collectors.prom import NameMapper, parse_exposition
 from strata_plugin.analysis.ledger import case_ledger, server_clocks
-from strata_plugin.configure.profile import expand_placeholders
-from strata_plugin.embedded.llama_setup import cache_root
-from strata_plugin.load.case_runner import CaseRunner, CaseSetup
-from strata_plugin.load.client import Timeouts
-from strata_plugin.load.workload import TokenSpace, Workload
-from strata_plugin.run.server import LaunchSpec, Server, free_port
-from tests.test_vllm_cpu import PROFILE, _set_up
+from strata_plugin.load.workload import Workload
+from strata_plugin.run.server import Server
+from tests.test_vllm_cpu import PROFILE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]  # a real vLLM server
 FLAG = "--enable-per-request-metrics"
@@ -32,24 +29,12 @@ FLAG = "--enable-per-request-metrics"
 
 @pytest.fixture(scope="module", params=["flag", "no_flag"])
 def vllm_arm(request, tmp_path_factory):
-    missing = _set_up()
-    if missing:
-        msg = f"the vLLM CPU target is not set up ({missing}); `bash scripts/setup.sh --vllm`"
-        if os.environ.get("STRATA_REQUIRE_VLLM") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    port = free_port()
-    values = {"host": "127.0.0.1", "port": str(port), "strata_cache": str(cache_root())}
-    values.update({k: v.format_map(values) for k, v in PROFILE.vars})
-    conf = PROFILE.server.configs[0]
-    argv = tuple(expand_placeholders(conf.argv, values))
-    assert FLAG in argv  # the packaged profile asks for them
+    engine_paths(VLLM)
+    spec = packaged_launch(PROFILE, tmp_path_factory.mktemp("vllm") / "server.log")
+    assert FLAG in spec.argv  # the packaged profile asks for them
     if request.param == "no_flag":
-        argv = tuple(a for a in argv if a != FLAG)
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    base = f"http://127.0.0.1:{port}"
-    server = Server(LaunchSpec("it", argv, tuple((k, v.format_map(values)) for k, v in conf.env),
-                               base, "/health", 300, 20, log), base)
+        spec = replace(spec, argv=tuple(a for a in spec.argv if a != FLAG))
+    server = Server(spec, spec.base_url)
     server.start()
     yield request.param, server
     server.stop()
@@ -81,12 +66,7 @@ def _histograms(base_url: str) -> dict[str, float]:
 
 def test_queue_and_prefill_per_request_from_the_engine_or_the_stated_fallback(vllm_arm):
     arm, server = vllm_arm
-    lo, hi = PROFILE.server.token_id_range
-    setup = CaseSetup(server.base_url, "completions", "it", TokenSpace(lo, hi),
-                      Timeouts(read_s=120), salt=arm, engine="vllm",
-                      model=PROFILE.server.model_name)
-    runner = CaseRunner(setup, record=lambda r: None, mark=lambda *a: None,
-                        add_case=lambda c: None)
+    runner = case_runner(server, PROFILE, "completions", "vllm", salt=arm)
     before = _histograms(server.base_url)
     w = Workload("decode_clocks", isl=200, osl=12, concurrency=3, requests=9, warmups=1,
                  seed=31)

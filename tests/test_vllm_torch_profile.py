@@ -21,79 +21,28 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_trace_events import format_problems
-from test_vllm_cpu import _set_up
-
-from strata_plugin.report import trace_events as te
+from engine_profile_run import ISL, assert_prefills_in_ttft, profiled_run, server_argv, traced
+from engine_target import VLLM
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]  # a real vLLM server
-ROOT = Path(__file__).resolve().parents[1]
-ISL, OSL, REQUESTS = 200, 4, 4
 #: The inner run: a vLLM start (70 s warm, ~270 s on a loaded host), the roofline probe,
 #: a baseline, the case twice, the report.
 INNER_TIMEOUT_S = float(os.environ.get("STRATA_VLLM_PROFILE_TIMEOUT_S", "1500"))
 
-CASES = f'''
-from strata_plugin.load.workload import Workload
-
-W = Workload("tp", isl={ISL}, osl={OSL}, concurrency=1, requests={REQUESTS}, warmups=1,
-             seed=44)
-
-
-def test_prefills(strata, strata_server):
-    strata.run(W, case_id="tp/prefills", scale=False)
-'''
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    missing = _set_up()
-    if missing:
-        msg = f"the vLLM CPU target is not set up ({missing}); `bash scripts/setup.sh --vllm`"
-        if os.environ.get("STRATA_REQUIRE_VLLM") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    tmp = tmp_path_factory.mktemp("vllm-torch")
-    (tmp / "pytest.ini").write_text(
-        f"[pytest]\nstrata_profile = vllm-cpu\nstrata_reports_dir = {tmp / 'reports'}\n")
-    (tmp / "test_tp.py").write_text(CASES)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strata-run-id=tp",
-         "--strata-engine-profile=tp/prefills", "test_tp.py"],
-        cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=INNER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the inner run stops its server
-        stdout, stderr = proc.communicate(timeout=120)
-        pytest.fail(f"the inner run took over {INNER_TIMEOUT_S} s\n" + stdout[-3000:]
-                    + stderr[-3000:])
-    assert proc.returncode == 0, stdout[-4000:] + stderr[-4000:]
-    return tmp / "reports" / "tp"
-
-
-def _traced(run: Path) -> tuple[dict, dict]:
-    """The traced repetition's capture meta and its timeline file."""
-    folder = run / "traces" / "engine" / "tp__prefills~traced"
-    meta = json.loads((folder / "meta.json").read_text())
-    report = (run / "report.md").read_text()
-    names = [p for p in (run / "timeline").glob("case-tp_prefills_traced*.json")]
-    assert len(names) == 1, (sorted(p.name for p in (run / "timeline").iterdir()), report[-2000:])
-    return meta, json.loads(names[0].read_text())
+    return profiled_run(VLLM, tmp_path_factory, INNER_TIMEOUT_S)
 
 
 def test_the_launch_carried_the_profiler_and_the_windows_trace_was_collected(run):
-    manifest = json.loads((run / "manifest.json").read_text())
-    argv = next(iter(manifest["servers"].values()))["argv"]
+    argv = server_argv(run)
     conf = json.loads(argv[argv.index("--profiler-config") + 1])
     assert conf["torch_profiler_dir"] == str(run.resolve() / "traces/engine/_server/default")
-    meta, _ = _traced(run)
+    meta, _ = traced(run)
     said = meta["engine_profiler"]
     assert "problem" not in said, said
     traces = [f for f in said["files"] if f.endswith(".pt.trace.json.gz")]
@@ -105,33 +54,8 @@ def test_the_launch_carried_the_profiler_and_the_windows_trace_was_collected(run
 
 
 def test_each_requests_prefill_step_lies_in_its_ttft_slice_within_the_stated_error(run):
-    meta, trace = _traced(run)
-    assert format_problems(trace) == []
-    (eng,) = [e for e in trace["metadata"]["engine_traces"] if "torch" in e["name"]]
-    err_us = eng["error_us"]
-    origin = trace["metadata"]["origin_wall_ns"]
-    said = meta["engine_profiler"]
-    s0 = (said["start_wall_ns"][0] - origin) / 1000
-    e1 = (said["stop_wall_ns"][1] - origin) / 1000
-    ops = [e for e in trace["traceEvents"] if e.get("cat") in ("cpu_op", "user_annotation")]
-    assert len(ops) > 100
-    assert all(s0 - err_us <= e["ts"] and e["ts"] + e["dur"] <= e1 + err_us for e in ops)
-    steps = sorted((e for e in ops if e["cat"] == "user_annotation"
-                    and e["name"].startswith("execute_context_")), key=lambda e: e["ts"])
-    prefills = [e for e in steps if e["name"] == f"execute_context_1({ISL})_generation_0(0)"]
-    client = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == te.CLIENT_PID]
-    measured = {(e["tid"], e["ts"]) for e in client if e["args"].get("phase") == "measured"}
-    ttft = sorted((e for e in client if e["name"] == "TTFT" and (e["tid"], e["ts"]) in measured),
-                  key=lambda e: e["ts"])
-    assert len(prefills) == len(ttft) == REQUESTS, ([e["name"] for e in steps], len(ttft))
-    gaps = []
-    for step, slot in zip(prefills, ttft, strict=True):
-        lead = step["ts"] - slot["ts"]  # the step's start after the dispatch
-        tail = slot["ts"] + slot["dur"] - (step["ts"] + step["dur"])  # its end before 1st token
-        gaps.append((round(lead / 1000, 3), round(tail / 1000, 3)))
-        assert lead >= -err_us and tail >= -err_us, (gaps, err_us)
-    print(f"clock error ±{err_us / 1000:.3f} ms; prefill step (ms after dispatch, ms before "
-          f"the first token): {gaps}")
+    assert_prefills_in_ttft(run, "execute_context_",
+                            f"execute_context_1({ISL})_generation_0(0)", "prefill step")
 
 
 def test_the_report_says_the_capture_its_file_its_clock_error_and_the_overhead(run):
