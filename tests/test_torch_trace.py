@@ -204,6 +204,40 @@ def test_the_torch_ops_are_on_the_timeline_beside_the_requests_and_the_report_sa
             in line)
 
 
+def test_a_requests_file_holds_the_engines_ops_of_its_span_and_cuts_the_profilers_span(
+        tmp_path):
+    """One request's file: the engine's ops during the request are there, an op of the
+    window outside the request's span is not, and the profiler's own span (the whole
+    window) is cut to the file's span with its whole span said: a viewer opens a file
+    on what its slices cover, and the window's span would open it zoomed out."""
+    from strata_plugin.__main__ import main as strata_main
+
+    run, s0, e1 = _one_case_run(tmp_path)
+    ra = analyze_run(run)
+    req = next(s for s in te.request_spans(ra.bundle)[0] if s.case_id == "c1"
+               and s.request_id.startswith("c1/measured/"))
+    inside, outside = req.start_ns + 1_000_000, e1 - 150_000_000
+    assert not te.request_scope(ra.bundle, req.request_id).overlaps(outside, outside + 1)
+    tr = torch_trace(BASE_NS, (us_from_base(s0 + 4_000_000), us_from_base(e1 - 100_000_000)),
+                     [("aten::mm", "cpu_op", us_from_base(inside), 100.0),
+                      ("aten::add", "cpu_op", us_from_base(outside), 100.0)])
+    _case_capture(run, "c1", {"c1_rank0.1.pt.trace.json.gz": gzip.compress(
+        json.dumps(tr).encode())}, {"start_wall_ns": [s0, s0 + 8_000_000],
+                                    "stop_wall_ns": [e1 - 200_000_000, e1]})
+    out = tmp_path / "one.json"
+    assert strata_main(["timeline", str(run), "--request", req.request_id, "-o",
+                        str(out)]) == 0
+    one = json.loads(out.read_text())
+    assert format_problems(one) == []
+    lo, hi = one["metadata"]["span_us"]
+    ops = {e["name"] for e in one["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert ops == {"aten::mm"}
+    (span,) = [e for e in one["traceEvents"] if e.get("cat") == tt.PROFILER_SPAN_CAT]
+    whole = span["args"]["whole_span_ms"]  # the window's, beyond the request's end
+    assert whole[1] * 1000 > hi and span["ts"] + span["dur"] == pytest.approx(hi, abs=0.002)
+    assert span["ts"] == pytest.approx(max(lo, whole[0] * 1000), abs=0.002)
+
+
 def test_what_the_trace_showed_is_each_ops_own_time_not_its_childrens():
     """Nested ops (as torch's are): a parent's own time is its duration less its
     children's, so the op that did the work leads, not the one that holds it."""

@@ -680,6 +680,7 @@ def build(ra: RunAnalysis, scope: Scope | None = None,
     for eng in engine:
         evs = engine_events(eng, pid0)
         pid0 = max([pid0, *(e["pid"] for e in evs)]) + 1
+        evs = _in_scope(b, evs)
         b.events.extend(evs)
         engines.append({"name": eng.name, "offset_us": eng.offset_us, "method": eng.method,
                         "error_us": eng.error_us, "events": len(evs)})
@@ -715,6 +716,34 @@ def build(ra: RunAnalysis, scope: Scope | None = None,
     }
     return {"traceEvents": meta + events + b.counters, "displayTimeUnit": "ms",
             "metadata": metadata}
+
+
+def _in_scope(b: _Builder, evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An engine trace's events within the file's span: a slice that reaches beyond it
+    cut to it (its whole span in ``whole_span_ms``), any other event outside it left out,
+    the metadata kept. (The profiler's own span, seconds long, would open a request's file
+    zoomed out to the whole capture.)"""
+    if b.scope.start_ns is None and b.scope.end_ns is None:
+        return evs
+    lo = -math.inf if b.scope.start_ns is None else b.ts(b.scope.start_ns)
+    hi = math.inf if b.scope.end_ns is None else b.ts(b.scope.end_ns)
+    out = []
+    for e in evs:
+        if e["ph"] == "M" or "ts" not in e:
+            out.append(e)
+            continue
+        ts = e["ts"]
+        dur = e.get("dur", 0.0) if e["ph"] == "X" else 0.0
+        end = ts + (dur if isinstance(dur, (int, float)) and dur > 0 else 0.0)
+        if end < lo or ts > hi:
+            continue
+        if e["ph"] == "X" and (ts < lo or end > hi):
+            args = e.get("args")
+            e = {**e, "ts": round(max(ts, lo), 3), "dur": round(min(end, hi) - max(ts, lo), 3),
+                 "args": {**(args if isinstance(args, Mapping) else {}),
+                          "whole_span_ms": [round(ts / 1000, 3), round(end / 1000, 3)]}}
+        out.append(e)
+    return out
 
 
 def _only(a: CaseAnalysis, ids: set[str]) -> CaseAnalysis:
