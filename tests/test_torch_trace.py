@@ -254,6 +254,11 @@ def test_what_the_trace_showed_is_each_ops_own_time_not_its_childrens():
     assert tt.self_time_top(events) == (("aten::softmax", 5 / 18), ("aten::addmm", 4 / 18),
                                         ("aten::linear", 4 / 18))
     assert tt.self_time_top([]) == ()
+    # SGLang's idle stage is its wait for work: its own time is no op's, its children's are
+    idle = [{**op("scheduler.idle", 20.0, 200.0), "cat": "user_annotation"},
+            op("aten::copy_", 21.0, 2.0)]
+    assert tt.self_time_top(events + idle)[0] == ("aten::softmax", 5 / 20)
+    assert tt.self_time_top(idle) == (("aten::copy_", 1.0),)
 
 
 def test_malformed_huge_and_missing_traces_are_said_and_the_good_one_stands(

@@ -196,12 +196,22 @@ def relate(base_ns: int, events: Sequence[Mapping[str, Any]],
     return out
 
 
+#: Annotations an engine puts around its waits for work, not its work: SGLang's
+#: scheduler marks each stage of its loop ``scheduler.<stage>``, and its ``idle`` stage
+#: (``sglang/srt/observability/scheduler_stage_metrics.py``, ``SCHEDULER_STAGE_IDLE``) is
+#: where it waits, or sleeps under ``--sleep-on-idle``, between batches. Their own time is
+#: no op's: a window of requests one at a time is mostly that wait, which would otherwise
+#: lead "most of the ops' own time".
+IDLE_ANNOTATIONS = frozenset({"scheduler.idle"})
+
+
 def self_time_top(events: Sequence[Mapping[str, Any]], n: int = 3
                   ) -> tuple[tuple[str, float], ...]:
     """The ``n`` op names with the most own time (an op's duration less its children's,
     the ops it encloses on its thread), with their share of all ops' own time. Torch's
     ops nest (``aten::linear`` holds ``aten::addmm``), so summed durations would count a
-    child's time once per ancestor."""
+    child's time once per ancestor. An engine's idle annotations (``IDLE_ANNOTATIONS``)
+    hold no op time of their own: they are left out of the ranking and of the whole."""
     by_thread: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for e in events:
         if e["ph"] == "X" and e.get("cat") != PROFILER_SPAN_CAT:
@@ -219,6 +229,8 @@ def self_time_top(events: Sequence[Mapping[str, Any]], n: int = 3
             stack.append([e["ts"] + e["dur"], str(e.get("name", "")), float(e["dur"])])
         for _end, name, mine in stack:
             own[name] = own.get(name, 0.0) + mine
+    for name in IDLE_ANNOTATIONS:
+        own.pop(name, None)
     total = sum(v for v in own.values() if v > 0)
     if total <= 0:
         return ()
