@@ -530,7 +530,7 @@ def _counters(b: _Builder, series: Sequence[_Series], node_pid: Mapping[str, int
             0, int(np.searchsorted(t, b.scope.start_ns, "left")) - 1)
         i1 = len(t) if b.scope.end_ns is None else int(
             np.searchsorted(t, b.scope.end_ns, "right"))
-        t, v = t[i0:i1].copy(), v[i0:i1]
+        t, v = np.array(t[i0:i1]), v[i0:i1]  # its own: its first time is moved
         if len(t) == 0:
             continue
         if b.scope.start_ns is not None and t[0] < b.scope.start_ns:
