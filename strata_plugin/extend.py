@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from strata_plugin.analysis.timeline import HwStat
     from strata_plugin.configure.engines import API_FLAVOURS, EngineSpec
     from strata_plugin.entry_points import PluginError
-    from strata_plugin.report.markdown import ReportData
+    from strata_plugin.report.report_data import ReportData
     from strata_plugin.report.sections import Section
     from strata_plugin.report.tables import md_table
 
@@ -93,7 +93,7 @@ _WHERE = {
     "HwView": "strata_plugin.analysis.signals",
     "HwStat": "strata_plugin.analysis.timeline",
     "Section": "strata_plugin.report.sections",
-    "ReportData": "strata_plugin.report.markdown",
+    "ReportData": "strata_plugin.report.report_data",
     "md_table": "strata_plugin.report.tables",
     "PluginError": "strata_plugin.entry_points",
 }

@@ -28,7 +28,7 @@ from strata_plugin.errors import failure_words
 from strata_plugin.formats.atomic import atomic_open
 from strata_plugin.formats.printable import printable
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Capacity"

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from strata_plugin.report.fmt import md_num
+from strata_plugin.report.fmt import md_num, signed_pct_of_fraction
 
 
 def report_main(argv: list[str]) -> int:
@@ -64,10 +64,6 @@ def report_main(argv: list[str]) -> int:
         print(f"run incomplete: {outcome.words}", file=sys.stderr)
         return 1
     return 0
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
 
 
 def compare_main(argv: list[str]) -> int:
@@ -141,8 +137,9 @@ def compare_main(argv: list[str]) -> int:
                 f"{r.n_a}/{r.n_b}",
                 md_num(r.median_a),
                 md_num(r.median_b),
-                _pct(r.delta_rel),
-                "-" if r.lo is None else f"{_pct(r.lo)}..{_pct(r.hi)}",
+                signed_pct_of_fraction(r.delta_rel),
+                "-" if r.lo is None
+                else f"{signed_pct_of_fraction(r.lo)}..{signed_pct_of_fraction(r.hi)}",
                 md_num(r.p_value),
                 r.call,
             )

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from strata_plugin.analysis.traces.diagnostics import COMPARED, Diagnostic, diagnose
-from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.fmt import md_num, share_pct, signed_pct_of_fraction
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Diagnostic round"
@@ -32,7 +32,7 @@ def diagnostic_md(d: Diagnostic) -> str:
     rows = []
     for k in COMPARED:
         a, b = d.timed.get(k), d.traced.get(k)
-        change = f"{(b - a) / a:+.1%}" if a and b is not None else "-"
+        change = signed_pct_of_fraction((b - a) / a) if a and b is not None else "-"
         rows.append((k, md_num(a) if a is not None else "-",
                      md_num(b) if b is not None else "-", change))
     ov = d.overhead
@@ -102,7 +102,7 @@ def section(diags: Sequence[Diagnostic] | str) -> str:
         [(d.case_id, d.settlement.before.summary() or "none",
           d.settlement.after.summary() or "none",
           ", ".join(d.settlement.settled_by) or "-",
-          f"{d.overhead:.1%}" if d.overhead is not None else "-") for d in diags])
+          share_pct(d.overhead, 1)) for d in diags])
     return head + summary + "".join(diagnostic_md(d) for d in diags)
 
 

@@ -14,8 +14,8 @@ from strata_plugin.analysis import thresholds
 from strata_plugin.analysis.engine_lines import held_by_quota
 from strata_plugin.analysis.engine_requests import EnginePace, imbalance_finding
 from strata_plugin.formats.request_path import Engine, paths_in
-from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.fmt import md_num, share_pct
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Engines"
@@ -35,14 +35,10 @@ def _engines(d: ReportData) -> tuple[list[Engine], list[int]]:
     return list(seen.values()), first
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
 def _share(p: EnginePace | None) -> str:
     if p is None or p.share is None:
         return "-"
-    return f"{p.served} of {p.of} ({p.share:.0%})"
+    return f"{p.served} of {p.of} ({share_pct(p.share)})"
 
 
 def report_section(d: ReportData) -> str:
@@ -60,7 +56,7 @@ def report_section(d: ReportData) -> str:
             rows.append((a.case_id, f"PID {x.pid} `{x.name or '?'}`", x.address,
                          _share(p), md_num(p.tpot_ms if p else None),
                          md_num(p.e2e_ms if p else None),
-                         md_num(x.quota_cores), _pct(x.throttled_share),
+                         md_num(x.quota_cores), share_pct(x.throttled_share),
                          md_num(x.cpu_cores), md_num(x.run_wait),
                          "yes" if x.held_by_quota else "no"))
         found = held_by_quota(lines)

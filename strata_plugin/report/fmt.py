@@ -63,6 +63,34 @@ def md_num(x: Any, digits: int = MD_DIGITS) -> str:
     return str(x)
 
 
+# Percentages. Each input unit and rounding has one function, so that the same share is
+# the same text in every section; None (not measured, no baseline) is "-" in all of them.
+
+
+def share_pct(share: float | None, decimals: int = 0) -> str:
+    """A share given as a fraction (0.423) as a percent with fixed decimals: "42%",
+    "42.3%" (``decimals=1``); half rounds to even, as Python's format does."""
+    return "-" if share is None else f"{share:.{decimals}%}"
+
+
+def share_pct_sig(share: float | None) -> str:
+    """A share given as a fraction as a percent with :func:`md_num`'s significant
+    digits, so that a small share keeps its size: 0.004231 -> "0.4231%"."""
+    return "-" if share is None else f"{md_num(100 * share)}%"
+
+
+def signed_pct_of_fraction(change: float | None) -> str:
+    """A relative change given as a fraction (0.042) as a signed percent, one decimal:
+    "+4.2%", "-0.5%"."""
+    return "-" if change is None else f"{change * 100:+.1f}%"
+
+
+def signed_pct_of_points(change: float | None) -> str:
+    """A relative change already in percent (4.2) as a signed percent, one decimal:
+    "+4.2%", "-0.5%"."""
+    return "-" if change is None else f"{change:+.1f}%"
+
+
 def md_cell(x: Any) -> str:
     """Any value as a markdown table cell: one line (a line feed is a space, every other
     control shown as its escape: formats/printable.py), pipes escaped, so that text from

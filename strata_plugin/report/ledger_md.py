@@ -24,7 +24,8 @@ from strata_plugin.analysis.thresholds import value
 from strata_plugin.errors import failure_words
 from strata_plugin.formats.printable import printable
 from strata_plugin.report import ledger_plots
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.fmt import share_pct
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Time ledger"
@@ -32,10 +33,6 @@ TITLE = "Time ledger"
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "case"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 def _top(led: CaseLedger, k: int = 4) -> str:
@@ -59,7 +56,7 @@ def _row(a: CaseAnalysis) -> tuple[str, ...]:
     return (
         f"`{a.case_id}`", f"{METRIC_LABELS[led.metric]} ({led.metric_why})", str(led.n),
         f"{ttft:.1f}" if ttft else "-", f"{tok:.2f}" if tok else "-",
-        f"{e2e:.1f}" if e2e else "-", f"{_pct(res)} ({closes})", _top(led),
+        f"{e2e:.1f}" if e2e else "-", f"{share_pct(res, 1)} ({closes})", _top(led),
         f"{led.clock_error_ms():.2g} (max {identity_error_ms(led):.2g})",
     )
 
@@ -84,7 +81,7 @@ def engine_table(led: CaseLedger | None, ec: EngineCase | None) -> str:
 
         unit = "ms/token" if metric == "itl" else "mean ms"
         rows = [(f"{METRIC_LABELS[metric]} ({unit})", *(size(x) for _, _, x in per))]
-        rows += [(p, *(_pct(s.get(p)) if x.n else "-" for s, (_, _, x) in zip(shares, per)))
+        rows += [(p, *(share_pct(s.get(p), 1) if x.n else "-" for s, (_, _, x) in zip(shares, per)))
                  for p in parts]
         cols = ("part", *(f"PID {pid}{f' `{name}`' if name else ''} ({x.n} requests)"
                           for pid, name, x in per))

@@ -5,20 +5,17 @@ plots), the A/B comparisons, and a link to the thresholds the verdicts used
 Pure text assembly from already-computed results; nothing here reads files or the
 clock, so the same inputs always give the same document. The sections and their order
 are ``report/sections.py``'s list; ``report/writer.py`` reads the run folder and builds
-the :class:`ReportData` they all render from.
+the :class:`ReportData` (``report/report_data.py``) they all render from.
 """
 
 from __future__ import annotations
 
 import html
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from strata_plugin.analysis.ab_groups import ArmDelta, ArmEffects, ShaPair
-from strata_plugin.analysis.case_summary import CaseAnalysis, RunContext
-from strata_plugin.analysis.expectations import ABExpectation
+from strata_plugin.analysis.ab_groups import ArmEffects
+from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.analysis.metrics import (
     AB_HEADLINE,
     PERCENTILE_METHOD,
@@ -27,13 +24,11 @@ from strata_plugin.analysis.metrics import (
 from strata_plugin.analysis.rails import RailsReport
 from strata_plugin.analysis.request_values import unit
 from strata_plugin.analysis.rules import Verdict
-from strata_plugin.analysis.run_folder import RunBundle
-from strata_plugin.analysis.static_diff import NodeStatic
 from strata_plugin.analysis.thresholds import all_thresholds
-from strata_plugin.analysis.timeline import SampleStore
 from strata_plugin.formats.printable import printable
 from strata_plugin.report import load_spread
-from strata_plugin.report.fmt import md_num
+from strata_plugin.report.fmt import md_num, signed_pct_of_points
+from strata_plugin.report.report_data import AbGroup, ReportData
 from strata_plugin.report.tables import (
     TOO_FEW,
     dist_rows,
@@ -43,49 +38,6 @@ from strata_plugin.report.tables import (
     pct_cell,
     short_percentiles,
 )
-
-
-@dataclass
-class AbGroup:
-    group: str
-    arms: list[tuple[str, tuple[str, ...]]]
-    deltas: list[ArmDelta]
-    pairs: list[ShaPair]
-    effects: list[ArmEffects] = field(default_factory=list)
-    plot: str = ""  # plots/<name>: request timeline, inter-token ECDF, per repetition
-    #: the expected effects the case judged (analysis/expectations.py), with outcomes
-    expectations: list[ABExpectation] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ReportData:
-    """The analysed run: everything a report section renders from, built once by
-    ``report/writer.py`` (which does all the file reading and the drawing), so that
-    rendering is a function of this alone."""
-
-    bundle: RunBundle
-    store: SampleStore
-    ctx: RunContext
-    analyses: list[CaseAnalysis]
-    limits: list[str]
-    case_plots: Mapping[str, tuple[str, list[str]]] = field(default_factory=dict)
-    run_plot: tuple[str, list[str]] | None = None
-    ab: list[AbGroup] = field(default_factory=list)
-    static: list[NodeStatic] = field(default_factory=list)
-    #: each case's reported percentiles with their counts (analysis/sufficiency.py)
-    sufficiency: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    #: lines under a case's percentile table, by case id (e.g. sample sufficiency)
-    case_notes: Mapping[str, list[str]] = field(default_factory=dict)
-    #: what each section's ``prepare`` returned (``report/sections.py``), by section name:
-    #: the files it read, the plots it drew
-    prepared: Mapping[str, Any] = field(default_factory=dict)
-    #: the line naming each case's slice of the run's timeline (report/trace_events.py)
-    case_traces: Mapping[str, str] = field(default_factory=dict)
-    #: why a plot was not drawn, by what it is (``case:<id>``, ``run``, ``ab:<group>``):
-    #: a plot that failed costs its picture only, said in its place (report/writer.py)
-    plot_failures: Mapping[str, str] = field(default_factory=dict)
-    #: False: the report was written without its PNGs (``report --no-plots``)
-    plots: bool = True
 
 
 def _cmd(argv: Any) -> str:
@@ -685,10 +637,6 @@ def case_section(d: ReportData, a: CaseAnalysis) -> str:
     return "".join(out)
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1f}%"
-
-
 def ab_effects_md(ae: ArmEffects, case_metrics: dict[str, Any] | None = None) -> str:
     """The seed's metrics per arm: change and interval over repetitions, then each repetition.
 
@@ -709,7 +657,7 @@ def ab_effects_md(ae: ArmEffects, case_metrics: dict[str, Any] | None = None) ->
             ("metric", ae.control_arm, ae.treatment_arm, "change", "interval", "interval is"),
             [
                 (metric_label(e.metric) + (TOO_FEW if e.metric in short else ""), e.control,
-                 e.treatment, _pct(e.change_pct), e.interval, e.interval_label)
+                 e.treatment, signed_pct_of_points(e.change_pct), e.interval, e.interval_label)
                 for e in ae.effects
             ],
         ),
@@ -825,7 +773,7 @@ def ab_section(d: ReportData) -> str:
                             f"{x.effect.n_control}/{x.effect.n_treatment}",
                             x.effect.control,
                             x.effect.treatment,
-                            _pct(x.effect.change_pct),
+                            signed_pct_of_points(x.effect.change_pct),
                             x.effect.interval,
                             x.effect.p_value,
                         )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from strata_plugin.analysis.case_summary import CaseAnalysis
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Prefix cache"

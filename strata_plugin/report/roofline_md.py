@@ -14,8 +14,8 @@ from strata_plugin.analysis.device_limits import DeviceLimits, Peak
 from strata_plugin.analysis.roofline import PhaseRoof, RooflineInputs
 from strata_plugin.configure.model_facts import FACTS
 from strata_plugin.formats.printable import printable
-from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.fmt import md_num, share_pct_sig
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Roofline"
@@ -31,15 +31,12 @@ def rate(x: float | None, unit: str) -> str:
     return f"{md_num(x)} {unit}"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{md_num(100 * x)}%"
-
-
 def phase_row(case: str, p: PhaseRoof) -> tuple[str, ...]:
     roof = f"{p.roof} ({p.memory_level})" if p.roof == "memory" else p.roof or "-"
     other = p.bytes_share if p.roof == "compute" else p.flops_share
     return (case, p.phase, rate(p.achieved, p.unit) if p.roof else "-",
-            rate(p.limit, p.unit) if p.roof else "-", _pct(p.share), roof, _pct(other),
+            rate(p.limit, p.unit) if p.roof else "-", share_pct_sig(p.share), roof,
+            share_pct_sig(other),
             md_num(p.intensity), md_num(p.balance),
             md_num(p.batch_mean) if p.batch_mean is not None else "-", p.clock)
 

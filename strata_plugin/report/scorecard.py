@@ -297,7 +297,8 @@ def class_scores(arms: Sequence[Arm]) -> list[ClassScore]:
     return out
 
 
-def _pct(x: float | None) -> str:
+def _score(x: float | None) -> str:
+    """A precision or recall, a fraction shown as one (0.67), not as a percent."""
     return "-" if x is None else f"{x:.2f}"
 
 
@@ -324,7 +325,7 @@ def _totals_lines(arms: Sequence[Arm]) -> list[str]:
     ]
     for s in class_scores(arms):
         lines.append(f"| {s.cls} | {s.runs} | {s.tp} | {s.fn} | {s.fp} | "
-                     f"{_pct(s.precision)} | {_pct(s.recall)} |")
+                     f"{_score(s.precision)} | {_score(s.recall)} |")
     # confusion matrix: expected x first class named
     firsts = sorted({(a.classes[0] if a.classes else "none") for a in arms})
     expected = [NONE, *sorted({a.fault for a in faults})]

@@ -39,7 +39,7 @@ from strata_plugin.report import (
     steady_state_md,
     sufficiency_md,
 )
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.report_data import ReportData
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from strata_plugin.analysis.steady_state import (
     timeslices,
 )
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import md_table
 
 TITLE = "Steady state"

@@ -15,7 +15,7 @@ from strata_plugin.analysis.sufficiency import (
     min_count,
 )
 from strata_plugin.report.fmt import md_num
-from strata_plugin.report.markdown import ReportData
+from strata_plugin.report.report_data import ReportData
 from strata_plugin.report.tables import TOO_FEW, md_table
 
 TITLE = "Sample sufficiency"

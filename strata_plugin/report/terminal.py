@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from strata_plugin.formats.printable import printable
-from strata_plugin.report.fmt import md_num
+from strata_plugin.report.fmt import md_num, signed_pct_of_points
 
 #: The A/B metrics shown beside the table's own columns (the rest are in report.md).
 AB_SHOWN = ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms")
@@ -112,7 +112,7 @@ def ab_rows(ab: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                     continue
                 change = e.get("change_pct")
                 rows.append([printable(g.get("group", "")), printable(arms), AB_LABELS[metric],
-                             "-" if change is None else f"{change:+.1f}%", _interval(e)])
+                             signed_pct_of_points(change), _interval(e)])
     return rows
 
 

@@ -47,13 +47,8 @@ from strata_plugin.report import ab_plots, plots, sections, sufficiency_md, trac
 from strata_plugin.report.benchjson import benchmark_json
 from strata_plugin.report.ci_outputs import CiCase, ci_files
 from strata_plugin.report.fmt import json_text
-from strata_plugin.report.markdown import (
-    RUN_PLOT_ONE_CASE,
-    THRESHOLDS_FILE,
-    AbGroup,
-    ReportData,
-    thresholds_md,
-)
+from strata_plugin.report.markdown import RUN_PLOT_ONE_CASE, THRESHOLDS_FILE, thresholds_md
+from strata_plugin.report.report_data import AbGroup, ReportData
 from strata_plugin.report.tables import case_summary_rows, csv_text, hw_rows
 
 #: Collectors every node is expected to run; absent without a reason is a limit too.
