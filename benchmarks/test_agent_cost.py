@@ -31,6 +31,8 @@ fail when a target is missed). Run it with::
   stretches with the thread count; the three rows of a round measured in turn, medians
   and ratios to the agent without it. Target: the default adds under 1 % of a core at
   100 threads. ``pytest benchmarks/test_agent_cost.py -k scale --benchmark-only -s``.
+  ``STRATA_BENCH_BASELINE=DIR`` adds hot mode run from another version of the package in
+  DIR (``git archive <commit> strata_plugin | tar -x -C DIR``), in turn with the others.
 
 Figures are medians over REPEATS runs.
 """
@@ -144,7 +146,7 @@ def _thread_ns(native_id: int) -> int:
 
 def _measure(interval: float, server_pid: int, out: Path,
              collectors: tuple[str, ...] = CPU_SIDE_COLLECTORS,
-             extra: tuple[str, ...] = ()) -> Figures:
+             extra: tuple[str, ...] = (), cwd: str | None = None) -> Figures:
     argv = agent_argv(
         "bench",
         interval,
@@ -154,7 +156,7 @@ def _measure(interval: float, server_pid: int, out: Path,
         log_file=LOG,
         extra=extra,
     )
-    h = AgentHandle.start("bench", out, argv)
+    h = AgentHandle.start("bench", out, argv, cwd=cwd)
     try:
         time.sleep(1.0)  # imports, probes and the first tree scan are start-up, not steady state
         reader = next(t for t in threading.enumerate() if t.name == "agent-bench")
@@ -399,6 +401,13 @@ SCALE_ROWS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("runstate @ 20 ms, adapted (default)", ("--runstate-interval", "0.02")),
     ("runstate @ 20 ms, hot threads", ("--runstate-interval", "0.02", "--runstate-hot")),
 )
+#: A directory holding another version of the package (``git archive <commit>
+#: strata_plugin | tar -x -C DIR``): adds a row of hot mode run from it, measured in turn
+#: with the others, so a change's figures and the old ones come from the same run. The
+#: agent runs with that directory as its working directory, which ``python -m`` puts
+#: first on its path.
+SCALE_BASELINE = os.environ.get("STRATA_BENCH_BASELINE", "")
+SCALE_BASELINE_ROW = "hot threads, baseline tree"
 #: Issue 30: runstate adds under 1% of a core to the agent at 100 threads (its default,
 #: adapted grid).
 SCALE_TARGET = {100: 0.01}
@@ -433,6 +442,16 @@ def _many_threads(n: int) -> subprocess.Popen[str]:
     return p
 
 
+def _scale_rows() -> list[tuple[str, tuple[str, ...] | None, str | None]]:
+    """SCALE_ROWS with the agent's working directory (None: this checkout's), and the
+    baseline tree's hot-mode row when STRATA_BENCH_BASELINE names one."""
+    rows: list[tuple[str, tuple[str, ...] | None, str | None]] = [
+        (label, extra, None) for label, extra in SCALE_ROWS]
+    if SCALE_BASELINE:
+        rows.append((SCALE_BASELINE_ROW, SCALE_ROWS[3][1], SCALE_BASELINE))
+    return rows
+
+
 @pytest.mark.parametrize("threads", SCALE_THREADS)
 def test_runstate_cost_at_scale(benchmark, scale_table, threads: int, tmp_path: Path) -> None:
     """The agent following a process of ``threads`` threads, with and without runstate,
@@ -443,10 +462,11 @@ def test_runstate_cost_at_scale(benchmark, scale_table, threads: int, tmp_path: 
     counter = iter(range(1000))
 
     def one_round() -> None:
-        for label, extra in SCALE_ROWS:
+        for label, extra, cwd in _scale_rows():
             collectors = CPU_SIDE_COLLECTORS + (("runstate",) if extra is not None else ())
             rows.setdefault(label, []).append(
-                _measure(0.5, p.pid, tmp_path / f"r{next(counter)}", collectors, extra or ()))
+                _measure(0.5, p.pid, tmp_path / f"r{next(counter)}", collectors, extra or (),
+                         cwd=cwd))
 
     try:
         benchmark.pedantic(one_round, rounds=REPEATS, iterations=1)
@@ -454,7 +474,7 @@ def test_runstate_cost_at_scale(benchmark, scale_table, threads: int, tmp_path: 
         p.kill()
         p.wait()
     base = _median(rows["without runstate"])
-    for label, _ in SCALE_ROWS:
+    for label, _, _ in _scale_rows():
         med = _median(rows[label])
         benchmark.extra_info[label] = med.__dict__
         print(f"\n{threads:>4} threads | {label:<36} | {_row(med)}  "
@@ -470,7 +490,7 @@ def _print_scale() -> None:
     print(f"\nthe agent following a synthetic server, CPU as a share of one core (schedstat), "
           f"medians of {REPEATS} rounds of {DURATION_S:g} s per row, the rows of a round in "
           f"turn (collectors {','.join(CPU_SIDE_COLLECTORS)} at 0.5 s; {os.cpu_count()} cores)")
-    labels = [label for label, _ in SCALE_ROWS]
+    labels = [label for label, _, _ in _scale_rows()]
     print(f"{'threads':>7} | " + " | ".join(f"{x:>36}" for x in labels))
     for n, rows in sorted(_SCALE.items()):
         base = _median(rows[labels[0]]).cpu_frac_ns

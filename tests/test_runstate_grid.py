@@ -92,6 +92,24 @@ def test_a_sample_of_a_many_threaded_process_sets_and_states_the_grid(threads_pr
     fixed.close()
 
 
+def test_close_ends_the_sampling_thread_in_the_middle_of_its_wait(threads_proc):
+    """close() ends the sampling thread in the middle of its wait for the next grid
+    point: on a grid of a minute it ends at close(), not when the minute is up."""
+    c = _collector(threads_proc(3), interval_s=60.0)
+    c.probe()
+    deadline = time.monotonic() + 30
+    while c.samples < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert c.samples == 1  # the first sample, then the wait for the next grid point
+    thread = c._thread
+    assert thread is not None and thread.is_alive()
+    c.close()
+    thread.join(30)  # half the grid: only close() can have ended the wait
+    assert not thread.is_alive()
+    assert c.samples == 1
+    c.close()  # a second close() is harmless
+
+
 @pytest.mark.integration  # waits out real seconds (>= 2 s on a quiet host)
 @pytest.mark.parametrize(("adapt", "want_ms"), (("16", 60.0), ("0", 20.0)))
 def test_the_agent_samples_a_30_thread_server_on_the_stretched_grid(tmp_path: Path,
