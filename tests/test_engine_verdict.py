@@ -263,3 +263,24 @@ def test_the_ledger_gives_each_engines_requests_side_by_side_and_counts_the_rest
 def test_one_engine_has_no_engine_lines_in_the_ledger() -> None:
     led = case_ledger("c", "decode_x", {"osl": 20}, [record(rid="r0", n=20)], anchor=ANCHOR)
     assert engine_table(led, None) == ""
+
+
+def test_a_failure_in_the_engines_evidence_costs_that_part_only(tmp_path, monkeypatch):
+    """The engines' analysis raising (a bug, a sample it cannot read) leaves the case's
+    analysis, its verdict and the report standing: the verdict says what was not
+    analysed, and why."""
+    from bundle_factory import cpu_run
+
+    from strata_plugin.analysis import case_summary
+
+    def broken(*_a, **_k):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(case_summary, "case_engines", lambda *_a: ENGINES)
+    monkeypatch.setattr(case_summary, "engine_case", broken)
+    ra = case_summary.analyze_run(cpu_run(tmp_path), parallel=False)
+    assert ra.analyses and all(a.engines is None for a in ra.analyses)
+    said = [n for a in ra.analyses if a.window is not None for n in a.verdict.notes
+            if n.startswith("engines: ")]
+    assert said and said[0] == ("engines: each engine's own evidence not analysed "
+                                "(OverflowError: cannot convert float infinity to integer)")

@@ -52,7 +52,9 @@ from strata_plugin.analysis.timeline import (
 )
 from strata_plugin.entry_points import collector_names
 from strata_plugin.formats.cases import CaseLine
+from strata_plugin.formats.printable import printable
 from strata_plugin.formats.records import RequestRecord
+from strata_plugin.formats.request_path import Engine
 from strata_plugin.formats.telemetry import TelemetryFacts, engine_reports_gpu
 
 
@@ -449,6 +451,19 @@ def _server_node(hw: Sequence[HwStat]) -> str | None:
     return server_node(HwView(hw))
 
 
+def _engine_case(bundle: RunBundle, store: SampleStore | None, case_id: str,
+                 hw: Sequence[HwStat], engines: Sequence[Engine]
+                 ) -> tuple[EngineCase | None, str]:
+    """The case's engines (analysis/engine_case.py), or None and why they were not
+    analysed: the engines' evidence is one part of the verdict, and a failure in it
+    must cost that part only, never the case's analysis and with it the report."""
+    try:
+        return engine_case(bundle, store, case_id, hw, engines), ""
+    except Exception as exc:  # any failure costs this part alone, and is said
+        return None, (f"engines: each engine's own evidence not analysed "
+                      f"({type(exc).__name__}: {printable(str(exc))[:200]})")
+
+
 def analyze_case(
     bundle: RunBundle,
     ctx: RunContext,
@@ -472,7 +487,7 @@ def analyze_case(
     facts = request_facts(bundle, case_id, records, cm)
     rep = None
     engines = case_engines(bundle.manifest, info.config_id)
-    several = None
+    several, engines_failed = None, ""
     if window is not None:
         rep = rails.analyze(
             hw, window=case_id, link_caps=ctx.link_caps, expect_rdma=ctx.expect_rdma
@@ -481,7 +496,7 @@ def analyze_case(
         # the rules read each engine's own instead (analysis/engine_case.py)
         sig = _signals(ctx, case_id, window, server_rows(hw, engines), requests=facts,
                        rails_report=rep)
-        several = engine_case(bundle, store, case_id, hw, engines)
+        several, engines_failed = _engine_case(bundle, store, case_id, hw, engines)
         if several is not None:
             sig = replace(sig, engines=several.facts())
     else:  # no marker yet: no window to slice, so no hardware signal at all
@@ -518,6 +533,8 @@ def analyze_case(
         verdict = replace(verdict, notes=verdict.notes + tuple(
             f"{why}: this node's signals are missing or cover part of the window"
             for _, why in lost))
+    if engines_failed:
+        verdict = replace(verdict, notes=(*verdict.notes, engines_failed))
     if (clocks_left_out := engine_clocks.dropped_line(records)) is not None:
         verdict = replace(verdict, notes=(*verdict.notes, clocks_left_out))
     inp = ctx.roofline.get(info.config_id)
