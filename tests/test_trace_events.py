@@ -571,3 +571,27 @@ def test_a_recorded_run_gets_a_timeline_per_case(tmp_path):
     assert sorted(written.cases) == sorted(windows) and len(windows) > 10
     for name, _, _ in written.cases.values():
         assert format_problems(json.loads((run / "timeline" / name).read_text())) == []
+
+
+def test_a_requests_file_cuts_the_injections_around_it_to_its_span(tmp_path):
+    """The events markers (injections) that reach beyond a request's file are cut to its
+    span as the other markers are, their whole span said: a fault injected over the whole
+    case would otherwise open the request's file zoomed out to it."""
+    run = frozen_run(tmp_path)
+    ra = analyze_run(run)
+    events = [m for m in ra.bundle.markers if m.kind == "event"]
+    scopes = [te.request_scope(ra.bundle, s.request_id)
+              for s in te.request_spans(ra.bundle)[0] if s.case_id == "cpu_bound"]
+    req = next(c for c in scopes for m in events
+               if c.overlaps(m.start_wall_ns, m.end_wall_ns)
+               and c.clip(m.start_wall_ns, m.end_wall_ns) != (m.start_wall_ns, m.end_wall_ns))
+    out = tmp_path / "one.json"
+    assert req.request_id is not None
+    assert strata_main(["timeline", str(run), "--request", req.request_id, "-o", str(out)]) == 0
+    one = json.loads(out.read_text())
+    lo, hi = one["metadata"]["span_us"]
+    cut = [e for e in one["traceEvents"] if e.get("cat") == "marker"
+           and e["args"].get("kind") == "event"]
+    assert cut and all(lo - 0.002 <= e["ts"] and e["ts"] + e["dur"] <= hi + 0.002
+                       for e in cut), (lo, hi, cut)
+    assert any("whole_span_ms" in e["args"] for e in cut)

@@ -434,11 +434,12 @@ def _markers(b: _Builder, bundle: RunBundle, analyses: Sequence[CaseAnalysis]) -
                 _clipped(b, {"kind": m.kind, "name": m.name, "case_id": m.case_id},
                          m.start_wall_ns, m.end_wall_ns), "marker")
     events.sort(key=lambda m: (m.start_wall_ns, m.end_wall_ns, m.name))
-    for m, lane in zip(events, first_fit([(m.start_wall_ns, m.end_wall_ns) for m in events]),
-                       strict=True):
+    spans = [b.scope.clip(m.start_wall_ns, m.end_wall_ns) for m in events]
+    for m, (lo, hi), lane in zip(events, spans, first_fit(spans), strict=True):
         b.thread(MARKERS_PID, EVENTS_TID + lane, "events" + (f" {lane + 1}" if lane else ""))
-        b.slice(MARKERS_PID, EVENTS_TID + lane, m.name, m.start_wall_ns, m.end_wall_ns,
-                {"kind": m.kind, "name": m.name, "case_id": m.case_id}, "marker")
+        b.slice(MARKERS_PID, EVENTS_TID + lane, m.name, lo, hi,
+                _clipped(b, {"kind": m.kind, "name": m.name, "case_id": m.case_id},
+                         m.start_wall_ns, m.end_wall_ns), "marker")
     for a in analyses:
         w = a.window
         if w is None or not b.scope.overlaps(w.start_ns, w.end_ns):
@@ -527,7 +528,7 @@ def _counters(b: _Builder, series: Sequence[_Series], node_pid: Mapping[str, int
         # file on the span its events cover; a 60 s series' neighbours would be a
         # minute away from a 0.1 s request)
         i0 = 0 if b.scope.start_ns is None else max(
-            0, int(np.searchsorted(t, b.scope.start_ns, "left")) - 1)
+            0, int(np.searchsorted(t, b.scope.start_ns, "right")) - 1)
         i1 = len(t) if b.scope.end_ns is None else int(
             np.searchsorted(t, b.scope.end_ns, "right"))
         t, v = np.array(t[i0:i1]), v[i0:i1]  # its own: its first time is moved
